@@ -1,0 +1,6 @@
+"""A from-scratch GPT-2 that exchanges weights with transformers' GPT2LMHeadModel."""
+
+from model.config import GPT2Config, preset_names
+from model.gpt2 import GPT2, GPT2Block
+
+__all__ = ["GPT2", "GPT2Block", "GPT2Config", "preset_names"]
