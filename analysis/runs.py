@@ -1,0 +1,197 @@
+"""Load run directories (config.json, metrics.jsonl, summary.json; see docs/run_directory.md).
+
+A run that cannot be compared is not an error here: whatever is wrong with it is collected in
+`Run.problems`, so the report can say so and still compare the others.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+CONFIG_FILE = "config.json"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+
+# Canonical order of strategies in tables and legends: the reference's baseline first.
+STRATEGY_ORDER = ("single", "ddp", "fsdp")
+
+
+@dataclass
+class Run:
+    """One training run as read from its directory; `summary` is None when it could not be read."""
+
+    path: Path
+    summary: dict[str, Any] | None = None
+    config: dict[str, Any] | None = None
+    train: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl lines of kind "train"
+    evals: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl lines of kind "eval"
+    problems: list[str] = field(default_factory=list)  # one human-readable sentence each
+    label: str = ""  # unique name in tables and legends; set by `assign_labels`
+
+    @property
+    def usable(self) -> bool:
+        """A run is compared when its summary has whole-run figures, even if it is partial."""
+        return self.summary is not None and isinstance(self.summary.get("total"), dict)
+
+    @property
+    def complete(self) -> bool:
+        return bool(self.summary and self.summary.get("complete") is True)
+
+    @property
+    def strategy(self) -> str:
+        return str((self.summary or {}).get("strategy") or "unknown")
+
+    @property
+    def total(self) -> dict[str, Any]:
+        return (self.summary or {}).get("total") or {}
+
+    @property
+    def epochs(self) -> list[dict[str, Any]]:
+        return list((self.summary or {}).get("epochs") or [])
+
+    @property
+    def step_times_s(self) -> list[float]:
+        return [float(t) for t in (self.summary or {}).get("step_times_s") or []]
+
+    def fact(self, key: str) -> Any:
+        """A top-level summary value (world_size, seed, precision, ...), None when absent."""
+        return (self.summary or {}).get(key)
+
+
+def load_run(path: Path) -> Run:
+    """Read one run directory. Files are only opened for reading."""
+    run = Run(path=path)
+    run.summary = _read_summary(path / SUMMARY_FILE, run.problems)
+    run.config = _read_json_object(path / CONFIG_FILE, run.problems, required=False)
+    run.train, run.evals = _read_metrics(path / METRICS_FILE, run.problems)
+    run.label = path.name
+    return run
+
+
+def _read_summary(path: Path, problems: list[str]) -> dict[str, Any] | None:
+    if not path.exists():
+        problems.append(f"no {SUMMARY_FILE} (crashed or still running); left out of the comparison")
+        return None
+    summary = _read_json_object(path, problems, required=True)
+    if summary is None:
+        return None
+    if not isinstance(summary.get("total"), dict):
+        problems.append(f"{SUMMARY_FILE} has no 'total' figures; left out of the comparison")
+        return None
+    if summary.get("complete") is not True:
+        problems.append(
+            f"partial run (complete: false, {summary.get('steps', '?')} steps, "
+            f"{len(summary.get('epochs') or [])} epochs); compared as far as it got"
+        )
+    return summary
+
+
+def _read_json_object(path: Path, problems: list[str], required: bool) -> dict[str, Any] | None:
+    if not path.exists():
+        if required:
+            problems.append(f"no {path.name}")
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        problems.append(f"{path.name} is unreadable ({type(err).__name__}); ignored")
+        return None
+    if not isinstance(value, dict):
+        problems.append(f"{path.name} is not a JSON object; ignored")
+        return None
+    return value
+
+
+def _read_metrics(path: Path, problems: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    train: list[dict[str, Any]] = []
+    evals: list[dict[str, Any]] = []
+    if not path.exists():
+        problems.append(f"no {METRICS_FILE}; loss-against-tokens curve missing")
+        return train, evals
+    bad: list[int] = []
+    lines = path.read_text(encoding="utf-8", errors="replace").split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()  # the newline that ends the last record, not an empty line
+    for number, line in enumerate(lines, start=1):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            bad.append(number)
+            continue
+        if not isinstance(record, dict):
+            bad.append(number)
+        elif record.get("kind") == "train":
+            train.append(record)
+        elif record.get("kind") == "eval":
+            evals.append(record)
+        # Other kinds are newer additions to the format; ignoring them keeps old reports working.
+    if bad:
+        # One sentence per run, however many lines: a killed run often leaves a torn last line.
+        shown = ", ".join(str(n) for n in bad[:5]) + (", ..." if len(bad) > 5 else "")
+        problems.append(f"{METRICS_FILE}: {len(bad)} empty or corrupt line(s) skipped (line {shown})")
+    return train, evals
+
+
+def number(value: Any) -> float | None:
+    """A measurement as float, or None when absent or not a number."""
+    # bool is an int in Python; a stray true/false must not pass for a measurement.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value)
+
+
+def assign_labels(runs: list[Run]) -> None:
+    """Label each run by its strategy; where two runs share one, add the directory name."""
+    counts: dict[str, int] = {}
+    for run in runs:
+        counts[run.strategy] = counts.get(run.strategy, 0) + 1
+    for run in runs:
+        run.label = run.strategy if counts[run.strategy] == 1 else f"{run.strategy} ({run.path.name})"
+
+
+def sort_runs(runs: list[Run]) -> list[Run]:
+    """single, ddp, fsdp first (as in the reference), then anything else by name."""
+    def key(run: Run) -> tuple[int, str]:
+        rank = STRATEGY_ORDER.index(run.strategy) if run.strategy in STRATEGY_ORDER else len(STRATEGY_ORDER)
+        return rank, run.label
+
+    return sorted(runs, key=key)
+
+
+class FetchError(RuntimeError):
+    """W&B could not be reached or asked; the message is one line for the user."""
+
+
+def fetch_wandb_runs(entity_project: str, group: str, dest: Path) -> list[Path]:
+    """Download the run-directory files of every W&B run in `group` into dest/<run id>/.
+
+    Relies on train.py uploading config.json, metrics.jsonl and summary.json with the run; where a
+    run has no summary.json file, the W&B run summary is used if it holds summary.json's keys.
+    """
+    try:
+        import wandb  # imported here: only this path needs it, and importing it is slow
+    except ImportError as err:
+        raise FetchError(f"wandb is not installed ({err})") from err
+    try:
+        remote_runs = list(wandb.Api().runs(entity_project, filters={"group": group}))
+    except Exception as err:  # offline, not logged in, no such project: all mean "cannot fetch"
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise FetchError(f"cannot fetch W&B runs of {entity_project}, group {group!r}: {first_line}") from err
+    if not remote_runs:
+        raise FetchError(f"no W&B runs in {entity_project} with group {group!r}")
+    paths = []
+    for remote in remote_runs:
+        folder = dest / str(remote.id)
+        folder.mkdir(parents=True, exist_ok=True)
+        wanted = {CONFIG_FILE, METRICS_FILE, SUMMARY_FILE}
+        for remote_file in remote.files():
+            if remote_file.name in wanted:
+                remote_file.download(root=str(folder), replace=True)
+        stored = dict(remote.summary)
+        if not (folder / SUMMARY_FILE).exists() and isinstance(stored.get("total"), dict):
+            (folder / SUMMARY_FILE).write_text(json.dumps(stored, default=str), encoding="utf-8")
+        paths.append(folder)
+    return paths
