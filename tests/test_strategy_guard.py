@@ -1,0 +1,74 @@
+"""The strategy guard: what the launch requested vs what is in effect (unit level).
+
+The same fallbacks are reproduced with real processes in test_strategies.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from training.strategy import (
+    EffectiveStrategy,
+    StrategyMismatch,
+    check_strategy,
+    choose_precision,
+    requested_from_env,
+)
+
+FSDP_LAUNCH = {"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2", "ACCELERATE_MIXED_PRECISION": "fp16"}
+DDP_LAUNCH = {"WORLD_SIZE": "2", "ACCELERATE_MIXED_PRECISION": "fp16"}
+MULTI_CPU_ONE_PROCESS = {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+
+
+def _effective(strategy: str, world_size: int, wrapper: str, sharded: bool = False) -> EffectiveStrategy:
+    return EffectiveStrategy(
+        strategy=strategy, world_size=world_size, num_machines=1, backend="gloo", distributed_type="MULTI_CPU",
+        wrapper=wrapper, params_sharded=sharded, local_param_numel=1, global_param_numel=2, precision="fp32",
+        device_type="cpu",
+    )
+
+
+def test_launch_variables_name_the_requested_strategy() -> None:
+    assert requested_from_env(FSDP_LAUNCH).strategy == "fsdp"
+    assert requested_from_env(DDP_LAUNCH).strategy == "ddp"
+    assert requested_from_env({}).strategy == "single"
+    assert requested_from_env(DDP_LAUNCH).world_size == 2
+    assert requested_from_env(MULTI_CPU_ONE_PROCESS).world_size is None
+
+
+def test_matching_strategies_pass() -> None:
+    check_strategy(requested_from_env(FSDP_LAUNCH), _effective("fsdp", 2, "FSDPModule", sharded=True))
+    check_strategy(requested_from_env(DDP_LAUNCH), _effective("ddp", 2, "DistributedDataParallel"))
+    check_strategy(requested_from_env({}), _effective("single", 1, "GPT2"))
+
+
+def test_fsdp_silently_become_ddp_is_refused() -> None:
+    with pytest.raises(StrategyMismatch, match="requested fsdp with 2 .* strategy ddp"):
+        check_strategy(requested_from_env(FSDP_LAUNCH), _effective("ddp", 2, "DistributedDataParallel"))
+
+
+def test_unconnected_processes_are_refused() -> None:
+    # Each of the two launched processes sees a world of one: two separate trainings.
+    with pytest.raises(StrategyMismatch, match="1 connected process"):
+        check_strategy(requested_from_env(DDP_LAUNCH), _effective("single", 1, "GPT2"))
+    with pytest.raises(StrategyMismatch, match="requested fsdp"):
+        check_strategy(requested_from_env(FSDP_LAUNCH), _effective("single", 1, "GPT2"))
+
+
+def test_multi_cpu_config_that_started_one_process_is_refused() -> None:
+    with pytest.raises(StrategyMismatch, match="requested ddp with several process"):
+        check_strategy(requested_from_env(MULTI_CPU_ONE_PROCESS), _effective("single", 1, "GPT2"))
+
+
+def test_strategy_flag_must_agree_with_the_launch() -> None:
+    with pytest.raises(StrategyMismatch, match="--strategy fsdp was requested but the launch config gives ddp"):
+        requested_from_env(DDP_LAUNCH, expected="fsdp")
+    assert requested_from_env(FSDP_LAUNCH, expected="fsdp").strategy == "fsdp"
+
+
+def test_fp16_on_cpu_falls_back_to_fp32_with_a_warning() -> None:
+    assert choose_precision("fp16", "cpu", "cpu")[0] == "no"
+    assert "fp32" in choose_precision("fp16", "cpu", "cpu")[1]
+    assert choose_precision("bf16", "cpu", "cpu") == ("bf16", None)
+    assert choose_precision("fp16", "cuda", "Tesla T4") == ("fp16", None)
+    assert "T4" in choose_precision("bf16", "cuda", "Tesla T4")[1]

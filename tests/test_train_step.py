@@ -1,0 +1,137 @@
+"""The optimizer step and its metrics, in one process on CPU (no data pipeline involved)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from model import GPT2, GPT2Config
+from training.config import OptimConfig
+from training.loop import BatchGeometry, EpochOrderSampler, RunError, batch_geometry, lr_factor, train_step
+from training.metrics import MetricsTracker, ThroughputFacts
+
+
+@pytest.fixture(scope="module")
+def accelerator() -> Accelerator:
+    return Accelerator(cpu=True)
+
+
+def _tiny_model(seed: int = 0) -> GPT2:
+    torch.manual_seed(seed)
+    return GPT2(GPT2Config.from_preset("tiny"))
+
+
+def _batch(batch_size: int, seq_len: int = 32, seed: int = 1) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    block = torch.randint(0, 50257, (batch_size, seq_len + 1), generator=g)
+    return {"input_ids": block[:, :-1], "labels": block[:, 1:]}
+
+
+def _split(batch: dict[str, torch.Tensor], parts: int) -> list[dict[str, torch.Tensor]]:
+    return [dict(zip(batch, chunk)) for chunk in zip(*(t.chunk(parts) for t in batch.values()))]
+
+
+def _tracker(accelerator: Accelerator, tokens_per_step: int = 1) -> MetricsTracker:
+    facts = ThroughputFacts(tokens_per_step, 1, 1, flops_per_token=1.0, peak_flops_per_device=1.0)
+    return MetricsTracker(accelerator, facts, perf_warmup_steps=0)
+
+
+def test_loss_falls_when_one_batch_repeats(accelerator: Accelerator) -> None:
+    accelerator.gradient_accumulation_steps = 1
+    model = _tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    tracker = _tracker(accelerator)
+    batch = _batch(8)
+    for step in range(1, 51):
+        grad_norm = train_step(accelerator, model, optimizer, [batch], tracker, grad_clip=1.0)
+        tracker.end_step(step, 1, step, grad_norm, 3e-3, 0.1)
+    losses = [r.loss for r in tracker.flush()]
+    assert losses[0] == pytest.approx(math.log(50257), rel=0.05)  # an untrained model is near uniform
+    assert losses[-1] < 0.5 * losses[0]
+    assert losses[-1] < min(losses[:10])
+
+
+def test_grad_norm_is_the_global_norm_before_clipping(accelerator: Accelerator) -> None:
+    accelerator.gradient_accumulation_steps = 1
+    model = _tiny_model()
+    reference = copy.deepcopy(model)
+    batch = _batch(4)
+    _, loss = reference(batch["input_ids"], batch["labels"])
+    loss.backward()
+    expected = math.sqrt(sum(p.grad.double().pow(2).sum().item() for p in reference.parameters()))
+
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    # A threshold far below the norm: the returned value must still be the norm before clipping.
+    grad_norm = train_step(accelerator, model, optimizer, [batch], None, grad_clip=1e-3)
+    assert grad_norm.item() == pytest.approx(expected, rel=1e-5)
+    assert expected > 1e-2
+
+
+def _one_sgd_step(accelerator: Accelerator, micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, GPT2]:
+    accelerator.gradient_accumulation_steps = len(micro_batches)
+    model = _tiny_model()
+    # SGD with lr 1 and no clipping: new weights = old weights - accumulated gradient.
+    optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    tracker = _tracker(accelerator)
+    grad_norm = train_step(accelerator, model, optimizer, micro_batches, tracker, grad_clip=0.0)
+    tracker.end_step(1, 1, 1, grad_norm, 1.0, 0.1)
+    (record,) = tracker.flush()
+    return record.loss, model
+
+
+def test_gradient_accumulation_matches_one_large_batch(accelerator: Accelerator) -> None:
+    batch = _batch(8)
+    loss_whole, model_whole = _one_sgd_step(accelerator, [batch])
+    loss_accum, model_accum = _one_sgd_step(accelerator, _split(batch, 4))
+    assert loss_accum == pytest.approx(loss_whole, rel=1e-6)
+    initial = _tiny_model().state_dict()
+    whole, accum = model_whole.state_dict(), model_accum.state_dict()
+    for name, before in initial.items():
+        grad_whole, grad_accum = before - whole[name], before - accum[name]
+        torch.testing.assert_close(grad_accum, grad_whole, rtol=1e-4, atol=1e-7, msg=name)
+    assert any((before - whole[n]).abs().max() > 0 for n, before in initial.items())
+
+
+def test_tokens_per_s_is_tokens_over_the_interval_time(accelerator: Accelerator) -> None:
+    tracker = _tracker(accelerator, tokens_per_step=1024)
+    step_times = [0.5, 0.25, 0.25]
+    for step, seconds in enumerate(step_times, start=1):
+        tracker.add_micro_batch(torch.tensor(2.0), 1024)
+        tracker.end_step(step, 1, step * 1024, torch.tensor(1.0), 1e-3, seconds)
+    line = tracker.interval_line(tracker.flush(), elapsed_s=1.0)
+    assert line["tokens_per_s"] == pytest.approx(3 * 1024 / 1.0)
+    assert line["step_time_s"] == pytest.approx(1.0 / 3)
+    assert line["loss"] == pytest.approx(2.0)
+
+
+def test_learning_rate_warms_up_linearly_then_decays_to_the_floor() -> None:
+    factors = [lr_factor(s, warmup_steps=4, total_steps=20, min_ratio=0.1) for s in range(21)]
+    assert factors[:4] == pytest.approx([0.25, 0.5, 0.75, 1.0])
+    assert factors[4] == pytest.approx(1.0)
+    assert all(a >= b for a, b in zip(factors[4:], factors[5:]))
+    assert factors[20] == pytest.approx(0.1)
+
+
+def test_global_batch_derives_accumulation_and_rejects_a_remainder() -> None:
+    optim = OptimConfig(micro_batch_size=8, global_batch_tokens=16 * 64)
+    assert batch_geometry(optim, block_size=64, world_size=1) == BatchGeometry(8, 2, 1, 64)
+    assert batch_geometry(optim, block_size=64, world_size=2) == BatchGeometry(8, 1, 2, 64)
+    with pytest.raises(RunError, match="not a multiple"):
+        batch_geometry(OptimConfig(micro_batch_size=8, global_batch_tokens=24 * 64), block_size=64, world_size=2)
+
+
+def test_data_order_depends_only_on_seed_and_epoch() -> None:
+    a = list(EpochOrderSampler(100, 96, seed=7))
+    b = list(EpochOrderSampler(100, 96, seed=7))
+    other_epoch = EpochOrderSampler(100, 96, seed=7)
+    other_epoch.set_epoch(2)
+    assert a == b and len(a) == 96 and len(set(a)) == 96
+    assert list(other_epoch) != a
+    assert list(EpochOrderSampler(100, 96, seed=8)) != a

@@ -1,0 +1,39 @@
+"""Train the from-scratch GPT-2 under the strategy given by the accelerate launch config.
+
+    python train.py --preset tiny
+    accelerate launch --config_file accelerate_configs/fsdp.yaml train.py --preset gpt2 --data articles*.csv
+
+`python train.py --help` lists every flag. See README.md and docs/run_directory.md.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from training.cli import parse_config
+
+    try:
+        config = parse_config(argv)
+    except ValueError as exc:  # a config dataclass rejected a value
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+    from data import DataError
+    from training.loop import RunError, run_training
+    from training.strategy import StrategyMismatch
+
+    try:
+        run_training(config)
+    except (DataError, RunError, StrategyMismatch, ValueError, FileNotFoundError) as exc:
+        # Every rank fails the same way; one line from the first is enough.
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {exc}", file=sys.stderr)
+        return 3 if isinstance(exc, StrategyMismatch) else 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

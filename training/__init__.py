@@ -1,0 +1,1 @@
+"""Training under accelerate: configuration, the loop, metrics, strategies and checkpoints."""

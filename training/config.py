@@ -1,0 +1,148 @@
+"""Training configuration: one dataclass per concern, validated on construction.
+
+The accelerate YAML files hold only the launch layout (strategy, processes, precision); every
+hyper-parameter lives here, and a run writes all of them, resolved, to `config.json`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+STRATEGIES = ("auto", "single", "ddp", "fsdp")
+WANDB_MODES = ("auto", "online", "offline", "disabled")
+
+
+def _help(text: str, **kwargs: Any) -> Any:
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass
+class ModelChoice:
+    """Which GPT-2 to train; sizes come from the model preset (see model.GPT2Config.from_preset)."""
+
+    model_preset: str = _help("model size preset: gpt2 (124M), gpt2-medium, mini, tiny", default="gpt2")
+    dropout: float = _help("dropout for embeddings, attention and residuals (0 = off)", default=0.0)
+    attn_impl: str = _help("attention kernel: sdpa (fused) or math (explicit softmax)", default="sdpa")
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.attn_impl not in ("sdpa", "math"):
+            raise ValueError(f"--attn_impl must be sdpa or math, got {self.attn_impl!r}")
+
+
+@dataclass
+class OptimConfig:
+    """Optimisation and the batch; the global batch is stated in tokens."""
+
+    lr: float = _help("peak learning rate (after warm-up)", default=6e-4)
+    min_lr_ratio: float = _help("final learning rate of the cosine decay, as a fraction of --lr", default=0.1)
+    warmup_steps: int = _help("optimizer steps of linear warm-up from 0 to --lr", default=100)
+    weight_decay: float = _help("AdamW decoupled weight decay, applied to matrices only", default=0.1)
+    beta1: float = _help("AdamW beta1", default=0.9)
+    beta2: float = _help("AdamW beta2", default=0.95)
+    eps: float = _help("AdamW epsilon", default=1e-8)
+    grad_clip: float = _help("clip the global gradient L2 norm to this (0 = measure only, no clipping)", default=1.0)
+    micro_batch_size: int = _help("sequences per process per forward/backward", default=4)
+    global_batch_tokens: int | None = _help(
+        "tokens per optimizer step over all processes and accumulation micro-steps; must be a multiple of "
+        "micro_batch_size x block_size x processes (default: one micro-batch per process, no accumulation)",
+        default=None,
+    )
+    max_steps: int | None = _help("optimizer steps to train (overrides --epochs)", default=None)
+    epochs: int | None = _help("passes over the training blocks (default 1 when --max_steps is not given)", default=None)
+
+    def __post_init__(self) -> None:
+        _positive("lr", self.lr)
+        _positive("micro_batch_size", self.micro_batch_size)
+        if self.warmup_steps < 0:
+            raise ValueError(f"--warmup_steps must be >= 0, got {self.warmup_steps}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"--min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if self.grad_clip < 0:
+            raise ValueError(f"--grad_clip must be >= 0, got {self.grad_clip}")
+        if self.global_batch_tokens is not None:
+            _positive("global_batch_tokens", self.global_batch_tokens)
+        if self.max_steps is not None:
+            _positive("max_steps", self.max_steps)
+        if self.epochs is not None:
+            _positive("epochs", self.epochs)
+
+
+@dataclass
+class RunConfig:
+    """Where a run writes, how often it logs, evaluates and checkpoints, and how it is named."""
+
+    output_dir: str = _help("run directory (metrics.jsonl, summary.json, checkpoints/, hf/)", default="runs/latest")
+    seed: int = _help("seed for initialisation, dropout and data order (same seed = same data order)", default=1337)
+    resume: bool = _help("continue from the newest complete checkpoint in --output_dir", default=False)
+    overwrite: bool = _help("start afresh in an --output_dir that already holds a run (its files are replaced)", default=False)
+    strategy: str = _help(
+        "strategy this run must use: auto (whatever the launch config gives), single, ddp, fsdp; "
+        "a mismatch with what is in effect stops the run at start-up",
+        default="auto",
+    )
+    log_interval: int = _help("optimizer steps between metric lines (host syncs happen only then)", default=10)
+    eval_interval: int = _help("optimizer steps between validations (0 = at each epoch end and at the end)", default=0)
+    eval_max_batches: int = _help("validation micro-batches per process at most (0 = the whole split)", default=50)
+    checkpoint_interval: int = _help("optimizer steps between checkpoints (0 = only at the end)", default=0)
+    keep_checkpoints: int = _help("newest checkpoints to keep (older ones are deleted)", default=2)
+    stop_after_steps: int | None = _help(
+        "stop (with a checkpoint) after this many steps although the schedule runs to --max_steps; "
+        "simulates an interrupted job",
+        default=None,
+    )
+    perf_warmup_steps: int = _help(
+        "first optimizer steps reported separately and left out of throughput/MFU averages", default=3
+    )
+    export_hf: bool = _help("write the final model as a Hugging Face folder to OUTPUT_DIR/hf", default=True)
+    dataloader_workers: int = _help("DataLoader worker processes per training process", default=0)
+    experiment: str | None = _help("experiment name: the W&B group that puts strategies side by side", default=None)
+    run_name: str | None = _help("run name (default: <strategy>-<world size>x-<precision>)", default=None)
+    wandb_project: str = _help("W&B project", default="gpt2-strategies")
+    wandb_entity: str | None = _help("W&B entity (team or user); default: yours", default=None)
+    wandb_mode: str = _help(
+        "auto (online when logged in, else offline), online, offline or disabled", default="auto"
+    )
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if self.wandb_mode not in WANDB_MODES:
+            raise ValueError(f"--wandb_mode must be one of {', '.join(WANDB_MODES)}, got {self.wandb_mode!r}")
+        _positive("log_interval", self.log_interval)
+        for name in ("eval_interval", "eval_max_batches", "checkpoint_interval", "perf_warmup_steps",
+                     "dataloader_workers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
+        _positive("keep_checkpoints", self.keep_checkpoints)
+        if self.stop_after_steps is not None:
+            _positive("stop_after_steps", self.stop_after_steps)
+        if self.resume and self.overwrite:
+            raise ValueError("--resume and --overwrite contradict each other: choose one")
+
+
+def _positive(name: str, value: float) -> None:
+    if value <= 0:
+        raise ValueError(f"--{name} must be > 0, got {value}")
+
+
+@dataclass
+class TrainConfig:
+    """Everything one training run needs, resolved from defaults, a preset and the command line."""
+
+    preset: str
+    model: ModelChoice
+    data: Any  # data.DataConfig (kept untyped here so this module imports without the data stack)
+    optim: OptimConfig
+    run: RunConfig
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "preset": self.preset,
+            "model": asdict(self.model),
+            "data": asdict(self.data),
+            "optim": asdict(self.optim),
+            "run": asdict(self.run),
+        }

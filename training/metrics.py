@@ -1,0 +1,223 @@
+"""The five metrics: loss, grad norm, peak memory, time, throughput (and MFU).
+
+Per-step values stay on the device until the log interval; then one reduction across ranks and one
+host transfer turn them into numbers. Keys carry their units (see docs/run_directory.md).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+
+from training.hardware import peak_memory_mib
+
+
+@dataclass
+class StepRecord:
+    """One optimizer step, on the host, after a flush."""
+
+    step: int
+    epoch: int
+    tokens: int  # cumulative, whole job
+    loss: float
+    grad_norm: float
+    lr: float
+    step_time_s: float
+    warmup: bool
+
+
+@dataclass
+class ThroughputFacts:
+    """Constants that turn times into throughput and MFU."""
+
+    tokens_per_step: int  # global batch in tokens
+    samples_per_step: int  # global batch in sequences
+    world_size: int
+    flops_per_token: float
+    peak_flops_per_device: float
+
+
+@dataclass
+class EpochMemory:
+    allocated_max: float = 0.0
+    allocated_mean: float = 0.0
+    reserved_max: float = 0.0
+    reserved_mean: float = 0.0
+
+
+class MetricsTracker:
+    """Accumulates a step's loss on the device; flushes intervals of steps to host records."""
+
+    def __init__(self, accelerator: Accelerator, facts: ThroughputFacts, perf_warmup_steps: int) -> None:
+        self.accelerator = accelerator
+        self.facts = facts
+        self.perf_warmup_steps = perf_warmup_steps
+        device = accelerator.device
+        self._step_loss_sum = torch.zeros((), device=device, dtype=torch.float64)
+        self._step_tokens = torch.zeros((), device=device, dtype=torch.float64)
+        self._pending: list[tuple[int, int, int, torch.Tensor, torch.Tensor, float, float]] = []
+        self.records: list[StepRecord] = []
+        self.memory = EpochMemory()
+
+    def add_micro_batch(self, mean_loss: torch.Tensor, num_tokens: int) -> None:
+        """A micro-step's mean token loss; weighted by its tokens so the step loss is token-weighted."""
+        self._step_loss_sum += mean_loss.detach().double() * num_tokens
+        self._step_tokens += num_tokens
+
+    def end_step(self, step: int, epoch: int, tokens: int, grad_norm: torch.Tensor, lr: float,
+                 step_time_s: float) -> None:
+        local = torch.stack([self._step_loss_sum, self._step_tokens])
+        self._pending.append((step, epoch, tokens, local, grad_norm.detach().double().reshape(()), lr, step_time_s))
+        self._step_loss_sum = torch.zeros_like(self._step_loss_sum)
+        self._step_tokens = torch.zeros_like(self._step_tokens)
+
+    def flush(self) -> list[StepRecord]:
+        """Reduce the pending steps over ranks (one collective), move them to the host, return them."""
+        if not self._pending:
+            return []
+        local = torch.stack([p[3] for p in self._pending])  # (n_steps, 2): loss*tokens, tokens
+        grad_norms = torch.stack([p[4] for p in self._pending])
+        summed = self.accelerator.reduce(local, reduction="sum")
+        losses = (summed[:, 0] / summed[:, 1]).tolist()
+        norms = grad_norms.tolist()  # already the global norm on every rank
+        new = [
+            StepRecord(step=s, epoch=e, tokens=t, loss=loss, grad_norm=norm, lr=lr, step_time_s=dt,
+                       warmup=s <= self.perf_warmup_steps)
+            for (s, e, t, _, _, lr, dt), loss, norm in zip(self._pending, losses, norms)
+        ]
+        self._pending.clear()
+        self.records.extend(new)
+        self._read_memory()
+        return new
+
+    def _read_memory(self) -> None:
+        allocated, reserved = peak_memory_mib(self.accelerator.device)
+        local = torch.tensor([allocated, reserved], device=self.accelerator.device, dtype=torch.float64)
+        every_rank = self.accelerator.gather(local.unsqueeze(0)).reshape(-1, 2)
+        self.memory = EpochMemory(
+            allocated_max=every_rank[:, 0].max().item(),
+            allocated_mean=every_rank[:, 0].mean().item(),
+            reserved_max=every_rank[:, 1].max().item(),
+            reserved_mean=every_rank[:, 1].mean().item(),
+        )
+
+    def interval_line(self, new: list[StepRecord], elapsed_s: float) -> dict[str, Any]:
+        """The metrics.jsonl train line for an interval of steps (the last step's values + rates)."""
+        last = new[-1]
+        interval_time = sum(r.step_time_s for r in new)
+        rates = self.rates(len(new), interval_time)
+        return {
+            "kind": "train",
+            "step": last.step,
+            "epoch": last.epoch,
+            "tokens": last.tokens,
+            "loss": last.loss,
+            "loss_interval": statistics.fmean(r.loss for r in new),
+            "grad_norm": last.grad_norm,
+            "lr": last.lr,
+            "step_time_s": interval_time / len(new),
+            **rates,
+            "peak_mem_allocated_mib": self.memory.allocated_max,
+            "peak_mem_reserved_mib": self.memory.reserved_max,
+            "peak_mem_allocated_mib_mean": self.memory.allocated_mean,
+            "peak_mem_reserved_mib_mean": self.memory.reserved_mean,
+            "elapsed_s": elapsed_s,
+            "warmup": any(r.warmup for r in new),
+        }
+
+    def rates(self, steps: int, seconds: float) -> dict[str, float]:
+        """Throughput and MFU of `steps` optimizer steps that took `seconds` in all."""
+        f = self.facts
+        if seconds <= 0:
+            nan = float("nan")
+            return {"tokens_per_s": nan, "tokens_per_s_per_device": nan, "samples_per_s": nan, "mfu": nan}
+        tokens_per_s = steps * f.tokens_per_step / seconds
+        per_device = tokens_per_s / f.world_size
+        return {
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": per_device,
+            "samples_per_s": steps * f.samples_per_step / seconds,
+            "mfu": per_device * f.flops_per_token / f.peak_flops_per_device,
+        }
+
+
+def mean_outside_warmup(records: list[StepRecord], attr: str) -> float:
+    """Mean of a per-step value over the steps after the warm-up exclusion (all steps if none are)."""
+    chosen = [r for r in records if not r.warmup] or records
+    return statistics.fmean(getattr(r, attr) for r in chosen) if chosen else float("nan")
+
+
+def epoch_summary(tracker: MetricsTracker, epoch: int, val: dict[str, float] | None) -> dict[str, Any]:
+    records = [r for r in tracker.records if r.epoch == epoch]
+    seconds = sum(r.step_time_s for r in records)
+    m = tracker.memory
+    return {
+        "epoch": epoch,
+        "steps": len(records),
+        "tokens": len(records) * tracker.facts.tokens_per_step,
+        "loss_mean": mean_outside_warmup(records, "loss"),
+        "grad_norm_mean": mean_outside_warmup(records, "grad_norm"),
+        "time_s": seconds,
+        **{k: v for k, v in tracker.rates(len(records), seconds).items() if k != "mfu"},
+        "peak_mem_allocated_mib_max": m.allocated_max,
+        "peak_mem_allocated_mib_mean": m.allocated_mean,
+        "peak_mem_reserved_mib_max": m.reserved_max,
+        "peak_mem_reserved_mib_mean": m.reserved_mean,
+        "val_loss": None if val is None else val["val_loss"],
+        "val_ppl": None if val is None else val["val_ppl"],
+    }
+
+
+@dataclass
+class RunTimes:
+    """Seconds spent in each phase, from perf_counter differences after a device sync."""
+
+    train_s: float = 0.0
+    eval_s: float = 0.0
+    checkpoint_s: float = 0.0
+    extra: dict[str, float] = field(default_factory=dict)
+
+
+def total_summary(tracker: MetricsTracker, epochs: list[dict[str, Any]], times: RunTimes, wall_time_s: float,
+                  final_val: dict[str, float] | None) -> dict[str, Any]:
+    records = tracker.records
+    step_times = [r.step_time_s for r in records]
+    steady = [r for r in records if not r.warmup]
+    warmup_time = sum(r.step_time_s for r in records if r.warmup)
+    whole = tracker.rates(len(records), sum(step_times))
+    excl = tracker.rates(len(steady), sum(r.step_time_s for r in steady)) if steady else whole
+    mem_max = max((e["peak_mem_allocated_mib_max"] for e in epochs), default=float("nan"))
+    res_max = max((e["peak_mem_reserved_mib_max"] for e in epochs), default=float("nan"))
+    mem_mean = statistics.fmean(e["peak_mem_allocated_mib_mean"] for e in epochs) if epochs else float("nan")
+    res_mean = statistics.fmean(e["peak_mem_reserved_mib_mean"] for e in epochs) if epochs else float("nan")
+    quantiles = statistics.quantiles(step_times, n=10) if len(step_times) >= 2 else step_times * 9 or [math.nan] * 9
+    return {
+        "train_time_s": times.train_s,
+        "eval_time_s": times.eval_s,
+        "checkpoint_time_s": times.checkpoint_s,
+        "wall_time_s": wall_time_s,
+        "warmup_time_s": warmup_time,
+        "tokens_per_s": whole["tokens_per_s"],
+        "tokens_per_s_per_device": whole["tokens_per_s_per_device"],
+        "tokens_per_s_excl_warmup": excl["tokens_per_s"],
+        "tokens_per_s_per_device_excl_warmup": excl["tokens_per_s_per_device"],
+        "samples_per_s": whole["samples_per_s"],
+        "step_time_s_mean": statistics.fmean(step_times) if step_times else float("nan"),
+        "step_time_s_p50": statistics.median(step_times) if step_times else float("nan"),
+        "step_time_s_p90": quantiles[8],
+        "loss_mean": mean_outside_warmup(records, "loss"),
+        "final_loss": records[-1].loss if records else float("nan"),
+        "grad_norm_mean": mean_outside_warmup(records, "grad_norm"),
+        "mfu": excl["mfu"],
+        "peak_mem_allocated_mib_max": mem_max,
+        "peak_mem_allocated_mib_mean": mem_mean,
+        "peak_mem_reserved_mib_max": res_max,
+        "peak_mem_reserved_mib_mean": res_mean,
+        "final_val_loss": None if final_val is None else final_val["val_loss"],
+        "final_val_ppl": None if final_val is None else final_val["val_ppl"],
+    }

@@ -1,0 +1,119 @@
+"""Where metrics go: always a local metrics.jsonl, and W&B through accelerate's tracker.
+
+Only the main process writes. W&B is a convenience: any failure there is reported once and training
+goes on with the local files, which hold the same values.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import netrc
+import os
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from accelerate import Accelerator
+
+# W&B panels group by the prefix before "/": the local keys are mapped into namespaces.
+_WANDB_NAMESPACE = {
+    "loss": "train/loss", "loss_interval": "train/loss_interval", "grad_norm": "train/grad_norm",
+    "lr": "train/lr", "epoch": "train/epoch", "tokens": "train/tokens",
+    "step_time_s": "time/step_time_s", "elapsed_s": "time/elapsed_s", "eval_time_s": "time/eval_time_s",
+    "tokens_per_s": "perf/tokens_per_s", "tokens_per_s_per_device": "perf/tokens_per_s_per_device",
+    "samples_per_s": "perf/samples_per_s", "mfu": "perf/mfu",
+    "peak_mem_allocated_mib": "mem/peak_allocated_mib", "peak_mem_reserved_mib": "mem/peak_reserved_mib",
+    "peak_mem_allocated_mib_mean": "mem/peak_allocated_mib_mean",
+    "peak_mem_reserved_mib_mean": "mem/peak_reserved_mib_mean",
+    "val_loss": "val/loss", "val_ppl": "val/ppl",
+}
+
+
+def _json_safe(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class JsonlSink:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def write(self, record: dict[str, Any]) -> None:
+        with self.path.open("a", encoding="utf-8") as f:
+            f.write(json.dumps({k: _json_safe(v) for k, v in record.items()}) + "\n")
+
+
+def wandb_logged_in() -> bool:
+    """True when W&B credentials are present (environment or netrc), without contacting the server."""
+    if os.environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname or "api.wandb.ai"
+    try:
+        return netrc.netrc(os.environ.get("NETRC")).authenticators(host) is not None
+    except (FileNotFoundError, netrc.NetrcParseError, OSError):
+        return False
+
+
+def resolve_wandb_mode(requested: str) -> str:
+    """auto -> online when logged in, else offline; WANDB_MODE in the environment wins over auto."""
+    if requested != "auto":
+        return requested
+    env_mode = os.environ.get("WANDB_MODE")
+    if env_mode in ("online", "offline", "disabled"):
+        return env_mode
+    return "online" if wandb_logged_in() else "offline"
+
+
+class WandbSink:
+    """accelerate's W&B tracker, with failures turned into one warning line."""
+
+    def __init__(self, accelerator: Accelerator, enabled: bool) -> None:
+        self.accelerator = accelerator
+        self.enabled = enabled
+        self.run_dir: str | None = None
+
+    def start(self, project: str, config: dict[str, Any], init_kwargs: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.accelerator.init_trackers(project, config=config, init_kwargs={"wandb": init_kwargs})
+            run = self.accelerator.get_tracker("wandb", unwrap=True)
+            self.run_dir = getattr(run, "dir", None)
+        except Exception as exc:  # noqa: BLE001 - W&B must never stop training
+            self._fail("start", exc)
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        if not self.enabled:
+            return
+        values = {_WANDB_NAMESPACE.get(k, k): v for k, v in record.items()
+                  if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        try:
+            self.accelerator.log(values, step=step)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("log", exc)
+
+    def summary(self, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        try:
+            run = self.accelerator.get_tracker("wandb", unwrap=True)
+            run.summary.update(values)
+        except Exception as exc:  # noqa: BLE001
+            self._fail("summary", exc)
+
+    def finish(self) -> None:
+        if not self.enabled:
+            return
+        try:
+            self.accelerator.end_training()
+        except Exception as exc:  # noqa: BLE001
+            self._fail("finish", exc)
+
+    def _fail(self, what: str, exc: Exception) -> None:
+        first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        print(f"warning: W&B {what} failed ({type(exc).__name__}: {first_line}); "
+              "training continues, metrics.jsonl has every value", file=sys.stderr)
+        self.enabled = False
