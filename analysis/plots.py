@@ -1,0 +1,220 @@
+"""The report's figures, rendered to PNG bytes.
+
+Figures are built with `matplotlib.figure.Figure` and the Agg canvas directly rather than pyplot:
+no global backend switch, no figure registry that leaks memory across many reports.
+"""
+
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any
+
+from matplotlib.axes import Axes
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
+
+from analysis.runs import Run, number
+
+# One colour per strategy in every figure (matplotlib's tab10 order), so a reader learns it once.
+STRATEGY_COLOURS = {"single": "#1f77b4", "ddp": "#ff7f0e", "fsdp": "#2ca02c"}
+SPARE_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+MARKERS = {"single": "o", "ddp": "s", "fsdp": "^"}
+
+DPI = 120
+DODGE = 0.07  # epochs
+MAX_EPOCH_TICKS = 12  # up to this many epochs every one gets a tick
+# 72,000 rather than 72000, yet 2.5 stays 2.5: a fixed "{x:,.0f}" turned 2.5 s ticks into "2".
+THOUSANDS = FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 1000 else f"{x:g}")
+
+
+@dataclass(frozen=True)
+class FigureFile:
+    """A rendered figure: file name in the report folder, title, caption and the PNG itself."""
+
+    filename: str
+    title: str
+    caption: str
+    png: bytes
+
+
+def assign_colours(runs: list[Run]) -> dict[str, str]:
+    """Colour by label: a strategy's first run gets the strategy's colour, repeats get spare ones."""
+    colours: dict[str, str] = {}
+    spare = iter(SPARE_COLOURS * (1 + len(runs) // len(SPARE_COLOURS)))
+    taken: set[str] = set()
+    for run in runs:
+        colour = STRATEGY_COLOURS.get(run.strategy)
+        if colour is None or colour in taken:
+            colour = next(c for c in spare if c not in taken)
+        colours[run.label] = colour
+        taken.add(colour)
+    return colours
+
+
+def make_figures(runs: list[Run]) -> list[FigureFile]:
+    """All figures of the report, in reading order."""
+    colours = assign_colours(runs)
+    return [
+        _epoch_figure(runs, colours, "throughput_per_epoch.png", "Throughput per epoch",
+                      [("whole job", "tokens_per_s"), ("per device", "tokens_per_s_per_device")],
+                      "throughput (tokens/s)",
+                      "Tokens trained in the epoch / training time of the epoch (steps only)."),
+        _epoch_figure(runs, colours, "grad_norm_per_epoch.png", "Gradient norm per epoch",
+                      [("", "grad_norm_mean")], "mean global grad L2 norm (before clipping)",
+                      "Mean over the epoch's steps of the global gradient L2 norm, before clipping."),
+        _epoch_figure(runs, colours, "training_time_per_epoch.png", "Training time per epoch",
+                      [("", "time_s")], "training time (s)",
+                      "Wall time of the epoch's optimizer steps; evaluation and checkpointing excluded."),
+        _epoch_figure(runs, colours, "peak_memory_per_epoch.png", "Peak memory per epoch",
+                      [("allocated, max over devices", "peak_mem_allocated_mib_max"),
+                       ("reserved, max over devices", "peak_mem_reserved_mib_max")],
+                      "peak memory per device (MiB)",
+                      "Highest peak over the devices of one run (torch.cuda max allocated / max reserved; "
+                      "peak resident set size on CPU)."),
+        _loss_per_epoch(runs, colours),
+        _loss_vs_tokens(runs, colours),
+        _step_time_distribution(runs, colours),
+    ]
+
+
+def _new_figure(panels: int) -> tuple[Figure, list[Axes]]:
+    figure = Figure(figsize=(6.4 * panels if panels > 1 else 7.2, 4.6), dpi=DPI, layout="constrained")
+    axes = figure.subplots(1, panels, squeeze=False)[0]
+    return figure, list(axes)
+
+
+def _png(figure: Figure) -> bytes:
+    buffer = io.BytesIO()
+    FigureCanvasAgg(figure)
+    figure.savefig(buffer, format="png")
+    return buffer.getvalue()
+
+
+def _epoch_series(run: Run, key: str) -> tuple[list[int], list[float]]:
+    xs, ys = [], []
+    for epoch in run.epochs:
+        value = number(epoch.get(key))
+        if value is not None and isinstance(epoch.get("epoch"), int):
+            xs.append(epoch["epoch"])
+            ys.append(value)
+    return xs, ys
+
+
+def _dodge(runs: list[Run], run: Run, xs: list[int]) -> list[float]:
+    """Shift each run's markers a little sideways so equal values (DDP = single) do not hide each other."""
+    offset = DODGE * (runs.index(run) - (len(runs) - 1) / 2)
+    return [x + offset for x in xs]
+
+
+def _style(run: Run, colours: dict[str, str]) -> dict[str, Any]:
+    return {"color": colours[run.label], "marker": MARKERS.get(run.strategy, "D"), "markersize": 7}
+
+
+def _epoch_axis(axes: Axes, runs: list[Run]) -> None:
+    # Whole epochs only, and half an epoch of room each side, so one-epoch runs still read as points.
+    last = max(max((len(run.epochs) for run in runs), default=1), 1)
+    if last <= MAX_EPOCH_TICKS:
+        axes.set_xticks(range(1, last + 1))
+    else:
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
+    axes.set_xlim(0.5, last + 0.5)
+    axes.set_xlabel("epoch")
+    axes.grid(True, alpha=0.3)
+
+
+def _legend(figure: Figure, axes: Axes) -> None:
+    # One legend per figure, outside the axes: inside, it covered the highest line's last marker.
+    handles, labels = axes.get_legend_handles_labels()
+    if handles:
+        figure.legend(handles, labels, title="strategy", loc="outside right upper")
+
+
+def _epoch_figure(runs: list[Run], colours: dict[str, str], filename: str, title: str,
+                  panels: list[tuple[str, str]], ylabel: str, caption: str) -> FigureFile:
+    figure, axes_list = _new_figure(len(panels))
+    for axes, (panel_title, key) in zip(axes_list, panels):
+        for run in runs:
+            xs, ys = _epoch_series(run, key)
+            if xs:
+                axes.plot(_dodge(runs, run, xs), ys, label=run.label, **_style(run, colours))
+        _epoch_axis(axes, runs)
+        axes.set_ylabel(ylabel)
+        # Costs start at zero so that a bar-sized difference looks bar-sized; a grad norm need not.
+        if key != "grad_norm_mean":
+            axes.set_ylim(bottom=0)
+            axes.yaxis.set_major_formatter(THOUSANDS)
+        if panel_title:
+            axes.set_title(panel_title)
+    _legend(figure, axes_list[0])
+    figure.suptitle(title)
+    return FigureFile(filename, title, caption, _png(figure))
+
+
+def _loss_per_epoch(runs: list[Run], colours: dict[str, str]) -> FigureFile:
+    figure, (axes,) = _new_figure(1)
+    for run in runs:
+        xs, ys = _epoch_series(run, "loss_mean")
+        if xs:
+            axes.plot(_dodge(runs, run, xs), ys, label=f"{run.label} train", **_style(run, colours))
+        xs, ys = _epoch_series(run, "val_loss")
+        if xs:
+            axes.plot(_dodge(runs, run, xs), ys, label=f"{run.label} validation", linestyle="--",
+                      markerfacecolor="white", **_style(run, colours))
+    _epoch_axis(axes, runs)
+    axes.set_ylabel("cross-entropy loss (nats)")
+    _legend(figure, axes)
+    title = "Loss per epoch"
+    figure.suptitle(title)
+    caption = "Solid: mean training loss of the epoch's steps. Dashed, open markers: validation loss at the epoch end."
+    return FigureFile("loss_per_epoch.png", title, caption, _png(figure))
+
+
+def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
+    figure, (axes,) = _new_figure(1)
+    for run in runs:
+        points = [(line["tokens"], line["loss"]) for line in run.train if _has_numbers(line, "tokens", "loss")]
+        if points:
+            xs, ys = zip(*points)
+            axes.plot(xs, ys, color=colours[run.label], linewidth=1.4, label=f"{run.label} train")
+        points = [(line["tokens"], line["val_loss"]) for line in run.evals if _has_numbers(line, "tokens", "val_loss")]
+        if points:
+            xs, ys = zip(*points)
+            axes.plot(xs, ys, linestyle="none", markerfacecolor="white", markeredgewidth=1.5,
+                      label=f"{run.label} validation", **_style(run, colours))
+    axes.xaxis.set_major_formatter(EngFormatter(sep=""))
+    axes.set_xlabel("tokens trained (whole job)")
+    axes.set_ylabel("cross-entropy loss (nats)")
+    axes.grid(True, alpha=0.3)
+    _legend(figure, axes)
+    title = "Loss against tokens trained"
+    figure.suptitle(title)
+    caption = ("Lines: training loss of each logged step (metrics.jsonl); open markers: validation loss. "
+               "Tokens, not steps or epochs, are the fair x-axis when batches differ.")
+    return FigureFile("loss_vs_tokens.png", title, caption, _png(figure))
+
+
+def _step_time_distribution(runs: list[Run], colours: dict[str, str]) -> FigureFile:
+    figure, (axes,) = _new_figure(1)
+    with_times = [run for run in runs if run.step_times_s]
+    if with_times:
+        boxes = axes.boxplot([run.step_times_s for run in with_times], patch_artist=True, widths=0.5,
+                             medianprops={"color": "black"}, flierprops={"markersize": 4})
+        for patch, run in zip(boxes["boxes"], with_times):
+            patch.set_facecolor(colours[run.label])
+            patch.set_alpha(0.75)
+        axes.set_xticks(range(1, len(with_times) + 1), [run.label for run in with_times])
+    axes.set_xlabel("strategy")
+    axes.set_ylabel("optimizer step time (s)")
+    axes.grid(True, axis="y", alpha=0.3)
+    title = "Step time distribution"
+    figure.suptitle(title)
+    caption = ("Wall time of every optimizer step (summary.json step_times_s), warm-up steps included: "
+               "box = quartiles, line = median, whiskers = 1.5 IQR, dots = outliers.")
+    return FigureFile("step_time_distribution.png", title, caption, _png(figure))
+
+
+def _has_numbers(line: dict[str, Any], *keys: str) -> bool:
+    return all(number(line.get(k)) is not None for k in keys)
+
