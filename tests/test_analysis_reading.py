@@ -1,0 +1,84 @@
+"""The automatic reading follows the data: fastest, least memory, loss agreement, fairness."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.report import fairness, fairness_lines, fastest_reading, loss_agreement, memory_reading
+from analysis.runs import Run, assign_labels, load_run, sort_runs
+from tests.analysis_fixtures import three_strategies
+
+
+def runs_of(root: Path, **overrides: dict) -> list[Run]:
+    runs = [load_run(path) for path in three_strategies(root, **overrides)]
+    assign_labels(runs)
+    return sort_runs(runs)
+
+
+def test_fastest_strategy_and_its_margin(tmp_path: Path) -> None:
+    text = " ".join(fastest_reading(runs_of(tmp_path)))
+    assert "**ddp** is fastest" in text
+    assert "1.20x fsdp" in text and "1.80x single" in text  # 72,000 / 60,000 and 72,000 / 40,000
+
+
+def test_fastest_follows_the_data(tmp_path: Path) -> None:
+    text = " ".join(fastest_reading(runs_of(tmp_path, single={"tokens_per_s": 90_000})))
+    assert "**single** is fastest" in text and "1.25x ddp" in text
+
+
+def test_equal_throughputs_are_called_a_tie(tmp_path: Path) -> None:
+    text = " ".join(fastest_reading(runs_of(tmp_path, fsdp={"tokens_per_s": 71_900})))
+    assert "practically tied" in text
+
+
+def test_per_device_throughput_is_compared_with_single(tmp_path: Path) -> None:
+    text = " ".join(fastest_reading(runs_of(tmp_path)))
+    assert "ddp 36,000 tokens/s per device = 90% of single" in text
+
+
+def test_least_memory_strategy_follows_the_data(tmp_path: Path) -> None:
+    assert "**fsdp** uses least, 1,800 MiB" in memory_reading(runs_of(tmp_path / "a"))[0]
+    flipped = runs_of(tmp_path / "b", single={"peak_alloc_mib": 1000})
+    assert "**single** uses least, 1,000 MiB" in memory_reading(flipped)[0]
+
+
+def test_fairness_warning_only_when_global_batches_differ(tmp_path: Path) -> None:
+    equal = runs_of(tmp_path / "equal")
+    assert fairness(equal).fair
+    assert "Fair comparison" in fairness_lines(fairness(equal), equal)[0]
+
+    unequal = runs_of(tmp_path / "unequal", ddp={"global_batch_tokens": 16384})
+    check = fairness(unequal)
+    assert not check.fair and "global_batch_tokens" in check.differing
+    text = " ".join(fairness_lines(check, unequal))
+    assert "Unfair comparison: global batch (tokens) differs" in text and "ddp 16,384" in text
+    assert "loss and grad-norm comparison is not like for like" in text
+
+
+def test_fairness_also_checks_seed_and_precision(tmp_path: Path) -> None:
+    runs = runs_of(tmp_path, fsdp={"seed": 7, "precision": "fp32"})
+    assert {"seed", "precision"} <= set(fairness(runs).differing)
+
+
+def test_loss_curves_with_only_noise_between_them_agree(tmp_path: Path) -> None:
+    result = loss_agreement(runs_of(tmp_path))
+    assert result.verdict == "agree"
+    assert 0.03 < result.sigma < 0.07  # the fixture's noise is 0.05 nats
+    assert all(rms < 2 * result.sigma for rms in result.rms.values())
+
+
+def test_loss_curves_that_diverge_differ(tmp_path: Path) -> None:
+    result = loss_agreement(runs_of(tmp_path, fsdp={"loss_end": 6.5}))
+    assert result.verdict == "differ"
+    assert result.rms["fsdp"] > 2 * result.sigma and result.rms["ddp"] < 2 * result.sigma
+
+
+def test_identical_curves_agree_even_without_noise(tmp_path: Path) -> None:
+    same = {"loss_noise": 0.0}
+    result = loss_agreement(runs_of(tmp_path, single=same, ddp=same, fsdp=same))
+    assert result.verdict == "agree" and max(result.rms.values()) == 0.0
+
+
+def test_loss_agreement_needs_two_curves(tmp_path: Path) -> None:
+    runs = runs_of(tmp_path)[:1]
+    assert loss_agreement(runs).verdict == "undetermined"
