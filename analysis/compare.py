@@ -1,0 +1,82 @@
+"""Compare run directories: `python -m analysis.compare RUN_DIR... --out DIR`.
+
+Writes table.md, table.csv, the figures, report.md and a self-contained report.html into DIR.
+Exit status: 0 when a report was written, 2 when a run directory does not exist, no run is
+usable, or W&B could not be asked. Problems with single runs go to stderr, one line each.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from pathlib import Path
+
+from analysis.report import build_report, write_report
+from analysis.runs import FetchError, Run, assign_labels, fetch_wandb_runs, load_run, sort_runs
+
+EXIT_OK = 0
+EXIT_UNUSABLE = 2
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dirs", nargs="*", type=Path, metavar="RUN_DIR", help="run directories to compare")
+    parser.add_argument("--out", type=Path, required=True, help="report folder (created; files in it replaced)")
+    parser.add_argument("--from_wandb", metavar="ENTITY/PROJECT", help="also fetch the runs of --group from W&B")
+    parser.add_argument("--group", help="W&B group (the experiment name) to fetch with --from_wandb")
+    args = parser.parse_args(argv)
+    if not args.run_dirs and not args.from_wandb:
+        parser.error("give at least one RUN_DIR or --from_wandb ENTITY/PROJECT --group NAME")
+    if bool(args.from_wandb) != bool(args.group):
+        parser.error("--from_wandb and --group go together")
+    return args
+
+
+def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] | None = None) -> int:
+    """Load `run_dirs`, report problems on stderr, write the report of the usable runs into `out_dir`."""
+    runs = [load_run(path) for path in _unique(run_dirs)]
+    for run in runs:
+        for problem in run.problems:
+            print(f"warning: {run.path}: {problem}", file=sys.stderr)
+    usable = [run for run in runs if run.usable]
+    if not usable:
+        print(f"error: none of the {len(runs)} run directories has a usable summary.json; no report written",
+              file=sys.stderr)
+        return EXIT_UNUSABLE
+    assign_labels(usable)
+    usable = sort_runs(usable)
+    excluded: list[Run] = [run for run in runs if not run.usable]
+    report = build_report(usable, excluded, command, notes)
+    written = write_report(report, out_dir)
+    print(f"wrote {len(written)} files to {out_dir} (open {out_dir / 'report.html'})")
+    return EXIT_OK
+
+
+def _unique(paths: list[Path]) -> list[Path]:
+    seen: dict[Path, Path] = {}
+    for path in paths:
+        seen.setdefault(path.resolve(), path)
+    return list(seen.values())
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = parse_args(argv)
+    missing = [path for path in args.run_dirs if not path.is_dir()]
+    if missing:
+        print(f"error: not a run directory: {', '.join(str(p) for p in missing)}", file=sys.stderr)
+        return EXIT_UNUSABLE
+    run_dirs = list(args.run_dirs)
+    if args.from_wandb:
+        try:
+            run_dirs += fetch_wandb_runs(args.from_wandb, args.group, args.out / "wandb_runs")
+        except FetchError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return EXIT_UNUSABLE
+    command = shlex.join(["python", "-m", "analysis.compare", *argv])
+    return compare(run_dirs, args.out, command)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
