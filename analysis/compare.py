@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 from analysis.report import build_report, write_report
-from analysis.runs import FetchError, Run, assign_labels, fetch_wandb_runs, load_run, sort_runs
+from analysis.runs import Run, assign_labels, load_run, sort_runs
+from analysis.wandb_fetch import APPROXIMATION_NOTE, FetchError, fetch_wandb_runs
 
 EXIT_OK = 0
 EXIT_UNUSABLE = 2
@@ -68,14 +69,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: not a run directory: {', '.join(str(p) for p in missing)}", file=sys.stderr)
         return EXIT_UNUSABLE
     run_dirs = list(args.run_dirs)
+    notes = []
     if args.from_wandb:
         try:
-            run_dirs += fetch_wandb_runs(args.from_wandb, args.group, args.out / "wandb_runs")
+            fetched = fetch_wandb_runs(args.from_wandb, args.group, args.out / "wandb_runs")
         except FetchError as err:
             print(f"error: {err}", file=sys.stderr)
             return EXIT_UNUSABLE
+        run_dirs += fetched
+        notes += [f"{path}: {APPROXIMATION_NOTE}" for path in fetched]
     command = shlex.join(["python", "-m", "analysis.compare", *argv])
-    return compare(run_dirs, args.out, command)
+    return compare(run_dirs, args.out, command, notes)
 
 
 if __name__ == "__main__":

@@ -160,38 +160,3 @@ def sort_runs(runs: list[Run]) -> list[Run]:
 
     return sorted(runs, key=key)
 
-
-class FetchError(RuntimeError):
-    """W&B could not be reached or asked; the message is one line for the user."""
-
-
-def fetch_wandb_runs(entity_project: str, group: str, dest: Path) -> list[Path]:
-    """Download the run-directory files of every W&B run in `group` into dest/<run id>/.
-
-    Relies on train.py uploading config.json, metrics.jsonl and summary.json with the run; where a
-    run has no summary.json file, the W&B run summary is used if it holds summary.json's keys.
-    """
-    try:
-        import wandb  # imported here: only this path needs it, and importing it is slow
-    except ImportError as err:
-        raise FetchError(f"wandb is not installed ({err})") from err
-    try:
-        remote_runs = list(wandb.Api().runs(entity_project, filters={"group": group}))
-    except Exception as err:  # offline, not logged in, no such project: all mean "cannot fetch"
-        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise FetchError(f"cannot fetch W&B runs of {entity_project}, group {group!r}: {first_line}") from err
-    if not remote_runs:
-        raise FetchError(f"no W&B runs in {entity_project} with group {group!r}")
-    paths = []
-    for remote in remote_runs:
-        folder = dest / str(remote.id)
-        folder.mkdir(parents=True, exist_ok=True)
-        wanted = {CONFIG_FILE, METRICS_FILE, SUMMARY_FILE}
-        for remote_file in remote.files():
-            if remote_file.name in wanted:
-                remote_file.download(root=str(folder), replace=True)
-        stored = dict(remote.summary)
-        if not (folder / SUMMARY_FILE).exists() and isinstance(stored.get("total"), dict):
-            (folder / SUMMARY_FILE).write_text(json.dumps(stored, default=str), encoding="utf-8")
-        paths.append(folder)
-    return paths

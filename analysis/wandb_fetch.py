@@ -1,0 +1,151 @@
+"""Fetch the runs of one W&B group back as run directories, so the same report can read them.
+
+train.py gives W&B the resolved config (config.json's content), every metrics line under namespaced
+keys (`train/loss`, `perf/tokens_per_s`, ...) and the whole-run figures as `total/<key>` in the run
+summary. From those, `run_files_from_wandb` rebuilds config.json, metrics.jsonl and summary.json.
+What W&B does not hold is approximated from the logged lines, which come every `log_interval`
+steps: the per-epoch figures and the step-time distribution (interval means, not single steps).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.report import write_atomic
+from analysis.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, number
+
+EVAL_KEYS = ("epoch", "tokens", "val_loss", "val_ppl", "eval_time_s")
+APPROXIMATION_NOTE = ("fetched from W&B: per-epoch figures and step times are rebuilt from the lines logged "
+                      "every log_interval steps, so they approximate what summary.json would hold")
+
+
+class FetchError(RuntimeError):
+    """W&B could not be reached or asked; the message is one line for the user."""
+
+
+@dataclass
+class RunFiles:
+    config: dict[str, Any]
+    metrics: list[dict[str, Any]]
+    summary: dict[str, Any]
+
+
+def wandb_namespace() -> dict[str, str]:
+    """metrics.jsonl key -> W&B key, from the training side that chose the names (one source of truth)."""
+    from training.sinks import _WANDB_NAMESPACE  # imported late: it pulls in accelerate
+
+    return dict(_WANDB_NAMESPACE)
+
+
+def metrics_from_history(rows: Iterable[Mapping[str, Any]], namespace: Mapping[str, str]) -> list[dict[str, Any]]:
+    """History rows -> metrics.jsonl records; a row can hold a train and an eval line of the same step."""
+    local = {wandb_key: key for key, wandb_key in namespace.items()}
+    records: list[dict[str, Any]] = []
+    for row in rows:
+        step = row.get("_step")
+        values = {local.get(k, k): v for k, v in row.items() if not k.startswith("_") and v is not None}
+        if "loss" in values:
+            train = {k: v for k, v in values.items() if k not in ("val_loss", "val_ppl", "eval_time_s")}
+            records.append({"kind": "train", "step": step, **train})
+        if "val_loss" in values:
+            records.append({"kind": "eval", "step": step, **{k: values[k] for k in EVAL_KEYS if k in values}})
+    return records
+
+
+def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
+    """Per-epoch figures from the logged lines (see the module docstring for what is approximate)."""
+    epochs: list[dict[str, Any]] = []
+    last_step, last_tokens, last_elapsed = 0, 0, 0.0
+    for epoch in sorted({r["epoch"] for r in metrics if r["kind"] == "train" and isinstance(r.get("epoch"), int)}):
+        lines = [r for r in metrics if r["kind"] == "train" and r.get("epoch") == epoch]
+        evals = [r for r in metrics if r["kind"] == "eval" and r.get("epoch") == epoch]
+        end = lines[-1]
+        tokens = (number(end.get("tokens")) or 0) - last_tokens
+        time_s = (number(end.get("elapsed_s")) or 0.0) - last_elapsed
+        tokens_per_s = tokens / time_s if time_s > 0 else None
+        epochs.append({
+            "epoch": epoch, "steps": (end.get("step") or 0) - last_step, "tokens": int(tokens),
+            "loss_mean": _mean(lines, "loss"), "grad_norm_mean": _mean(lines, "grad_norm"), "time_s": time_s,
+            "tokens_per_s": tokens_per_s,
+            "tokens_per_s_per_device": tokens_per_s / world_size if tokens_per_s and world_size else None,
+            "samples_per_s": _mean(lines, "samples_per_s"),
+            # Memory lines hold the peak since the epoch started: the epoch's last line is its peak.
+            "peak_mem_allocated_mib_max": end.get("peak_mem_allocated_mib"),
+            "peak_mem_allocated_mib_mean": end.get("peak_mem_allocated_mib_mean"),
+            "peak_mem_reserved_mib_max": end.get("peak_mem_reserved_mib"),
+            "peak_mem_reserved_mib_mean": end.get("peak_mem_reserved_mib_mean"),
+            "val_loss": evals[-1].get("val_loss") if evals else None,
+            "val_ppl": evals[-1].get("val_ppl") if evals else None,
+        })
+        last_step, last_tokens, last_elapsed = end.get("step") or 0, tokens + last_tokens, time_s + last_elapsed
+    return epochs
+
+
+def _mean(lines: list[dict[str, Any]], key: str) -> float | None:
+    values = [v for line in lines if (v := number(line.get(key))) is not None]
+    return sum(values) / len(values) if values else None
+
+
+def run_files_from_wandb(config: Mapping[str, Any], summary: Mapping[str, Any],
+                         rows: Iterable[Mapping[str, Any]], namespace: Mapping[str, str]) -> RunFiles:
+    """Rebuild a run directory's three files from a W&B run's config, summary and history."""
+    launch = config.get("launch") or {}
+    effective, batch = launch.get("effective") or {}, launch.get("batch") or {}
+    metrics = metrics_from_history(rows, namespace)
+    train = [r for r in metrics if r["kind"] == "train"]
+    steps = train[-1]["step"] if train else 0
+    world_size = effective.get("world_size") or 1
+    total = {k.removeprefix("total/"): v for k, v in summary.items() if k.startswith("total/")}
+    rebuilt = {
+        "run_name": launch.get("run_name"), "experiment": (config.get("run") or {}).get("experiment"),
+        "strategy": effective.get("strategy"), "requested_strategy": (launch.get("requested") or {}).get("strategy"),
+        "world_size": world_size, "num_machines": effective.get("num_machines"),
+        "precision": effective.get("precision"), "device_type": effective.get("device_type"),
+        "device_name": launch.get("device_name"), "peak_flops_per_device": launch.get("peak_flops_per_device"),
+        "peak_flops_source": launch.get("peak_flops_source"), "preset": config.get("preset"),
+        "n_params": launch.get("n_params"), "n_params_non_embedding": launch.get("n_params_non_embedding"),
+        "seed": (config.get("run") or {}).get("seed"), "block_size": (config.get("data") or {}).get("block_size"),
+        "micro_batch_size": batch.get("micro_batch_size"), "grad_accum_steps": batch.get("grad_accum_steps"),
+        "global_batch_tokens": batch.get("global_batch_tokens"), "steps": steps,
+        "tokens_trained": steps * (batch.get("global_batch_tokens") or 0),
+        "complete": bool(total) and steps >= ((launch.get("schedule") or {}).get("total_steps") or 0),
+        "epochs": epochs_from_metrics(metrics, world_size),
+        "total": total,
+        "step_times_s": [v for line in train if (v := number(line.get("step_time_s"))) is not None],
+    }
+    return RunFiles(dict(config), metrics, rebuilt)
+
+
+def fetch_wandb_runs(entity_project: str, group: str, dest: Path) -> list[Path]:
+    """Write every run of `group` in `entity_project` as dest/<run id>/; raise FetchError when W&B can't."""
+    try:
+        import wandb  # imported here: only this path needs it, and importing it is slow
+    except ImportError as err:
+        raise FetchError(f"wandb is not installed ({err})") from err
+    try:
+        remote_runs = list(wandb.Api().runs(entity_project, filters={"group": group}))
+        if not remote_runs:
+            raise FetchError(f"no W&B runs in {entity_project} with group {group!r}")
+        namespace = wandb_namespace()
+        paths = []
+        for remote in remote_runs:
+            files = run_files_from_wandb(dict(remote.config), dict(remote.summary), remote.scan_history(), namespace)
+            paths.append(_write_run_files(dest / str(remote.id), files))
+        return paths
+    except FetchError:
+        raise
+    except Exception as err:  # offline, not logged in, no such project: all mean "cannot fetch"
+        first_line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise FetchError(f"cannot fetch W&B runs of {entity_project}, group {group!r}: {first_line}") from err
+
+
+def _write_run_files(folder: Path, files: RunFiles) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    write_atomic(folder / CONFIG_FILE, json.dumps(files.config, indent=2, default=str).encode())
+    write_atomic(folder / METRICS_FILE, "".join(json.dumps(r, default=str) + "\n" for r in files.metrics).encode())
+    write_atomic(folder / SUMMARY_FILE, json.dumps(files.summary, indent=2, default=str).encode())
+    return folder
