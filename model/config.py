@@ -27,6 +27,12 @@ _PRESETS: dict[str, dict[str, Any]] = {
     "mini": dict(n_layer=4, n_head=4, n_embd=128, n_positions=512),
 }
 
+# Every field but attn_impl has the same name and meaning in transformers.GPT2Config.
+_SAME_IN_HF = (
+    "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner", "layer_norm_epsilon",
+    "embd_pdrop", "attn_pdrop", "resid_pdrop", "initializer_range",
+)  # fmt: skip
+
 # transformers' attention implementations that compute what ours do, and back.
 _HF_ATTN = {"sdpa": "sdpa", "math": "eager"}
 
@@ -122,18 +128,8 @@ class GPT2Config:
         import transformers  # here, not at the top: it takes seconds and only conversion needs it
 
         return transformers.GPT2Config(
-            vocab_size=self.vocab_size,
-            n_positions=self.n_positions,
-            n_embd=self.n_embd,
-            n_layer=self.n_layer,
-            n_head=self.n_head,
-            n_inner=self.n_inner,
+            **{name: getattr(self, name) for name in _SAME_IN_HF},
             activation_function="gelu_new",
-            layer_norm_epsilon=self.layer_norm_epsilon,
-            embd_pdrop=self.embd_pdrop,
-            attn_pdrop=self.attn_pdrop,
-            resid_pdrop=self.resid_pdrop,
-            initializer_range=self.initializer_range,
             tie_word_embeddings=True,
             attn_implementation=_HF_ATTN[self.attn_impl],
         )
@@ -141,28 +137,18 @@ class GPT2Config:
     @classmethod
     def from_hf_config(cls, hf_cfg: transformers.GPT2Config) -> GPT2Config:
         """Our config for a `transformers.GPT2Config`, refusing options our model does not implement."""
-        unsupported = {
+        required = {
             "activation_function": (hf_cfg.activation_function, ("gelu_new", "gelu_pytorch_tanh")),
             "scale_attn_weights": (hf_cfg.scale_attn_weights, (True,)),
             "scale_attn_by_inverse_layer_idx": (hf_cfg.scale_attn_by_inverse_layer_idx, (False,)),
             "add_cross_attention": (getattr(hf_cfg, "add_cross_attention", False), (False,)),
             "tie_word_embeddings": (getattr(hf_cfg, "tie_word_embeddings", True), (True,)),
         }
-        for name, (value, allowed) in unsupported.items():
+        for name, (value, allowed) in required.items():
             if value not in allowed:
                 raise ValueError(f"transformers GPT2Config.{name}={value!r} is not supported (supported: {allowed})")
         hf_attn = getattr(hf_cfg, "_attn_implementation", None)
         return cls(
-            vocab_size=hf_cfg.vocab_size,
-            n_positions=hf_cfg.n_positions,
-            n_embd=hf_cfg.n_embd,
-            n_layer=hf_cfg.n_layer,
-            n_head=hf_cfg.n_head,
-            n_inner=hf_cfg.n_inner,
-            layer_norm_epsilon=hf_cfg.layer_norm_epsilon,
-            embd_pdrop=hf_cfg.embd_pdrop,
-            attn_pdrop=hf_cfg.attn_pdrop,
-            resid_pdrop=hf_cfg.resid_pdrop,
-            initializer_range=hf_cfg.initializer_range,
+            **{name: getattr(hf_cfg, name) for name in _SAME_IN_HF},
             attn_impl="math" if hf_attn == "eager" else "sdpa",
         )
