@@ -1,0 +1,371 @@
+"""Readers: turn files, folders, globs or a Hugging Face dataset into one column of document text.
+
+Every reader returns an Arrow table with a single `text` column (one row per document, in file
+order), so the rest of the pipeline never cares where the text came from. Each problem a user can fix
+is a DataError that names the file.
+"""
+
+from __future__ import annotations
+
+import codecs
+import csv
+import glob
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+
+from data.config import DEFAULT_TEXT_COLUMN, SAMPLE_CSV, DataConfig
+from data.errors import DataError
+
+FORMATS = {".csv": "csv", ".txt": "txt", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"}
+_GLOB_CHARS = set("*?[")
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class SourceFile:
+    """One input file and the reader it gets."""
+
+    path: Path
+    fmt: str
+
+
+@dataclass
+class Sources:
+    """What the corpus is made of, resolved, plus what identifies its content for the cache key."""
+
+    description: str
+    files: list[SourceFile] = field(default_factory=list)
+    key: dict[str, Any] = field(default_factory=dict)
+    hf_dataset: Any = None  # the loaded datasets.Dataset when reading a Hugging Face dataset
+
+
+# ----------------------------------------------------------------------------- resolving paths
+
+
+def _format_of(path: Path) -> str | None:
+    return FORMATS.get(path.suffix.lower())
+
+
+def _files_in_folder(folder: Path) -> list[Path]:
+    """Supported files under a folder, recursively, in a stable (sorted) order; hidden ones skipped."""
+    found = []
+    for root, dirs, names in os.walk(folder):
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        found += [Path(root) / n for n in sorted(names) if not n.startswith(".") and _format_of(Path(n))]
+    return found
+
+
+def resolve_files(patterns: list[str]) -> list[SourceFile]:
+    """Expand files, folders and globs into a de-duplicated list of files in a stable order.
+
+    Order matters (documents are packed in it), so globs and folders are sorted, and a file named
+    twice is read once, where it first appears.
+    """
+    files: list[Path] = []
+    for pattern in patterns:
+        path = Path(pattern).expanduser()
+        if _GLOB_CHARS & set(pattern):
+            matches = [Path(m) for m in sorted(glob.glob(str(path), recursive=True))]
+            matches = [m for m in matches if m.is_file() and _format_of(m)]
+            if not matches:
+                raise DataError(f"{pattern}: no .csv/.txt/.json/.jsonl/.parquet files match this pattern; check the path")
+            files += matches
+        elif path.is_dir():
+            inside = _files_in_folder(path)
+            if not inside:
+                raise DataError(f"{path}: folder holds no .csv/.txt/.json/.jsonl/.parquet files; point --data at the corpus files")
+            files += inside
+        elif path.is_file():
+            if not _format_of(path):
+                raise DataError(f"{path}: unsupported file type {path.suffix or '(none)'!r}; use .csv, .txt, .json, .jsonl or .parquet")
+            files.append(path)
+        else:
+            raise DataError(f"{path}: no such file or folder; check the path given to --data")
+    seen: set[Path] = set()
+    unique = []
+    for f in files:
+        real = f.resolve()
+        if real not in seen:
+            seen.add(real)
+            unique.append(SourceFile(path=f, fmt=_format_of(f) or ""))
+    return unique
+
+
+# ----------------------------------------------------------------------------- content identity
+
+
+def file_sha256(path: Path) -> str:
+    """sha256 of a file's bytes, read in chunks so a large CSV is never held in memory."""
+    h = hashlib.sha256()
+    buf = bytearray(_CHUNK)
+    view = memoryview(buf)
+    with open(path, "rb") as f:
+        while n := f.readinto(buf):
+            h.update(view[:n])
+    return h.hexdigest()
+
+
+def check_utf8(path: Path) -> None:
+    """Raise a DataError giving the byte offset of the first byte that is not valid UTF-8."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            try:
+                decoder.decode(chunk)
+            except UnicodeDecodeError as exc:
+                raise DataError(
+                    f"{path}: not UTF-8 text (bad byte at offset {offset + exc.start}); "
+                    "re-encode it, e.g. `iconv -f latin1 -t utf-8`"
+                ) from None
+            offset += len(chunk)
+        try:
+            decoder.decode(b"", final=True)
+        except UnicodeDecodeError:
+            raise DataError(f"{path}: not UTF-8 text (truncated character at the end); re-encode it as UTF-8") from None
+
+
+def describe(config: DataConfig, hf_cache_dir: Path) -> Sources:
+    """Resolve the sources of `config` and fingerprint their content, without reading documents.
+
+    Files are identified by format and sha256 of their bytes, in order (not by name or mtime: moving
+    a corpus keeps its cache, and editing a file in place always invalidates it).
+    """
+    if config.hf_dataset is not None:
+        return _describe_hf(config, hf_cache_dir)
+    if config.uses_sample:
+        files = [SourceFile(path=SAMPLE_CSV, fmt="csv")]
+        description = f"bundled sample {SAMPLE_CSV.name}"
+    else:
+        files = resolve_files(config.paths)
+        description = f"{len(files)} file(s): " + ", ".join(str(f.path) for f in files[:5])
+        description += ", ..." if len(files) > 5 else ""
+    for f in files:
+        if f.path.stat().st_size == 0:
+            raise DataError(f"{f.path}: file is empty; remove it from --data or give it documents")
+    key = {"files": [[f.fmt, file_sha256(f.path)] for f in files]}
+    return Sources(description=description, files=files, key=key)
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def _missing_column(where: Any, column: str, columns: list[str]) -> DataError:
+    shown = ", ".join(repr(c) if c else "'' (unnamed index)" for c in columns) or "none"
+    return DataError(f"{where}: no column {column!r} (it has {shown}); pass --text_column NAME")
+
+
+def _text_from_table(table: pa.Table, column: str, prepend_title: bool, where: Any) -> pa.Table:
+    """Reduce a table to its `text` column: the chosen column, title-prefixed if asked; nulls -> ""."""
+    for needed in [column] + (["title"] if prepend_title else []):
+        if needed not in table.column_names:
+            raise _missing_column(where, needed, table.column_names)
+
+    def as_text(name: str) -> pa.ChunkedArray:
+        col = table.column(name)
+        if not (pa.types.is_string(col.type) or pa.types.is_large_string(col.type) or pa.types.is_null(col.type)):
+            raise DataError(f"{where}: column {name!r} holds {col.type}, not text; pass --text_column NAME")
+        return pc.fill_null(col.cast(pa.large_string()), "")
+
+    text = as_text(column)
+    if prepend_title:
+        title = as_text("title")
+        # An article without content is empty even if it has a title: a headline alone is not a document.
+        has_content = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)
+        has_title = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(title)), 0)
+        titled = pc.binary_join_element_wise(title, text, "\n\n")
+        text = pc.if_else(pc.and_(has_content, has_title), titled, text)
+    return pa.table({"text": text})
+
+
+def _read_csv(path: Path, column: str, prepend_title: bool) -> pa.Table:
+    with open(path, newline="", encoding="utf-8") as f:
+        header = next(csv.reader(f), [])
+    if header and header[0].startswith("\ufeff"):
+        header[0] = header[0][1:]
+    wanted = [column] + (["title"] if prepend_title else [])
+    for needed in wanted:
+        if needed not in header:
+            raise _missing_column(path, needed, header)
+    try:
+        table = pacsv.read_csv(
+            path,
+            # Kaggle's All the News has newlines inside quoted `content`; "" escapes a quote (the default).
+            parse_options=pacsv.ParseOptions(newlines_in_values=True),
+            convert_options=pacsv.ConvertOptions(
+                include_columns=wanted, column_types={c: pa.large_string() for c in wanted}
+            ),
+        )
+    except pa.ArrowInvalid as exc:
+        raise DataError(f"{path}: not a valid CSV ({str(exc).splitlines()[0]}); check its quoting") from None
+    if table.num_rows == 0:
+        raise DataError(f"{path}: CSV has a header but no rows; remove it from --data or add documents")
+    return _text_from_table(table, column, prepend_title, path)
+
+
+def _read_txt(path: Path) -> pa.Table:
+    # One document per file: the whole file is the text.
+    return pa.table({"text": pa.array([path.read_text(encoding="utf-8")], pa.large_string())})
+
+
+def _json_records(path: Path, fmt: str) -> list[Any]:
+    raw = path.read_text(encoding="utf-8")
+    if fmt == "json":
+        try:
+            records = json.loads(raw)
+        except json.JSONDecodeError:
+            records = None  # many ".json" corpora are JSON Lines; try that below
+        if isinstance(records, list):
+            return records
+        if records is not None:
+            raise DataError(f"{path}: expected a JSON array of objects or one object per line, got a {type(records).__name__}")
+    out = []
+    for lineno, line in enumerate(raw.splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path}: line {lineno} is not valid JSON ({exc.msg}); fix or remove it") from None
+    return out
+
+
+def _read_json(path: Path, fmt: str, column: str, prepend_title: bool) -> pa.Table:
+    records = _json_records(path, fmt)
+    if not records:
+        raise DataError(f"{path}: no JSON records; remove it from --data or add documents")
+    if not all(isinstance(r, dict) for r in records):
+        raise DataError(f"{path}: every JSON record must be an object with a {column!r} field")
+    names = [column] + (["title"] if prepend_title else [])
+    for name in names:
+        if not any(name in r for r in records):
+            raise _missing_column(path, name, list(records[0]))
+    columns = {}
+    for name in names:
+        values = [r.get(name) for r in records]
+        bad = next((i for i, v in enumerate(values) if v is not None and not isinstance(v, str)), None)
+        if bad is not None:
+            raise DataError(f"{path}: record {bad + 1} field {name!r} is {type(values[bad]).__name__}, not text")
+        columns[name] = pa.array(values, pa.large_string())
+    return _text_from_table(pa.table(columns), column, prepend_title, path)
+
+
+def _read_parquet(path: Path, column: str, prepend_title: bool) -> pa.Table:
+    try:
+        names = pq.read_schema(path).names
+        wanted = [column] + (["title"] if prepend_title else [])
+        for needed in wanted:
+            if needed not in names:
+                raise _missing_column(path, needed, names)
+        table = pq.read_table(path, columns=wanted)
+    except pa.ArrowException as exc:
+        raise DataError(f"{path}: not a readable parquet file ({str(exc).splitlines()[0]})") from None
+    if table.num_rows == 0:
+        raise DataError(f"{path}: parquet file has no rows; remove it from --data or add documents")
+    return _text_from_table(table, column, prepend_title, path)
+
+
+def read_file(src: SourceFile, text_column: str | None, prepend_title: bool) -> pa.Table:
+    """Read one file into a `text` table (one row per document)."""
+    if src.fmt != "parquet":
+        check_utf8(src.path)
+    column = text_column or DEFAULT_TEXT_COLUMN.get(src.fmt, "text")
+    if src.fmt == "csv":
+        return _read_csv(src.path, column, prepend_title)
+    if src.fmt == "txt":
+        return _read_txt(src.path)
+    if src.fmt in ("json", "jsonl"):
+        return _read_json(src.path, src.fmt, column, prepend_title)
+    if src.fmt == "parquet":
+        return _read_parquet(src.path, column, prepend_title)
+    raise AssertionError(f"no reader for {src.fmt}")
+
+
+def read_documents(sources: Sources, config: DataConfig) -> pa.Table:
+    """All documents of the corpus, in order, as one `text` table; at most `max_documents` rows."""
+    limit = config.max_documents
+    if sources.hf_dataset is not None:
+        table = _hf_text_table(sources.hf_dataset, config)
+        return table.slice(0, limit) if limit else table
+    tables, rows = [], 0
+    for src in sources.files:
+        if limit is not None and rows >= limit:
+            break  # a quick run need not parse the rest of a large corpus
+        t = read_file(src, config.text_column, config.prepend_title)
+        tables.append(t)
+        rows += t.num_rows
+    table = pa.concat_tables(tables)
+    return table.slice(0, limit) if limit else table
+
+
+# ----------------------------------------------------------------------------- Hugging Face datasets
+
+
+def _is_saved_dataset(path: Path) -> bool:
+    return path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "state.json", "dataset_dict.json"))
+
+
+def _describe_hf(config: DataConfig, hf_cache_dir: Path) -> Sources:
+    """Load a Hugging Face dataset (a hub name, a builder such as "csv" with --data as data_files, or
+    a folder written by `save_to_disk`) and fingerprint it."""
+    import datasets  # only this source needs the loader machinery
+
+    name = config.hf_dataset
+    assert name is not None
+    where = f"{name}" + (f" ({config.hf_config})" if config.hf_config else "") + f" split {config.hf_split!r}"
+    local = Path(name).expanduser()
+    try:
+        if _is_saved_dataset(local):
+            ds = datasets.load_from_disk(str(local))
+            if isinstance(ds, datasets.DatasetDict):
+                if config.hf_split not in ds:
+                    raise DataError(f"{local}: no split {config.hf_split!r} (it has {', '.join(ds)}); pass --hf_split NAME")
+                ds = ds[config.hf_split]
+            saved = sorted(p for p in local.rglob("*") if p.is_file())
+            key: dict[str, Any] = {"hf_saved": [[str(p.relative_to(local)), file_sha256(p)] for p in saved]}
+        else:
+            files = resolve_files(config.paths) if config.paths else []
+            ds = datasets.load_dataset(
+                name,
+                config.hf_config,
+                split=config.hf_split,
+                data_files=[str(f.path) for f in files] or None,
+                cache_dir=str(hf_cache_dir),
+            )
+            # datasets' own fingerprint identifies hub data; local data files are hashed here as well,
+            # since content edits must always invalidate the cache.
+            key = {
+                "hf": [name, config.hf_config, config.hf_split, ds._fingerprint],
+                "files": [file_sha256(f.path) for f in files],
+            }
+    except DataError:
+        raise
+    except Exception as exc:  # datasets raises many types (FileNotFoundError, DatasetNotFoundError, ValueError, ...)
+        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{where}: cannot load this dataset ({first}); check the name, config and split") from None
+    column = config.text_column or DEFAULT_TEXT_COLUMN["hf"]
+    needed = [column] + (["title"] if config.prepend_title else [])
+    for n in needed:
+        if n not in ds.column_names:
+            raise _missing_column(where, n, ds.column_names)
+    if len(ds) == 0:
+        raise DataError(f"{where}: dataset has no rows; pick another split with --hf_split")
+    return Sources(description=f"Hugging Face dataset {where}", key=key, hf_dataset=ds)
+
+
+def _hf_text_table(ds: Any, config: DataConfig) -> pa.Table:
+    column = config.text_column or DEFAULT_TEXT_COLUMN["hf"]
+    cols = [column] + (["title"] if config.prepend_title else [])
+    ds = ds.select_columns(cols)
+    if config.max_documents:
+        ds = ds.select(range(min(config.max_documents, len(ds))))
+    ds = ds.flatten_indices() if ds._indices is not None else ds
+    return _text_from_table(ds.data.table, column, config.prepend_title, config.hf_dataset)
