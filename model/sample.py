@@ -13,10 +13,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, NoReturn
 
 import torch
 
 from model.gpt2 import GPT2
+
+if TYPE_CHECKING:
+    import transformers
 
 # What makes a folder a tokenizer folder for `AutoTokenizer.from_pretrained`.
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
@@ -64,7 +68,7 @@ def resolve_model(path: str | Path) -> GPT2:
     )
 
 
-def resolve_tokenizer(path: str | Path):
+def resolve_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerFast:
     """The tokenizer saved beside the model if there is one, else GPT-2's (which every preset uses)."""
     from data.tokenizer import load_tokenizer
 
@@ -80,7 +84,7 @@ def resolve_tokenizer(path: str | Path):
 class _OneLineParser(argparse.ArgumentParser):
     """argparse prints the usage before its error; the error alone is the one line we promise."""
 
-    def error(self, message: str) -> None:
+    def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 

@@ -183,7 +183,7 @@ def test_dropout_is_configurable_and_off_in_eval():
 
 
 def test_tiny_preset_trains_a_step_well_under_a_second():
-    # the spec of the preset: batch 8 x 64 tokens on a 2-core CPU
+    # what the preset is for: a quick step at batch 8 x 64 tokens on a 2-core CPU
     torch.manual_seed(0)
     model = GPT2(TINY)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
