@@ -12,7 +12,7 @@ import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager
+from typing import Any, Callable, ContextManager, Iterator
 
 import datasets
 import numpy as np
@@ -34,6 +34,9 @@ PIPELINE_VERSION = 1
 # Below this many documents per worker, starting a pool costs more than it saves (default num_proc only).
 _MIN_DOCS_PER_WORKER = 1000
 _MAP_BATCH = 1000
+# Below this many documents the map steps take well under a second and a progress bar is only noise
+# (on stderr, where it would also bury the one-line error of a corpus that is too small).
+_MIN_DOCS_FOR_PROGRESS = 10_000
 
 Log = Callable[[str], None]
 
@@ -153,6 +156,17 @@ def tokenize_documents(
 # ----------------------------------------------------------------------------- build and load
 
 
+@contextlib.contextmanager
+def _progress_bars(show: bool) -> Iterator[None]:
+    """Show or hide datasets' progress bars for the block, restoring the previous setting after it."""
+    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
+    (datasets.enable_progress_bars if show else datasets.disable_progress_bars)()
+    try:
+        yield
+    finally:
+        (datasets.enable_progress_bars if was_enabled else datasets.disable_progress_bars)()
+
+
 def _write_arrow(table: pa.Table, path: Path) -> datasets.Dataset:
     """Write the corpus where workers can memory-map it, rather than pickle it to each of them."""
     with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
@@ -175,10 +189,11 @@ def _build(
     corpus = _write_arrow(read_documents(sources, config), work / "corpus.arrow")
     num_proc = _workers(config, len(corpus))
     log(f"data: {len(corpus):,} documents read; cleaning and tokenizing with {num_proc} process(es)")
-    cleaned = clean_documents(corpus, config, num_proc, work / "cleaned.arrow", f"{key}-clean")
-    if len(cleaned) == 0:
-        raise DataError(f"{sources.description}: no non-empty documents after cleaning; check --text_column")
-    tokens = tokenize_documents(cleaned, tokenizer, num_proc, work / "tokens.arrow", f"{key}-tokens")
+    with _progress_bars(len(corpus) >= _MIN_DOCS_FOR_PROGRESS):
+        cleaned = clean_documents(corpus, config, num_proc, work / "cleaned.arrow", f"{key}-clean")
+        if len(cleaned) == 0:
+            raise DataError(f"{sources.description}: no non-empty documents after cleaning; check --text_column")
+        tokens = tokenize_documents(cleaned, tokenizer, num_proc, work / "tokens.arrow", f"{key}-tokens")
 
     table = tokens.data.table
     lengths = pc.list_value_length(table.column("input_ids")).to_numpy().astype(np.int64)

@@ -144,11 +144,11 @@ def describe(config: DataConfig, hf_cache_dir: Path) -> Sources:
         return _describe_hf(config, hf_cache_dir)
     if config.uses_sample:
         files = [SourceFile(path=SAMPLE_CSV, fmt="csv")]
-        description = f"bundled sample {SAMPLE_CSV.name}"
+        description = f"bundled sample {SAMPLE_CSV}"
     else:
         files = resolve_files(config.paths)
-        description = f"{len(files)} file(s): " + ", ".join(str(f.path) for f in files[:5])
-        description += ", ..." if len(files) > 5 else ""
+        description = ", ".join(str(f.path) for f in files[:3])
+        description += f" and {len(files) - 3} more files" if len(files) > 3 else ""
     for f in files:
         if f.path.stat().st_size == 0:
             raise DataError(f"{f.path}: file is empty; remove it from --data or give it documents")
