@@ -1,0 +1,333 @@
+"""Train every strategy back to back on the same seed, data and global batch, then compare them.
+
+    python -m analysis.experiment --preset tiny --max_steps 30 --out runs/exp1
+
+Each strategy runs as `accelerate launch --config_file accelerate_configs/<file> train.py ...` into
+OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share one W&B group (the
+experiment name). A strategy that fails is reported and the others still run; the comparison is
+written into OUT from whatever finished. Exit status: 0 when every strategy finished and the report
+was written, 1 when a strategy failed, 2 when the experiment could not be set up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIG_DIR = REPO / "accelerate_configs"
+TRAIN_SCRIPT = REPO / "train.py"
+# The launch layout of each strategy; the number of processes is read from the file, not assumed.
+CONFIG_FILES = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}
+LOG_TAIL_LINES = 20
+
+EXIT_OK, EXIT_FAILED, EXIT_SETUP = 0, 1, 2
+
+
+class SetupError(ValueError):
+    """The experiment cannot start (bad batch, missing config); the message is one line."""
+
+
+@dataclass(frozen=True)
+class ExperimentSpec:
+    """What every strategy of one experiment shares."""
+
+    preset: str
+    out: Path
+    max_steps: int | None = None
+    epochs: int | None = None
+    strategies: tuple[str, ...] = ("single", "ddp", "fsdp")
+    data: tuple[str, ...] = ()
+    seed: int = 1337
+    global_batch_tokens: int | None = None  # None: the preset's, raised to fit every world size
+    micro_batch_size: int | None = None  # None: the preset's
+    block_size: int | None = None  # None: the preset's (then not passed to train.py)
+    experiment: str = ""  # the W&B group; empty: <preset>-<timestamp>
+    extra: tuple[str, ...] = ()  # passed to train.py as they are, after everything else
+
+    def __post_init__(self) -> None:
+        if (self.max_steps is None) == (self.epochs is None):
+            raise SetupError("give exactly one of --max_steps and --epochs")
+        unknown = [s for s in self.strategies if s not in CONFIG_FILES]
+        if unknown:
+            raise SetupError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(CONFIG_FILES)}")
+        if len(set(self.strategies)) != len(self.strategies):
+            raise SetupError("each strategy once: the run directory is named after it")
+        for name in ("max_steps", "epochs", "global_batch_tokens", "micro_batch_size", "block_size"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise SetupError(f"--{name} must be > 0, got {value}")
+
+
+@dataclass(frozen=True)
+class Batch:
+    micro_batch_size: int
+    block_size: int
+    global_batch_tokens: int
+
+    def grad_accum(self, world_size: int) -> int:
+        return self.global_batch_tokens // (self.micro_batch_size * self.block_size * world_size)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One strategy's training command and where it writes."""
+
+    strategy: str
+    world_size: int
+    argv: tuple[str, ...]
+    run_dir: Path
+    log: Path
+
+
+@dataclass
+class Outcome:
+    launch: Launch
+    returncode: int
+    seconds: float
+    tail: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------
+# Planning (pure: nothing is launched or written)
+
+
+def read_num_processes(config_file: Path) -> int:
+    """`num_processes` of an accelerate YAML config."""
+    import yaml  # PyYAML comes with accelerate; only the driver needs it
+
+    if not config_file.is_file():
+        raise SetupError(f"accelerate config not found: {config_file}")
+    layout = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+    processes = layout.get("num_processes")
+    if not isinstance(processes, int) or processes < 1:
+        raise SetupError(f"{config_file} has no positive integer num_processes")
+    return processes
+
+
+def world_sizes(strategies: Sequence[str], config_dir: Path = CONFIG_DIR) -> dict[str, int]:
+    return {s: read_num_processes(config_dir / CONFIG_FILES[s]) for s in strategies}
+
+
+def preset_defaults(preset: str) -> dict[str, object]:
+    """The preset's values, from the training side's own table."""
+    from training.presets import preset_overrides  # a plain dict table: cheap to import
+
+    try:
+        return preset_overrides(preset)
+    except ValueError as err:
+        raise SetupError(str(err)) from None
+
+
+def choose_batch(spec: ExperimentSpec, sizes: Sequence[int], defaults: dict[str, object]) -> Batch:
+    """A global batch every world size divides: train.py derives accumulation from it and refuses a rest.
+
+    Tokens per optimizer step must be a multiple of micro_batch x block_size x world_size for every
+    strategy, i.e. of micro_batch x block_size x lcm(world sizes). A batch given on the command line
+    is checked, never changed; the preset's is raised to the next such multiple if needed.
+    """
+    micro = spec.micro_batch_size or _positive_int(defaults.get("micro_batch_size"), 4)
+    block = spec.block_size or _positive_int(defaults.get("block_size"), None)
+    if block is None:
+        raise SetupError(f"preset {spec.preset!r} sets no block_size; pass --block_size")
+    unit = micro * block * math.lcm(*sizes)
+    if spec.global_batch_tokens is not None:
+        if spec.global_batch_tokens % unit:
+            lower, upper = (spec.global_batch_tokens // unit) * unit, (spec.global_batch_tokens // unit + 1) * unit
+            nearest = f"{lower} or {upper}" if lower else f"{upper}"
+            raise SetupError(
+                f"--global_batch_tokens {spec.global_batch_tokens} is not a multiple of micro_batch x block_size "
+                f"x lcm(world sizes {', '.join(map(str, sizes))}) = {micro} x {block} x {math.lcm(*sizes)} = {unit}; "
+                f"use {nearest}")
+        return Batch(micro, block, spec.global_batch_tokens)
+    wanted = _positive_int(defaults.get("global_batch_tokens"), unit)
+    return Batch(micro, block, math.ceil(wanted / unit) * unit)
+
+
+def _positive_int(value: object, fallback: int | None) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else fallback
+
+
+def default_launcher() -> tuple[str, ...]:
+    """`accelerate launch` from this interpreter's environment when it is there, else from PATH."""
+    beside = Path(sys.executable).parent / "accelerate"
+    return (str(beside) if beside.exists() else shutil.which("accelerate") or "accelerate", "launch")
+
+
+def _shown(path: Path, cwd: Path) -> str:
+    """A path relative to the working directory when it lies below it: shorter commands to read."""
+    try:
+        return str(path.resolve().relative_to(cwd.resolve()))
+    except ValueError:
+        return str(path)
+
+
+def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
+                   launcher: Sequence[str], cwd: Path, config_dir: Path = CONFIG_DIR,
+                   train_script: Path = TRAIN_SCRIPT) -> list[Launch]:
+    """The command of each strategy: same preset, seed, data, batch and W&B group for all."""
+    budget = ["--max_steps", str(spec.max_steps)] if spec.max_steps is not None else ["--epochs", str(spec.epochs)]
+    shared = [
+        "--preset", spec.preset, *budget, "--seed", str(spec.seed), "--experiment", spec.experiment,
+        "--global_batch_tokens", str(batch.global_batch_tokens), "--micro_batch_size", str(batch.micro_batch_size),
+    ]
+    if spec.block_size is not None:
+        shared += ["--block_size", str(spec.block_size)]
+    if spec.data:
+        shared += ["--data", *spec.data]
+    launches = []
+    for strategy in spec.strategies:
+        run_dir = spec.out / "runs" / strategy
+        argv = (*launcher, "--config_file", _shown(config_dir / CONFIG_FILES[strategy], cwd),
+                _shown(train_script, cwd), *shared, "--output_dir", str(run_dir),
+                # train.py stops at start-up if the launch gives another strategy (FSDP quietly
+                # becoming DDP, say), so a mislabelled run never reaches the report.
+                "--strategy", strategy, *spec.extra)
+        launches.append(Launch(strategy, sizes[strategy], argv, run_dir, spec.out / "runs" / f"{strategy}.log"))
+    return launches
+
+
+# ---------------------------------------------------------------------------------------------
+# Running
+
+
+def run_launch(launch: Launch, cwd: Path, echo: bool = True) -> Outcome:
+    """Run one strategy, its output teed into its log file; a launch that cannot start is exit 127."""
+    launch.log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    with launch.log.open("wb") as log:
+        try:
+            process = subprocess.Popen(launch.argv, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        except OSError as err:
+            log.write(f"cannot start {launch.argv[0]}: {err}\n".encode())
+            returncode = 127
+        else:
+            assert process.stdout is not None
+            for chunk in iter(lambda: process.stdout.read1(65536), b""):
+                log.write(chunk)
+                if echo:
+                    sys.stdout.buffer.write(chunk)
+                    sys.stdout.buffer.flush()
+            returncode = process.wait()
+    return Outcome(launch, returncode, time.perf_counter() - start, _tail(launch.log))
+
+
+def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    text = path.read_text(encoding="utf-8", errors="replace").replace("\r", "\n")  # progress bars use \r
+    return [line for line in text.splitlines() if line.strip()][-lines:]
+
+
+def failure_note(outcome: Outcome) -> str:
+    last = outcome.tail[-1] if outcome.tail else "(no output)"
+    return (f"{outcome.launch.strategy}: training failed with exit code {outcome.returncode} after "
+            f"{outcome.seconds:.0f} s (log: {outcome.launch.log}); last line: {last}")
+
+
+def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo: bool = True) -> int:
+    from analysis.compare import compare  # the report stack (matplotlib) is needed only at the end
+
+    outcomes = []
+    for number, launch in enumerate(launches, start=1):
+        print(f"[{number}/{len(launches)}] {launch.strategy} ({launch.world_size} process(es)): "
+              f"{shlex.join(launch.argv)}", flush=True)
+        outcome = run_launch(launch, cwd, echo)
+        outcomes.append(outcome)
+        if outcome.ok:
+            print(f"[{number}/{len(launches)}] {launch.strategy}: finished in {outcome.seconds:.0f} s", flush=True)
+        else:
+            print(f"[{number}/{len(launches)}] {launch.strategy}: FAILED, exit code {outcome.returncode}; "
+                  f"last lines of {launch.log}:", file=sys.stderr)
+            print("\n".join(f"    {line}" for line in outcome.tail), file=sys.stderr, flush=True)
+    failed = [o for o in outcomes if not o.ok]
+    notes = [failure_note(o) for o in failed]
+    run_dirs = [launch.run_dir for launch in launches if launch.run_dir.is_dir()]
+    if run_dirs:
+        report_rc = compare(run_dirs, spec.out, comparison_command(spec, launches), notes)
+    else:
+        print("error: no strategy left a run directory; nothing to compare", file=sys.stderr)
+        report_rc = EXIT_SETUP
+    for note in notes:
+        print(f"error: {note}", file=sys.stderr)
+    return EXIT_FAILED if failed else report_rc
+
+
+def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
+    return shlex.join(["python", "-m", "analysis.compare", *(str(l.run_dir) for l in launches), "--out", str(spec.out)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m analysis.experiment", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--preset", required=True, help="train.py preset shared by every strategy")
+    budget = parser.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--max_steps", type=int, help="optimizer steps per strategy")
+    budget.add_argument("--epochs", type=int, help="epochs per strategy")
+    parser.add_argument("--out", type=Path, required=True, help="experiment folder: runs/<strategy>/ and the report")
+    parser.add_argument("--strategies", nargs="+", default=list(CONFIG_FILES), choices=list(CONFIG_FILES))
+    parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
+    parser.add_argument("--seed", type=int, default=1337)
+    parser.add_argument("--global_batch_tokens", type=int, help="tokens per optimizer step (default: the preset's, "
+                        "raised to a multiple every strategy's world size divides)")
+    parser.add_argument("--micro_batch_size", type=int, help="sequences per process per micro-step (default: the preset's)")
+    parser.add_argument("--block_size", type=int, help="tokens per sequence (default: the preset's)")
+    parser.add_argument("--experiment", help="experiment name = W&B group (default: <preset>-<timestamp>)")
+    parser.add_argument("--dry_run", action="store_true", help="print the commands and exit")
+    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], metavar="ARG",
+                        help="everything after --extra goes to train.py, e.g. --extra --overwrite --lr 3e-4")
+    return parser.parse_args(argv)
+
+
+def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
+    name = args.experiment or f"{args.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    return ExperimentSpec(
+        preset=args.preset, out=args.out, max_steps=args.max_steps, epochs=args.epochs,
+        strategies=tuple(args.strategies), data=tuple(args.data), seed=args.seed,
+        global_batch_tokens=args.global_batch_tokens, micro_batch_size=args.micro_batch_size,
+        block_size=args.block_size, experiment=name, extra=tuple(args.extra),
+    )
+
+
+def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = None,
+         config_dir: Path = CONFIG_DIR, echo: bool = True) -> int:
+    """`launcher` replaces `accelerate launch` (tests use a stand-in script)."""
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    cwd = Path(os.getcwd())
+    try:
+        spec = spec_from_args(args)
+        sizes = world_sizes(spec.strategies, config_dir)
+        batch = choose_batch(spec, list(sizes.values()), preset_defaults(spec.preset))
+    except SetupError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_SETUP
+    launches = build_launches(spec, sizes, batch, launcher or default_launcher(), cwd, config_dir)
+    accumulation = ", ".join(f"{s} {batch.grad_accum(n)}" for s, n in sizes.items())
+    print(f"experiment {spec.experiment}: global batch {batch.global_batch_tokens:,} tokens "
+          f"(micro batch {batch.micro_batch_size} x block {batch.block_size}; accumulation steps: {accumulation})")
+    if args.dry_run:
+        for launch in launches:
+            print(shlex.join(launch.argv))
+        print(comparison_command(spec, launches))
+        return EXIT_OK
+    return run_experiment(spec, launches, cwd, echo)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

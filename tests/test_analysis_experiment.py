@@ -1,0 +1,172 @@
+"""The experiment driver: one command per strategy with shared seed, data and a divisible global batch;
+failures reported with exit code and log tail while the other strategies still run and are compared."""
+
+from __future__ import annotations
+
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from analysis.experiment import (CONFIG_FILES, Batch, ExperimentSpec, SetupError, build_launches, choose_batch, main,
+                                 world_sizes)
+
+REPO = Path(__file__).resolve().parents[1]
+TINY = {"block_size": 64, "micro_batch_size": 8, "global_batch_tokens": 16 * 64}
+
+
+@pytest.fixture
+def configs(tmp_path: Path) -> Path:
+    """Launch configs like the project's: one process for single, two for ddp and fsdp."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name, processes in (("single_gpu", 1), ("ddp", 2), ("fsdp", 2)):
+        (folder / f"{name}.yaml").write_text(f"distributed_type: X\nnum_processes: {processes}\n")
+    return folder
+
+
+def spec(tmp_path: Path, **changes) -> ExperimentSpec:
+    values = dict(preset="tiny", out=tmp_path / "exp", max_steps=20, data=("a.csv", "b.csv"), seed=7,
+                  experiment="tiny-exp")
+    return ExperimentSpec(**{**values, **changes})
+
+
+def flag(argv: tuple[str, ...], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+def test_world_sizes_come_from_the_yaml_files(configs: Path) -> None:
+    assert world_sizes(("single", "ddp", "fsdp"), configs) == {"single": 1, "ddp": 2, "fsdp": 2}
+    (configs / "fsdp.yaml").write_text("num_processes: 4\n")
+    assert world_sizes(("fsdp",), configs) == {"fsdp": 4}
+    with pytest.raises(SetupError, match="not found"):
+        world_sizes(("ddp",), configs / "missing")
+
+
+@pytest.mark.parametrize("sizes", [[1, 2, 2], [1, 2, 4], [1, 3]])
+def test_chosen_global_batch_is_divisible_for_every_world_size(tmp_path: Path, sizes: list[int]) -> None:
+    batch = choose_batch(spec(tmp_path), sizes, TINY)
+    for world_size in sizes:
+        assert batch.global_batch_tokens % (8 * 64 * world_size) == 0
+    assert batch.global_batch_tokens >= TINY["global_batch_tokens"]  # the preset's, raised only if needed
+    assert choose_batch(spec(tmp_path), [1, 2, 2], TINY).global_batch_tokens == 1024
+
+
+def test_a_given_global_batch_is_checked_not_changed(tmp_path: Path) -> None:
+    assert choose_batch(spec(tmp_path, global_batch_tokens=4096), [1, 2], TINY).global_batch_tokens == 4096
+    with pytest.raises(SetupError, match=r"not a multiple .* = 1024; use 2048 or 3072"):
+        choose_batch(spec(tmp_path, global_batch_tokens=2500), [1, 2], TINY)
+
+
+def test_every_strategy_gets_the_same_seed_data_batch_and_group(tmp_path: Path, configs: Path) -> None:
+    sizes = {"single": 1, "ddp": 2, "fsdp": 2}
+    batch = Batch(micro_batch_size=8, block_size=64, global_batch_tokens=2048)
+    launches = build_launches(spec(tmp_path, extra=("--overwrite",)), sizes, batch, ("accelerate", "launch"),
+                              cwd=tmp_path, config_dir=configs)
+    assert [launch.strategy for launch in launches] == ["single", "ddp", "fsdp"]
+    for launch in launches:
+        argv = launch.argv
+        assert argv[:2] == ("accelerate", "launch")
+        assert flag(argv, "--config_file") == f"configs/{CONFIG_FILES[launch.strategy]}"
+        assert flag(argv, "--seed") == "7" and flag(argv, "--experiment") == "tiny-exp"
+        assert flag(argv, "--global_batch_tokens") == "2048" and flag(argv, "--micro_batch_size") == "8"
+        assert flag(argv, "--max_steps") == "20" and flag(argv, "--preset") == "tiny"
+        assert argv[argv.index("--data") + 1:argv.index("--data") + 3] == ("a.csv", "b.csv")
+        assert flag(argv, "--output_dir") == str(tmp_path / "exp" / "runs" / launch.strategy)
+        assert flag(argv, "--strategy") == launch.strategy and argv[-1] == "--overwrite"
+        assert launch.log == tmp_path / "exp" / "runs" / f"{launch.strategy}.log"
+    assert batch.grad_accum(1) == 4 and batch.grad_accum(2) == 2
+
+
+def test_epochs_instead_of_steps(tmp_path: Path, configs: Path) -> None:
+    batch = Batch(8, 64, 1024)
+    (launch,) = build_launches(spec(tmp_path, max_steps=None, epochs=2, strategies=("ddp",)), {"ddp": 2}, batch,
+                               ("accelerate", "launch"), cwd=tmp_path, config_dir=configs)
+    assert flag(launch.argv, "--epochs") == "2" and "--max_steps" not in launch.argv
+
+
+def test_spec_needs_exactly_one_budget(tmp_path: Path) -> None:
+    with pytest.raises(SetupError, match="exactly one"):
+        spec(tmp_path, epochs=3)
+
+
+FAKE_TRAIN = """
+    import json, sys
+    from pathlib import Path
+    sys.path.insert(0, {repo!r})
+    from tests.analysis_fixtures import FakeRun, write_run
+
+    argv = sys.argv[1:]
+    out, strategy = Path(argv[argv.index("--output_dir") + 1]), argv[argv.index("--strategy") + 1]
+    print("fake training", strategy, flush=True)
+    if strategy == "ddp":
+        out.mkdir(parents=True)
+        (out / "metrics.jsonl").write_text("")
+        print("RuntimeError: NCCL error: unhandled system error", file=sys.stderr)
+        sys.exit(3)
+    world = 1 if strategy == "single" else 2
+    tokens = int(argv[argv.index("--global_batch_tokens") + 1])
+    write_run(out, FakeRun(strategy, world, global_batch_tokens=tokens, seed=int(argv[argv.index("--seed") + 1])))
+    (out / "argv.json").write_text(json.dumps(argv))
+"""
+
+
+@pytest.fixture
+def fake_launcher(tmp_path: Path) -> tuple[str, ...]:
+    script = tmp_path / "fake_train.py"
+    script.write_text(textwrap.dedent(FAKE_TRAIN.format(repo=str(REPO))))
+    return (sys.executable, str(script))
+
+
+def test_a_failing_strategy_is_reported_and_the_others_compared(tmp_path: Path, configs: Path, fake_launcher,
+                                                                capsys) -> None:
+    out = tmp_path / "exp"
+    argv = ["--preset", "tiny", "--max_steps", "20", "--out", str(out), "--seed", "11", "--experiment", "e1"]
+    assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 1
+
+    err = capsys.readouterr().err
+    assert "ddp: FAILED, exit code 3" in err and "NCCL error" in err
+    assert "NCCL error" in (out / "runs" / "ddp.log").read_text()
+    assert "fake training single" in (out / "runs" / "single.log").read_text()
+    for strategy in ("single", "fsdp"):
+        launched = json.loads((out / "runs" / strategy / "argv.json").read_text())
+        assert flag(tuple(launched), "--seed") == "11" and flag(tuple(launched), "--global_batch_tokens") == "1024"
+
+    report = (out / "report.md").read_text()
+    assert "ddp: training failed with exit code 3" in report and "NCCL error" in report
+    assert "1 run(s) left out" in report  # the failed run's directory has no summary.json
+    table = (out / "table.csv").read_text()
+    assert "single" in table and "fsdp" in table
+
+
+def test_all_finishing_exits_0(tmp_path: Path, configs: Path, fake_launcher) -> None:
+    out = tmp_path / "exp"
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp"]
+    assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 0
+    assert (out / "report.html").exists()
+
+
+def test_dry_run_prints_commands_and_launches_nothing(tmp_path: Path, configs: Path, capsys) -> None:
+    out = tmp_path / "exp"
+    argv = ["--preset", "tiny", "--epochs", "1", "--out", str(out), "--dry_run", "--extra", "--lr", "3e-4"]
+    assert main(argv, launcher=("accelerate", "launch"), config_dir=configs) == 0
+    lines = capsys.readouterr().out.splitlines()
+    commands = [line for line in lines if line.startswith("accelerate launch")]
+    assert len(commands) == 3 and all(c.endswith("--lr 3e-4") for c in commands)
+    assert lines[-1].startswith("python -m analysis.compare")
+    assert not out.exists()
+
+
+def test_setup_errors_are_one_line_and_exit_2(tmp_path: Path, configs: Path, capsys) -> None:
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path), "--global_batch_tokens", "1000"]
+    assert main(argv, launcher=("true",), config_dir=configs) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --global_batch_tokens 1000 is not a multiple")
+
+
+def test_a_launcher_that_cannot_start_is_a_failure(tmp_path: Path, configs: Path) -> None:
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--strategies", "single"]
+    assert main(argv, launcher=(str(tmp_path / "no-such-launcher"),), config_dir=configs, echo=False) == 1
+    assert "cannot start" in (tmp_path / "exp" / "runs" / "single.log").read_text()
