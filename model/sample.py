@@ -54,17 +54,22 @@ def _hf_folder(path: Path) -> Path | None:
 def resolve_model(path: str | Path) -> GPT2:
     """Load the model that --model names. Each format this module can read is one branch here.
 
-    (a) a Hugging Face folder (config.json with model_type gpt2), (b) a run directory holding one in hf/.
+    (a) a Hugging Face folder (config.json with model_type gpt2), (b) a run directory holding one in hf/,
+    (c) a training checkpoint written by any strategy, or a run directory with checkpoints/ but no hf/.
     """
+    from training.checkpoint import is_checkpoint_or_run, load_model_from_checkpoint
+
     path = Path(path)
     if not path.exists():
         raise ModelPathError(f"{path}: no such file or folder")
     folder = _hf_folder(path)
     if folder is not None:
         return GPT2.from_hf(folder)
+    if is_checkpoint_or_run(path):
+        return load_model_from_checkpoint(path)
     raise ModelPathError(
-        f"{path}: not a model: expected a Hugging Face folder (config.json + model.safetensors) "
-        "or a run directory with an hf/ folder"
+        f"{path}: not a model: expected a Hugging Face folder (config.json + model.safetensors), "
+        "a run directory with hf/ or checkpoints/, or a checkpoint folder"
     )
 
 

@@ -63,6 +63,11 @@ def checkpoint_step(path: Path) -> int:
     return int(json.loads((path / COMPLETE_MARKER).read_text())["step"])
 
 
+def is_checkpoint_or_run(path: Path) -> bool:
+    """A complete checkpoint folder, or a run directory holding one."""
+    return (path / COMPLETE_MARKER).is_file() or newest_checkpoint(path) is not None
+
+
 def load_model_state_dict(path: Path) -> dict[str, Any]:
     """The full model state dict of a checkpoint written by any strategy, read in one process."""
     import torch

@@ -58,6 +58,7 @@ class EffectiveStrategy:
     global_param_numel: int
     precision: str  # fp32 | fp16 | bf16
     device_type: str
+    block_shard_fractions: tuple[float, ...] = ()  # local/global parameter share of each FSDP-wrapped block
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -179,6 +180,18 @@ def parameter_sizes(model: nn.Module) -> tuple[bool, int, int]:
     return sharded, local, total
 
 
+def block_shard_fractions(model: nn.Module) -> tuple[float, ...]:
+    """For each FSDP unit below the root: the fraction of its parameters this rank holds."""
+    from torch.distributed.fsdp import FSDPModule
+
+    fractions = []
+    for name, module in model.named_modules():
+        if name and isinstance(module, FSDPModule):
+            _, local, total = parameter_sizes(module)
+            fractions.append(local / total if total else 0.0)
+    return tuple(fractions)
+
+
 def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> EffectiveStrategy:
     wrapper = _wrapper_name(prepared_model)
     sharded, local, total = parameter_sizes(prepared_model)
@@ -204,6 +217,7 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
         global_param_numel=total,
         precision=precision_name(accelerator.mixed_precision),
         device_type=accelerator.device.type,
+        block_shard_fractions=block_shard_fractions(prepared_model),
     )
 
 
