@@ -254,9 +254,9 @@ def _log_source(config: DataConfig, sources: Sources, log: Log) -> None:
 def _load_or_build(config: DataConfig, log: Log) -> PackedData:
     start = time.perf_counter()
     root = config.resolved_cache_dir()
-    tokenizer = load_tokenizer(config.tokenizer)
-    sources = describe(config, root / "hf")
+    sources = describe(config, root / "hf")  # first: a wrong path should fail before anything slow
     _log_source(config, sources, log)
+    tokenizer = load_tokenizer(config.tokenizer)
     key_parts = _key_parts(config, sources, tokenizer_fingerprint(tokenizer))
     key = cache_key(key_parts)
     packed_root = root / "packed"
