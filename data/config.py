@@ -38,7 +38,9 @@ class DataConfig:
     text_column: str | None = _help(
         "column holding the document text (default: content for CSV, text for JSON/JSONL/parquet/HF)", default=None
     )
-    prepend_title: bool = _help("CSV only: document = title, a blank line, then content", default=False)
+    prepend_title: bool = _help(
+        "document = the title column, a blank line, then the text (CSV, JSON, parquet, HF; not .txt)", default=False
+    )
     clean: bool = _help("strip HTML tags, decode entities and normalise whitespace", default=True)
     tokenizer: str | None = _help(
         "tokenizer hub name or folder (default: GPT-2's BPE, bundled and verified, offline)", default=None
@@ -91,4 +93,6 @@ class DataConfig:
         """Worker processes to use: num_proc, else min(CPU count, 8)."""
         if self.num_proc is not None:
             return self.num_proc
-        return max(1, min(os.cpu_count() or 1, MAX_DEFAULT_NUM_PROC))
+        # The CPUs this process may run on (a container or taskset may allow fewer than the machine has).
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(cpus, MAX_DEFAULT_NUM_PROC))

@@ -137,7 +137,7 @@ def tokenize_documents(
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     features = ds.features.copy()
     del features["text"]
-    features["input_ids"] = datasets.List(datasets.Value("int32"))
+    features["input_ids"] = datasets.Sequence(datasets.Value("int32"))  # Sequence: datasets 3.x has no List
     return ds.map(
         tokenize_batch,
         batched=True,

@@ -182,7 +182,7 @@ def _text_from_table(table: pa.Table, column: str, prepend_title: bool, where: A
         # An article without content is empty even if it has a title: a headline alone is not a document.
         has_content = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(text)), 0)
         has_title = pc.greater(pc.utf8_length(pc.utf8_trim_whitespace(title)), 0)
-        titled = pc.binary_join_element_wise(title, text, "\n\n")
+        titled = pc.binary_join_element_wise(title, text, pa.scalar("\n\n", pa.large_string()))
         text = pc.if_else(pc.and_(has_content, has_title), titled, text)
     return pa.table({"text": text})
 

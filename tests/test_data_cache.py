@@ -3,6 +3,7 @@ never trusted half-written."""
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 import time
@@ -133,3 +134,20 @@ def test_cached_tokens_match_a_fresh_tokenization(tmp_path: Path, corpus: Path):
     assert np.array_equal(first.train.block(3), hit.train.block(3))
     tok = load_tokenizer()
     assert hit.train.block(0)[:3].tolist() == tok(article(0))["input_ids"][:3]
+
+
+def test_build_runs_inside_main_process_first(tmp_path: Path, corpus: Path):
+    from accelerate import PartialState
+
+    events: list[str] = []
+
+    @contextlib.contextmanager
+    def main_process_first():
+        with PartialState().main_process_first():  # what training passes, here in one process
+            events.append("enter")
+            yield
+            events.append("exit")
+
+    _, log = log_sink()
+    data = build_datasets(config(tmp_path, paths=[str(corpus)], block_size=16), main_process_first=main_process_first, log=log)
+    assert events == ["enter", "exit"] and len(data.train) > 0
