@@ -73,8 +73,10 @@ def main() -> None:
     tokenizer = load_tokenizer()
     texts = corpus_texts(args.data, args.min_tokens, tokenizer)
     tokenize_batch({"text": texts[:BATCH]}, tokenizer, tokenizer.eos_token_id)  # warm the BPE cache for both
-    bare = min((bench_bare(tokenizer, texts) for _ in range(args.repeats)), key=lambda r: r[1])
-    pipe = min((bench_pipeline(tokenizer, texts, args.num_proc) for _ in range(args.repeats)), key=lambda r: r[1])
+    # Alternate the two, so a change in machine load during the run weighs on both alike.
+    runs = [(bench_bare(tokenizer, texts), bench_pipeline(tokenizer, texts, args.num_proc)) for _ in range(args.repeats)]
+    bare = min((r[0] for r in runs), key=lambda r: r[1])
+    pipe = min((r[1] for r in runs), key=lambda r: r[1])
     assert bare[0] == pipe[0], f"token counts differ: bare {bare[0]}, pipeline {pipe[0]}"
     bare_rate = bare[0] / bare[1]
     pipe_rate = pipe[0] / pipe[1] / args.num_proc
