@@ -109,6 +109,7 @@ def _workers(config: DataConfig, documents: int) -> int:
 
 
 def clean_documents(ds: datasets.Dataset, config: DataConfig, num_proc: int, cache_file: Path, fingerprint: str) -> datasets.Dataset:
+    """The pipeline's cleaning step: `text` cleaned (or kept, with --no-clean), empties dropped, `split_hash` added."""
     features = datasets.Features({"text": datasets.Value("large_string"), "split_hash": datasets.Value("int64")})
     return ds.map(
         clean_batch,
