@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from accelerate import Accelerator
-from accelerate.utils import set_seed
+from accelerate.utils import GradientAccumulationPlugin, set_seed
 from torch.utils.data import DataLoader, Sampler
 
 from training.checkpoint import checkpoint_step, newest_checkpoint, save_checkpoint
@@ -78,7 +78,9 @@ class EpochOrderSampler(Sampler[int]):
         self.seed = seed
         self.epoch = 1
 
-    def set_epoch(self, epoch: int) -> None:
+    # Not named set_epoch on purpose: accelerate's DataLoaderShard calls `sampler.set_epoch` with its own
+    # iteration count, which differs between a single process and a sharded loader, and after a resume.
+    def use_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def __iter__(self) -> Iterator[int]:
@@ -123,13 +125,53 @@ def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) 
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
+def global_grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
+    """The L2 norm of all gradients, accumulated in float64 and reduced over FSDP shards.
+
+    accelerate's `clip_grad_norm_` computes it in float32, whose rounding on GPT-2's large embedding
+    gradient (about 1e-5 relative) depends on how the gradient is split into shards, so the same
+    gradients gave different norms under FSDP than in one process. In float64 the strategies agree.
+    """
+    from torch.distributed.tensor import DTensor
+
+    local_sq = torch.zeros((), dtype=torch.float64)
+    sharded_sq = torch.zeros((), dtype=torch.float64)
+    mesh = None
+    for p in parameters:
+        if p.grad is None:
+            continue
+        grad = p.grad
+        if isinstance(grad, DTensor):
+            if any(not placement.is_shard() for placement in grad.placements):
+                raise RuntimeError(f"unexpected gradient placement {grad.placements}: only sharded DTensors are summed")
+            mesh = grad.device_mesh
+            sharded_sq = sharded_sq.to(grad.device) + torch.linalg.vector_norm(grad.to_local(), dtype=torch.float64) ** 2
+        else:
+            local_sq = local_sq.to(grad.device) + torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
+    if mesh is not None:
+        # Every element lives in exactly one shard: the sum of the ranks' local squares is the global one.
+        torch.distributed.all_reduce(sharded_sq, group=mesh.get_group())
+    return torch.sqrt(local_sq.to(sharded_sq.device) + sharded_sq)
+
+
+def clip_gradients(accelerator: Accelerator, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Unscale (fp16), measure the global grad norm before clipping, clip to `max_norm` (0 = no clipping)."""
+    from torch.nn.utils import clip_grads_with_norm_
+
+    accelerator.unscale_gradients()
+    norm = global_grad_norm(parameters)
+    if max_norm > 0:
+        clip_grads_with_norm_(parameters, max_norm, norm.float())
+    return norm
+
+
 def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer,
                micro_batches: list[dict[str, torch.Tensor]], tracker: MetricsTracker | None,
                grad_clip: float) -> torch.Tensor:
     """One optimizer step over `micro_batches` (one per accumulation micro-step); returns the grad norm.
 
-    The norm is the global L2 norm of all gradients before clipping; it is measured (with an infinite
-    threshold) even when clipping is off, and is the same number under every strategy.
+    The norm is the global L2 norm of all gradients before clipping, measured even when clipping is
+    off, and the same number under every strategy.
     """
     grad_norm = torch.zeros((), device=accelerator.device)
     for batch in micro_batches:
@@ -139,7 +181,7 @@ def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.opti
             if tracker is not None:
                 tracker.add_micro_batch(loss, batch["labels"].numel())
             if accelerator.sync_gradients:
-                grad_norm = accelerator.clip_grad_norm_(model.parameters(), grad_clip or float("inf"))
+                grad_norm = clip_gradients(accelerator, list(model.parameters()), grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
     return grad_norm
@@ -247,7 +289,11 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     requested = requested_from_env(os.environ, cfg.run.strategy)
     wandb_mode = resolve_wandb_mode(cfg.run.wandb_mode)
     accelerator, precision_warning = create_accelerator(
-        requested, log_with="wandb" if wandb_mode != "disabled" else None, project_dir=str(out)
+        requested, log_with="wandb" if wandb_mode != "disabled" else None, project_dir=str(out),
+        # Steps are whole groups of micro-batches (every epoch is cut to whole steps), and a step's
+        # micro-batches are fetched before it runs; syncing "at the end of the dataloader" would then
+        # fire on the last step's first micro-batch and step the optimizer twice.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False),
     )
     is_main = accelerator.is_main_process
 
@@ -386,7 +432,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     last_val: dict[str, float] | None = None
     model.train()
     while state.step < stop_at:
-        sampler.set_epoch(state.epoch)
+        sampler.use_epoch(state.epoch)
         if state.steps_in_epoch == 0:
             reset_peak_memory(accelerator.device)
         skip = state.steps_in_epoch * geometry.grad_accum_steps
@@ -447,7 +493,9 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
         write_atomic(out / "summary.json", json.dumps(summary, indent=2))
         wandb.summary({f"total/{k}": v for k, v in summary["total"].items() if v is not None})
         t = summary["total"]
-        log(f"done: {state.step} steps, loss {t['final_loss']:.4f}, val loss {t['final_val_loss']}, "
+        val = "n/a" if t["final_val_loss"] is None else f"{t['final_val_loss']:.4f}"
+        log(f"{'done' if complete else 'stopped'}: {state.step} of {total_steps} steps, loss {t['final_loss']:.4f}, "
+            f"val loss {val}, "
             f"{t['tokens_per_s']:,.0f} tokens/s, peak allocated {t['peak_mem_allocated_mib_max']:.0f} MiB, "
             f"train time {t['train_time_s']:.1f} s -> {out}")
     wandb.finish()
@@ -490,7 +538,8 @@ def _summary(cfg: TrainConfig, layout: dict[str, Any], geometry: BatchGeometry, 
         "tokens_trained": state.step * geometry.tokens_per_step,
         "complete": complete,
         "epochs": _json_ready(state.epochs),
-        "total": _json_ready(total_summary(tracker, state.epochs, times, time.perf_counter() - wall_start, last_val)),
+        "total": _json_ready(total_summary(tracker, state.epochs, times, time.perf_counter() - wall_start, last_val,
+                                           open_epoch=state.steps_in_epoch > 0)),
         "step_times_s": [r.step_time_s for r in tracker.records],
     }
 

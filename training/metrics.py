@@ -184,8 +184,13 @@ class RunTimes:
 
 
 def total_summary(tracker: MetricsTracker, epochs: list[dict[str, Any]], times: RunTimes, wall_time_s: float,
-                  final_val: dict[str, float] | None) -> dict[str, Any]:
+                  final_val: dict[str, float] | None, open_epoch: bool) -> dict[str, Any]:
+    """Whole-run figures; `open_epoch`: the run stopped inside an epoch that has no epoch summary yet."""
     records = tracker.records
+    m = tracker.memory
+    if open_epoch:  # its memory readings count too
+        epochs = [*epochs, {"peak_mem_allocated_mib_max": m.allocated_max, "peak_mem_allocated_mib_mean": m.allocated_mean,
+                            "peak_mem_reserved_mib_max": m.reserved_max, "peak_mem_reserved_mib_mean": m.reserved_mean}]
     step_times = [r.step_time_s for r in records]
     steady = [r for r in records if not r.warmup]
     warmup_time = sum(r.step_time_s for r in records if r.warmup)

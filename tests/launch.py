@@ -1,0 +1,54 @@
+"""Launching train.py (or a probe script) with accelerate, as a user would, for the multi-process tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "accelerate_configs"
+LAUNCH_TIMEOUT_S = 600
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_env() -> dict[str, str]:
+    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env.pop("RANK", None)
+    return env
+
+
+def accelerate_command(config: Path, script: str, args: list[str], launch_args: list[str] = ()) -> list[str]:
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+            "--main_process_port", str(free_port()), *launch_args, script, *args]
+
+
+def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(command, cwd=REPO, env=launch_env(), capture_output=True, text=True,
+                            timeout=LAUNCH_TIMEOUT_S)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
+    return result
+
+
+def train(config_name: str, output_dir: Path, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+    command = accelerate_command(CONFIGS / config_name, "train.py", [*args, "--output_dir", str(output_dir)])
+    return run(command, check=check)
+
+
+def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:
+    lines = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {line["step"]: line for line in lines if line["kind"] == "train"}
+
+
+def summary(output_dir: Path) -> dict[str, Any]:
+    return json.loads((output_dir / "summary.json").read_text())

@@ -1,0 +1,199 @@
+"""Single process, DDP and FSDP really run as named, train the same model, and resume exactly.
+
+Real launches: `accelerate launch` with the project's own config files, 2 processes over gloo on CPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tests.launch import CONFIGS, REPO, accelerate_command, run, summary, train, train_lines
+
+pytestmark = pytest.mark.multiprocess
+
+STRATEGY_CONFIGS = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}
+MAX_STEPS = 12
+STOP_AT = 6
+# Dropout off and fp32 (the configs' fp16 falls back to fp32 on CPU): runs differ only by strategy.
+_WORDS = ("council budget river station election market school hospital storm league court harbor "
+          "senator village factory museum bridge festival report officials residents said on monday").split()
+
+
+def _write_news_csv(path: Path, articles: int, words: int) -> None:
+    rng = random.Random(5)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["", "id", "title", "publication", "author", "date", "year", "month", "url", "content"])
+        for i in range(articles):
+            body = " ".join(rng.choice(_WORDS) for _ in range(words))
+            writer.writerow([i, 17000 + i, f"Story {i}", "Test Gazette", "A. Writer", "2016-05-01", 2016, 5,
+                             f"https://example.org/{i}", body])
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("strategies")
+
+
+@pytest.fixture(scope="module")
+def common_args(workdir: Path) -> list[str]:
+    corpus = workdir / "news.csv"
+    # About 9 optimizer steps of 16 blocks per epoch, so 12 steps cross an epoch boundary.
+    _write_news_csv(corpus, articles=40, words=200)
+    return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(workdir / "cache"),
+            "--max_steps", str(MAX_STEPS), "--log_interval", "1", "--seed", "3", "--dropout", "0",
+            "--eval_max_batches", "2", "--perf_warmup_steps", "1", "--wandb_mode", "disabled",
+            "--checkpoint_interval", "3"]
+
+
+@pytest.fixture(scope="module")
+def runs(workdir: Path, common_args: list[str]) -> dict[str, Path]:
+    """One uninterrupted run per strategy, the same seed, data and global batch (16 x 64 tokens)."""
+    out = {}
+    for strategy, config in STRATEGY_CONFIGS.items():
+        out[strategy] = workdir / strategy
+        train(config, out[strategy], [*common_args, "--strategy", strategy])
+    return out
+
+
+def _assert_same_steps(run: Path, reference: Path, steps: range) -> None:
+    got, want = train_lines(run), train_lines(reference)
+    for step in steps:
+        assert got[step]["loss"] == pytest.approx(want[step]["loss"], rel=1e-5), f"loss at step {step}"
+        assert got[step]["grad_norm"] == pytest.approx(want[step]["grad_norm"], rel=1e-5), f"grad norm at step {step}"
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_distributed_runs_match_the_single_process_step_by_step(runs: dict[str, Path], strategy: str) -> None:
+    _assert_same_steps(runs[strategy], runs["single"], range(1, MAX_STEPS + 1))
+    assert summary(runs[strategy])["global_batch_tokens"] == summary(runs["single"])["global_batch_tokens"] == 1024
+    assert summary(runs["single"])["grad_accum_steps"] == 2 and summary(runs[strategy])["grad_accum_steps"] == 1
+    losses = [train_lines(runs[strategy])[s]["loss"] for s in (1, MAX_STEPS)]
+    assert losses[1] < losses[0] - 0.5  # they learn, so equality is not the equality of doing nothing
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_final_weights_match_the_single_process(runs: dict[str, Path], strategy: str) -> None:
+    got = load_file(str(runs[strategy] / "hf" / "model.safetensors"))
+    want = load_file(str(runs["single"] / "hf" / "model.safetensors"))
+    assert got.keys() == want.keys()
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_each_config_runs_the_strategy_it_names(runs: dict[str, Path]) -> None:
+    single, ddp, fsdp = (summary(runs[s]) for s in ("single", "ddp", "fsdp"))
+    assert (single["strategy"], single["world_size"], single["wrapper"]) == ("single", 1, "GPT2")
+    assert (ddp["strategy"], ddp["world_size"], ddp["wrapper"], ddp["backend"]) == (
+        "ddp", 2, "DistributedDataParallel", "gloo")
+    assert (fsdp["strategy"], fsdp["world_size"], fsdp["wrapper"], fsdp["backend"]) == ("fsdp", 2, "FSDPModule", "gloo")
+    for s in (single, ddp, fsdp):
+        assert s["precision"] == "fp32" and s["requested_precision"] == "fp16"  # the CPU fallback, recorded
+
+
+def test_fsdp_shards_every_block_over_both_ranks(runs: dict[str, Path]) -> None:
+    fsdp, ddp = summary(runs["fsdp"]), summary(runs["ddp"])
+    fractions = fsdp["block_shard_fractions"]
+    assert len(fractions) == 2  # the tiny preset's two GPT2Blocks, each its own FSDP unit
+    assert all(f == pytest.approx(0.5, abs=0.02) for f in fractions)
+    assert fsdp["params_sharded"] and not ddp["params_sharded"]
+    assert fsdp["local_param_numel"] == pytest.approx(ddp["local_param_numel"] / 2, rel=0.02)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGY_CONFIGS))
+def test_resumed_run_continues_exactly(runs: dict[str, Path], workdir: Path, common_args: list[str],
+                                       strategy: str) -> None:
+    out = workdir / f"{strategy}-resumed"
+    args = [*common_args, "--strategy", strategy]
+    train(STRATEGY_CONFIGS[strategy], out, [*args, "--stop_after_steps", str(STOP_AT)])
+    assert summary(out)["complete"] is False and max(train_lines(out)) == STOP_AT
+    train(STRATEGY_CONFIGS[strategy], out, [*args, "--resume"])
+    assert summary(out)["complete"] is True
+    assert sorted(train_lines(out)) == list(range(1, MAX_STEPS + 1))
+    _assert_same_steps(out, runs[strategy], range(STOP_AT + 1, MAX_STEPS + 1))
+    assert [e["epoch"] for e in summary(out)["epochs"]] == [e["epoch"] for e in summary(runs[strategy])["epochs"]]
+
+
+def test_fsdp_checkpoint_loads_into_one_process(runs: dict[str, Path]) -> None:
+    from model import GPT2
+    from training.checkpoint import load_model_from_checkpoint
+
+    sharded = load_model_from_checkpoint(runs["fsdp"])  # newest checkpoint: step 12, the final weights
+    exported = GPT2.from_hf(runs["fsdp"] / "hf")
+    tokens = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(0))
+    sharded.eval(), exported.eval()
+    torch.testing.assert_close(sharded(tokens)[0], exported(tokens)[0])
+    sample = subprocess.run([sys.executable, "-m", "model.sample", "--model", str(runs["fsdp"] / "checkpoints"
+                             / "step_0000012"), "--prompt", "The council", "--max_new_tokens", "4",
+                             "--temperature", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert sample.returncode == 0, sample.stderr
+    assert sample.stdout.startswith("The council")
+
+
+def test_two_machines_on_loopback_match_one_machine(runs: dict[str, Path], workdir: Path,
+                                                     common_args: list[str]) -> None:
+    out = workdir / "ddp-two-machines"
+    port = str(_port())
+    commands = [
+        accelerate_command(CONFIGS / "ddp_multinode.yaml", "train.py", [*common_args, "--output_dir", str(out)],
+                           ["--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank),
+                            "--main_process_ip", "127.0.0.1"])
+        for rank in (0, 1)
+    ]
+    for command in commands:  # one rendezvous port for both "machines"
+        i = command.index("--main_process_port")
+        command[i + 1] = port
+    from tests.launch import launch_env
+
+    procs = [subprocess.Popen(c, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for c in commands]
+    results = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, results):
+        assert p.returncode == 0, err[-3000:]
+    s = summary(out)
+    assert (s["strategy"], s["world_size"], s["num_machines"]) == ("ddp", 2, 2)
+    _assert_same_steps(out, runs["ddp"], range(1, MAX_STEPS + 1))
+
+
+def _port() -> int:
+    from tests.launch import free_port
+
+    return free_port()
+
+
+# -- the guard, against each silent fallback reproduced for real -----------------------------------------
+# The scripts exit 3 on a mismatch; `accelerate launch` reports any failing process as its own exit 1.
+
+
+def test_guard_stops_fsdp_that_accelerate_turned_into_ddp() -> None:
+    result = run(accelerate_command(CONFIGS / "fsdp.yaml", "tests/strategy_fallback_probe.py", ["cpu"]), check=False)
+    assert result.returncode != 0, result.stderr[-2000:]
+    assert "exitcode  : 3" in result.stdout + result.stderr
+    assert "GUARD: requested fsdp with 2 process(es), but in effect: strategy ddp" in result.stdout
+
+
+def test_guard_stops_unconnected_processes() -> None:
+    result = run(accelerate_command(CONFIGS / "ddp.yaml", "tests/strategy_fallback_probe.py", ["default"]),
+                 check=False)
+    assert result.returncode != 0, result.stderr[-2000:]
+    assert "GUARD: requested ddp with 2 process(es), but in effect: strategy single" in result.stdout
+    assert "1 connected process" in result.stdout
+
+
+def test_guard_stops_a_multi_cpu_config_that_started_one_process(workdir: Path, common_args: list[str]) -> None:
+    command = accelerate_command(REPO / "tests" / "configs" / "multi_cpu_no_mpi.yaml", "train.py",
+                                 [*common_args, "--output_dir", str(workdir / "multi-cpu")])
+    result = run(command, check=False)
+    assert result.returncode != 0, result.stderr[-2000:]
+    assert "returned non-zero exit status 3" in result.stderr
+    error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(error_lines) == 1 and "requested ddp with several process(es)" in error_lines[0]
+    assert not (workdir / "multi-cpu" / "metrics.jsonl").exists()
