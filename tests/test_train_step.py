@@ -131,7 +131,7 @@ def test_data_order_depends_only_on_seed_and_epoch() -> None:
     a = list(EpochOrderSampler(100, 96, seed=7))
     b = list(EpochOrderSampler(100, 96, seed=7))
     other_epoch = EpochOrderSampler(100, 96, seed=7)
-    other_epoch.set_epoch(2)
+    other_epoch.use_epoch(2)
     assert a == b and len(a) == 96 and len(set(a)) == 96
     assert list(other_epoch) != a
     assert list(EpochOrderSampler(100, 96, seed=8)) != a
