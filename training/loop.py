@@ -284,6 +284,12 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
 
     wall_start = time.perf_counter()
     out = Path(cfg.run.output_dir)
+    model_config = GPT2Config.from_preset(
+        cfg.model.model_preset, embd_pdrop=cfg.model.dropout, attn_pdrop=cfg.model.dropout,
+        resid_pdrop=cfg.model.dropout, attn_impl=cfg.model.attn_impl,
+    )
+    if cfg.data.block_size > model_config.n_positions:
+        raise RunError(f"--block_size {cfg.data.block_size} exceeds the model's {model_config.n_positions} positions")
     resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
 
     requested = requested_from_env(os.environ, cfg.run.strategy)
@@ -323,12 +329,6 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     total_steps = cfg.optim.max_steps or (cfg.optim.epochs or 1) * steps_per_epoch
     num_epochs = math.ceil(total_steps / steps_per_epoch)
 
-    model_config = GPT2Config.from_preset(
-        cfg.model.model_preset, embd_pdrop=cfg.model.dropout, attn_pdrop=cfg.model.dropout,
-        resid_pdrop=cfg.model.dropout, attn_impl=cfg.model.attn_impl,
-    )
-    if block_size > model_config.n_positions:
-        raise RunError(f"--block_size {block_size} exceeds the model's {model_config.n_positions} positions")
     model = GPT2(model_config)  # same seed on every rank: identical initial weights
     n_params = model.num_parameters()
     n_params_non_embedding = model.num_parameters(exclude_position_embeddings=True)
@@ -459,7 +459,9 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
                 progress.update(len(new))
                 progress.set_postfix(loss=f"{line['loss']:.3f}", tok_s=f"{line['tokens_per_s']:,.0f}")
             paused = False
-            if cfg.run.eval_interval and state.step % cfg.run.eval_interval == 0 and not epoch_done:
+            final_eval_follows = finishing and state.step >= total_steps  # the end validates anyway
+            if (cfg.run.eval_interval and state.step % cfg.run.eval_interval == 0 and not epoch_done
+                    and not final_eval_follows):
                 last_val = run_eval()
                 paused = True
             if epoch_done:
@@ -563,7 +565,11 @@ def _export_hf(accelerator: Accelerator, model: nn.Module, model_config: Any, fo
         state = dict(state)
         state.setdefault("lm_head.weight", state["transformer.wte.weight"])
         full.load_state_dict(state)
-        full.save_hf(folder, tokenizer=load_tokenizer(tokenizer_name))
+        tokenizer = load_tokenizer(tokenizer_name)
+        # The pipeline's tokenizer has no length limit (documents are packed later); the export's
+        # tokenizer should tell users the model's context length.
+        tokenizer.model_max_length = model_config.n_positions
+        full.save_hf(folder, tokenizer=tokenizer)
     accelerator.wait_for_everyone()
 
 

@@ -1,0 +1,158 @@
+"""train.py end to end in one process: both sinks, consistent figures, the export, and bad input."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.launch import REPO, launch_env, summary, train_lines
+
+RUN_ARGS = ["--preset", "tiny", "--max_steps", "12", "--log_interval", "3", "--eval_interval", "6",
+            "--checkpoint_interval", "6", "--experiment", "test-exp", "--seed", "11"]
+
+
+def _train(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=env or launch_env(),
+                          capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("cache")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
+    """A tiny run on the bundled sample corpus, W&B in offline mode (no credentials on test machines)."""
+    out = tmp_path_factory.mktemp("run") / "tiny"
+    env = {**launch_env(), "WANDB_MODE": "offline", "WANDB_API_KEY": "", "NETRC": "/nonexistent"}
+    result = _train([*RUN_ARGS, "--output_dir", str(out), "--cache_dir", str(cache_dir), "--wandb_mode", "auto"],
+                    env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def _wandb_records(run_dir: Path) -> list[dict[str, Any]]:
+    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    out = subprocess.run([str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(log)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_run_writes_every_output(run_dir: Path) -> None:
+    for name in ("metrics.jsonl", "summary.json", "config.json", "hf/config.json", "hf/model.safetensors"):
+        assert (run_dir / name).is_file(), name
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_0000006", "step_0000012"]
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["optim"]["max_steps"] == 12 and config["model"]["model_preset"] == "tiny"
+    assert config["launch"]["effective"]["strategy"] == "single"
+    assert config["launch"]["data_stats"]["source"]  # which data was used is recorded
+
+
+def test_wandb_offline_run_holds_the_same_losses_as_metrics_jsonl(run_dir: Path) -> None:
+    records = _wandb_records(run_dir)
+    history = {r["history"]["item"]["_step"]: r["history"]["item"] for r in records if r["type"] == "history"}
+    lines = train_lines(run_dir)
+    epoch_ends = [sum(e["steps"] for e in summary(run_dir)["epochs"][: i + 1])
+                  for i in range(len(summary(run_dir)["epochs"]))]
+    assert sorted(lines) == sorted({3, 6, 9, 12, *epoch_ends})  # every log_interval, and each epoch's end
+    for step, line in lines.items():
+        assert history[step]["train/loss"] == line["loss"]
+        assert history[step]["train/grad_norm"] == line["grad_norm"]
+        assert history[step]["perf/tokens_per_s"] == line["tokens_per_s"]
+    evals = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"eval"' in x]
+    assert [e["step"] for e in evals] == sorted({6, 12, *epoch_ends})
+    assert history[12]["val/loss"] == evals[-1]["val_loss"]
+    (run,) = [r["run"] for r in records if r["type"] == "run"]
+    assert run["job_type"] == "single" and run["run_group"] == "test-exp"
+
+
+def test_throughput_is_tokens_over_the_measured_interval(run_dir: Path) -> None:
+    by_step = train_lines(run_dir)
+    lines = [by_step[s] for s in sorted(by_step)]
+    assert len(lines) >= 4
+    for before, after in zip(lines, lines[1:]):
+        tokens = after["tokens"] - before["tokens"]
+        seconds = after["elapsed_s"] - before["elapsed_s"]
+        assert after["tokens_per_s"] == pytest.approx(tokens / seconds, rel=1e-9)
+        assert after["step_time_s"] == pytest.approx(seconds / (after["step"] - before["step"]), rel=1e-9)
+        assert after["samples_per_s"] == pytest.approx(after["tokens_per_s"] / 64, rel=1e-9)
+    s = summary(run_dir)
+    assert s["tokens_trained"] == 12 * s["global_batch_tokens"] == 12 * 1024
+    assert s["total"]["train_time_s"] == pytest.approx(sum(s["step_times_s"]), rel=1e-9)
+    assert s["total"]["tokens_per_s"] == pytest.approx(s["tokens_trained"] / s["total"]["train_time_s"], rel=1e-9)
+    assert sum(e["steps"] for e in s["epochs"]) == 12
+
+
+def test_summary_records_units_memory_and_mfu(run_dir: Path) -> None:
+    s = summary(run_dir)
+    t = s["total"]
+    assert s["complete"] and s["precision"] == "fp32" and s["device_type"] == "cpu"
+    assert 50 < t["peak_mem_allocated_mib_max"] < 24 * 1024  # a process's peak RSS, in MiB
+    assert 0 < t["mfu"] < 1 and s["peak_flops_source"].startswith("measured")
+    assert t["eval_time_s"] > 0 and t["checkpoint_time_s"] > 0
+    assert t["final_val_ppl"] == pytest.approx(2.718281828 ** t["final_val_loss"], rel=1e-6)
+
+
+def test_export_loads_in_transformers_and_generates(run_dir: Path) -> None:
+    import transformers
+
+    model = transformers.GPT2LMHeadModel.from_pretrained(run_dir / "hf")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(run_dir / "hf")
+    assert tokenizer.model_max_length == model.config.n_positions
+    generator = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer)
+    text = generator("The mayor", max_new_tokens=3, do_sample=False)[0]["generated_text"]
+    assert text.startswith("The mayor")
+
+
+def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_missing_data_path_is_one_line_error(tmp_path: Path, cache_dir: Path) -> None:
+    result = _train(["--preset", "tiny", "--data", str(tmp_path / "nope.csv"), "--output_dir", str(tmp_path / "o"),
+                     "--cache_dir", str(cache_dir), "--wandb_mode", "disabled"])
+    assert result.returncode == 2
+    assert "nope.csv" in _one_error_line(result)
+
+
+def test_an_existing_run_is_never_overwritten_by_accident(run_dir: Path, cache_dir: Path) -> None:
+    before = {p: p.read_bytes() for p in (run_dir / "metrics.jsonl", run_dir / "summary.json")}
+    result = _train([*RUN_ARGS, "--output_dir", str(run_dir), "--cache_dir", str(cache_dir), "--wandb_mode", "disabled"])
+    assert result.returncode == 2
+    assert "--resume" in _one_error_line(result)
+    assert {p: p.read_bytes() for p in before} == before
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--resume"], "no complete checkpoint"),
+        (["--global_batch_tokens", "1000"], "not a multiple"),
+        (["--block_size", "512"], "exceeds the model's 256 positions"),
+        (["--max_steps", "-3"], "--max_steps must be > 0"),
+        (["--strategy", "fsdp"], "--strategy fsdp was requested but the launch config gives single"),
+    ],
+)
+def test_bad_settings_are_one_line_errors(tmp_path: Path, cache_dir: Path, args: list[str], message: str) -> None:
+    result = _train(["--preset", "tiny", "--output_dir", str(tmp_path / "o"), "--cache_dir", str(cache_dir),
+                     "--wandb_mode", "disabled", *args])
+    assert result.returncode in (2, 3)
+    assert message in _one_error_line(result)
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+def test_help_lists_every_config_section() -> None:
+    result = _train(["--help"])
+    assert result.returncode == 0
+    for flag in ("--preset", "--data", "--max_steps", "--epochs", "--output_dir", "--seed", "--resume",
+                 "--global_batch_tokens", "--micro_batch_size", "--block_size", "--experiment"):
+        assert flag in result.stdout
