@@ -70,16 +70,29 @@ def make_figures(runs: list[Run]) -> list[FigureFile]:
         _epoch_figure(runs, colours, "training_time_per_epoch.png", "Training time per epoch",
                       [("", "time_s")], "training time (s)",
                       "Wall time of the epoch's optimizer steps; evaluation and checkpointing excluded."),
-        _epoch_figure(runs, colours, "peak_memory_per_epoch.png", "Peak memory per epoch",
-                      [("allocated, max over devices", "peak_mem_allocated_mib_max"),
-                       ("reserved, max over devices", "peak_mem_reserved_mib_max")],
-                      "peak memory per device (MiB)",
-                      "Highest peak over the devices of one run (torch.cuda max allocated / max reserved; "
-                      "peak resident set size on CPU)."),
+        _memory_figure(runs, colours),
         _loss_per_epoch(runs, colours),
         _loss_vs_tokens(runs, colours),
         _step_time_distribution(runs, colours),
     ]
+
+
+def _memory_figure(runs: list[Run], colours: dict[str, str]) -> FigureFile:
+    # On CPU both memory keys hold the process's peak resident set size: one panel, named for what it is.
+    if all((run.summary or {}).get("device_type") == "cpu" for run in runs):
+        return _epoch_figure(runs, colours, "peak_memory_per_epoch.png", "Peak memory per epoch",
+                             [("CPU: peak resident set size of the process, max over processes",
+                               "peak_mem_allocated_mib_max")],
+                             "peak resident memory per process (MiB)",
+                             "Highest peak resident set size over the processes of one run. On CPU the "
+                             "operating system cannot reset the peak, so each epoch shows the peak since "
+                             "the process started.")
+    return _epoch_figure(runs, colours, "peak_memory_per_epoch.png", "Peak memory per epoch",
+                         [("allocated, max over devices", "peak_mem_allocated_mib_max"),
+                          ("reserved, max over devices", "peak_mem_reserved_mib_max")],
+                         "peak memory per device (MiB)",
+                         "Highest peak over the devices of one run (torch.cuda max allocated / max reserved, "
+                         "reset at each epoch start).")
 
 
 def _new_figure(panels: int) -> tuple[Figure, list[Axes]]:

@@ -591,9 +591,26 @@ class _NoProgress:
     def close(self) -> None: ...
 
 
+class _ProgressLines:
+    """Where no terminal redraws a bar (a log file, a notebook running `!accelerate launch`): one line per log."""
+
+    def __init__(self, total: int, initial: int) -> None:
+        self.total, self.done = total, initial
+
+    def update(self, n: int) -> None:
+        self.done += n
+
+    def set_postfix(self, **kwargs: Any) -> None:
+        print(f"step {self.done}/{self.total} " + " ".join(f"{k}={v}" for k, v in kwargs.items()), flush=True)
+
+    def close(self) -> None: ...
+
+
 def _progress_bar(enabled: bool, total: int, initial: int) -> Any:
     if not enabled:
         return _NoProgress()
+    if not sys.stderr.isatty():
+        return _ProgressLines(total, initial)
     from tqdm.auto import tqdm
 
     return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, file=sys.stderr)
