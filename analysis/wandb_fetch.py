@@ -36,9 +36,9 @@ class RunFiles:
 
 def wandb_namespace() -> dict[str, str]:
     """metrics.jsonl key -> W&B key, from the training side that chose the names (one source of truth)."""
-    from training.sinks import _WANDB_NAMESPACE  # imported late: it pulls in accelerate
+    from training.sinks import WANDB_KEYS  # imported late: it pulls in accelerate
 
-    return dict(_WANDB_NAMESPACE)
+    return dict(WANDB_KEYS)
 
 
 def metrics_from_history(rows: Iterable[Mapping[str, Any]], namespace: Mapping[str, str]) -> list[dict[str, Any]]:

@@ -15,7 +15,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tests.launch import CONFIGS, REPO, accelerate_command, run, summary, train, train_lines
+from tests.launch import (
+    CONFIGS,
+    REPO,
+    accelerate_command,
+    run,
+    summary,
+    train,
+    train_lines,
+)
 
 pytestmark = pytest.mark.multiprocess
 

@@ -10,9 +10,11 @@ import torch
 from accelerate import Accelerator
 
 from model import GPT2, GPT2Config
+from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry
 from training.config import OptimConfig
-from training.loop import BatchGeometry, EpochOrderSampler, RunError, batch_geometry, lr_factor, train_step
+from training.errors import RunError
 from training.metrics import MetricsTracker, ThroughputFacts
+from training.step import lr_factor, train_step
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,26 @@ CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "complete.json"
 MODEL_CONFIG = "model_config.json"
 _FSDP_MODEL_DIR = "pytorch_model_fsdp_0"
+
+
+@dataclass
+class TrainState:
+    """Position in the data and what has been measured so far; saved in every checkpoint."""
+
+    step: int = 0
+    epoch: int = 1
+    steps_in_epoch: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+    times: dict[str, float] = field(default_factory=dict)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "epoch": self.epoch, "steps_in_epoch": self.steps_in_epoch,
+                "records": self.records, "epochs": self.epochs, "times": self.times}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            setattr(self, key, value)
 
 
 def checkpoint_path(output_dir: Path, step: int) -> Path:

@@ -57,7 +57,9 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
 
 
 def _config_classes() -> dict[str, type]:
-    from data import DataConfig  # the data stack (datasets, transformers) is imported only when needed
+    from data import (
+        DataConfig,  # the data stack (datasets, transformers) is imported only when needed
+    )
 
     return {"model": ModelChoice, "data": DataConfig, "optim": OptimConfig, "run": RunConfig}
 

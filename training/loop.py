@@ -5,276 +5,47 @@ from __future__ import annotations
 import json
 import math
 import os
-import shutil
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.utils import GradientAccumulationPlugin, set_seed
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader
 
-from training.checkpoint import checkpoint_step, newest_checkpoint, save_checkpoint
-from training.config import OptimConfig, TrainConfig
+from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry, chunks
+from training.checkpoint import TrainState, checkpoint_step, save_checkpoint
+from training.config import TrainConfig
+from training.errors import RunError
 from training.hardware import peak_flops, reset_peak_memory, synchronize
-from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts, epoch_summary, total_summary
+from training.metrics import (
+    MetricsTracker,
+    RunTimes,
+    StepRecord,
+    ThroughputFacts,
+    epoch_summary,
+    total_summary,
+)
+from training.rundir import (
+    check_output_dir,
+    clear_run_files,
+    truncate_metrics,
+    wandb_run_id,
+    write_atomic,
+)
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode
-from training.strategy import check_strategy, create_accelerator, effective_strategy, requested_from_env
+from training.step import evaluate, lr_factor, make_optimizer, train_step
+from training.strategy import (
+    check_strategy,
+    create_accelerator,
+    effective_strategy,
+    requested_from_env,
+)
 
-
-class RunError(Exception):
-    """A problem with the run's settings or output directory; the message is one line."""
-
-
-# ---------------------------------------------------------------------------------------------
-# Batch geometry and data order
-
-
-@dataclass(frozen=True)
-class BatchGeometry:
-    micro_batch_size: int  # sequences per process per micro-step
-    grad_accum_steps: int
-    world_size: int
-    block_size: int
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.micro_batch_size * self.grad_accum_steps * self.world_size
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.samples_per_step * self.block_size
-
-
-def batch_geometry(optim: OptimConfig, block_size: int, world_size: int) -> BatchGeometry:
-    """Derive gradient accumulation from the global batch in tokens; it must divide exactly."""
-    per_micro_step = optim.micro_batch_size * block_size * world_size
-    global_tokens = optim.global_batch_tokens or per_micro_step
-    if global_tokens % per_micro_step:
-        raise RunError(
-            f"--global_batch_tokens {global_tokens} is not a multiple of micro_batch_size x block_size x processes "
-            f"= {optim.micro_batch_size} x {block_size} x {world_size} = {per_micro_step}; "
-            f"use a multiple of {per_micro_step}"
-        )
-    return BatchGeometry(optim.micro_batch_size, global_tokens // per_micro_step, world_size, block_size)
-
-
-class EpochOrderSampler(Sampler[int]):
-    """A permutation of the training blocks fixed by (seed, epoch), cut to whole optimizer steps.
-
-    The order depends on nothing else, so every strategy sees the same blocks in the same optimizer
-    step: accelerate hands rank r every world_size-th micro-batch, and one process taking
-    world_size x accumulation consecutive micro-batches per step takes the same set.
-    """
-
-    def __init__(self, num_blocks: int, usable: int, seed: int) -> None:
-        self.num_blocks = num_blocks
-        self.usable = usable
-        self.seed = seed
-        self.epoch = 1
-
-    # Not named set_epoch on purpose: accelerate's DataLoaderShard calls `sampler.set_epoch` with its own
-    # iteration count, which differs between a single process and a sharded loader, and after a resume.
-    def use_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed * 1_000_003 + self.epoch)
-        yield from torch.randperm(self.num_blocks, generator=generator)[: self.usable].tolist()
-
-    def __len__(self) -> int:
-        return self.usable
-
-
-def _chunks(items: Iterable[Any], size: int) -> Iterator[list[Any]]:
-    chunk: list[Any] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == size:
-            yield chunk
-            chunk = []
-
-
-# ---------------------------------------------------------------------------------------------
-# Optimisation
-
-
-def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with decoupled weight decay on matrices (dim >= 2) only; biases and LayerNorms are not decayed."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
-
-
-def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
-    """Linear warm-up to 1 over `warmup_steps`, then cosine decay to `min_ratio` at `total_steps`.
-
-    `step` counts optimizer steps already taken, so the first step uses factor 1/warmup_steps.
-    """
-    if warmup_steps and step < warmup_steps:
-        return (step + 1) / warmup_steps
-    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
-
-
-def global_grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
-    """The L2 norm of all gradients, accumulated in float64 and reduced over FSDP shards.
-
-    accelerate's `clip_grad_norm_` computes it in float32, whose rounding on GPT-2's large embedding
-    gradient (about 1e-5 relative) depends on how the gradient is split into shards, so the same
-    gradients gave different norms under FSDP than in one process. In float64 the strategies agree.
-    """
-    from torch.distributed.tensor import DTensor
-
-    local_sq = torch.zeros((), dtype=torch.float64)
-    sharded_sq = torch.zeros((), dtype=torch.float64)
-    mesh = None
-    for p in parameters:
-        if p.grad is None:
-            continue
-        grad = p.grad
-        if isinstance(grad, DTensor):
-            if any(not placement.is_shard() for placement in grad.placements):
-                raise RuntimeError(f"unexpected gradient placement {grad.placements}: only sharded DTensors are summed")
-            mesh = grad.device_mesh
-            sharded_sq = sharded_sq.to(grad.device) + torch.linalg.vector_norm(grad.to_local(), dtype=torch.float64) ** 2
-        else:
-            local_sq = local_sq.to(grad.device) + torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
-    if mesh is not None:
-        # Every element lives in exactly one shard: the sum of the ranks' local squares is the global one.
-        torch.distributed.all_reduce(sharded_sq, group=mesh.get_group())
-    return torch.sqrt(local_sq.to(sharded_sq.device) + sharded_sq)
-
-
-def clip_gradients(accelerator: Accelerator, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """Unscale (fp16), measure the global grad norm before clipping, clip to `max_norm` (0 = no clipping)."""
-    from torch.nn.utils import clip_grads_with_norm_
-
-    accelerator.unscale_gradients()
-    norm = global_grad_norm(parameters)
-    if max_norm > 0:
-        clip_grads_with_norm_(parameters, max_norm, norm.float())
-    return norm
-
-
-def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer,
-               micro_batches: list[dict[str, torch.Tensor]], tracker: MetricsTracker | None,
-               grad_clip: float) -> torch.Tensor:
-    """One optimizer step over `micro_batches` (one per accumulation micro-step); returns the grad norm.
-
-    The norm is the global L2 norm of all gradients before clipping, measured even when clipping is
-    off, and the same number under every strategy.
-    """
-    grad_norm = torch.zeros((), device=accelerator.device)
-    for batch in micro_batches:
-        with accelerator.accumulate(model):
-            _, loss = model(batch["input_ids"], batch["labels"])
-            accelerator.backward(loss)
-            if tracker is not None:
-                tracker.add_micro_batch(loss, batch["labels"].numel())
-            if accelerator.sync_gradients:
-                grad_norm = clip_gradients(accelerator, list(model.parameters()), grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return grad_norm
-
-
-@torch.no_grad()
-def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader, max_batches: int) -> dict[str, float]:
-    """Mean validation loss (token-weighted; blocks are equal-length) and perplexity over all ranks."""
-    model.eval()
-    losses = []
-    for i, batch in enumerate(loader):
-        if max_batches and i >= max_batches:
-            break
-        logits, _ = model(batch["input_ids"])
-        per_block = F.cross_entropy(logits.float().transpose(1, 2), batch["labels"], reduction="none").mean(dim=1)
-        # gather_for_metrics drops the samples accelerate repeats to even out the last batch.
-        losses.append(accelerator.gather_for_metrics(per_block))
-    model.train()
-    if not losses:
-        return {"val_loss": float("nan"), "val_ppl": float("nan")}
-    val_loss = torch.cat(losses).double().mean().item()
-    return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
-
-
-# ---------------------------------------------------------------------------------------------
-# State that checkpoints carry besides model/optimizer/scheduler
-
-
-@dataclass
-class TrainState:
-    """Position in the data and what has been measured so far; saved in every checkpoint."""
-
-    step: int = 0
-    epoch: int = 1
-    steps_in_epoch: int = 0
-    records: list[dict[str, Any]] = field(default_factory=list)
-    epochs: list[dict[str, Any]] = field(default_factory=list)
-    times: dict[str, float] = field(default_factory=dict)
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "epoch": self.epoch, "steps_in_epoch": self.steps_in_epoch,
-                "records": self.records, "epochs": self.epochs, "times": self.times}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        for key, value in state.items():
-            setattr(self, key, value)
-
-
-# ---------------------------------------------------------------------------------------------
-# Output directory
-
-
-_RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "wandb_run_id")
-_RUN_DIRS = ("checkpoints", "hf", "wandb")
-
-
-def check_output_dir(out: Path, resume: bool, overwrite: bool) -> Path | None:
-    """Refuse to mix two runs in one directory; return the checkpoint to resume from, if any."""
-    holds_run = any((out / f).exists() for f in _RUN_FILES + _RUN_DIRS)
-    if resume:
-        ckpt = newest_checkpoint(out)
-        if ckpt is None:
-            raise RunError(f"--resume: no complete checkpoint in {out / 'checkpoints'}; run without --resume")
-        return ckpt
-    if holds_run and not overwrite:
-        raise RunError(f"{out} already holds a run; pass --resume to continue it or --overwrite to replace it")
-    return None
-
-
-def clear_run_files(out: Path) -> None:
-    for name in _RUN_FILES:
-        (out / name).unlink(missing_ok=True)
-    for name in _RUN_DIRS:
-        shutil.rmtree(out / name, ignore_errors=True)
-
-
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """After a resume, drop metric lines of steps that will be trained again."""
-    if not path.exists():
-        return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= last_step]
-    write_atomic(path, "".join(line + "\n" for line in kept))
-
-
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-# ---------------------------------------------------------------------------------------------
-# The run
+__all__ = ["RunError", "run_training"]
 
 
 def run_training(cfg: TrainConfig) -> dict[str, Any]:
@@ -401,7 +172,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     wandb.start(cfg.run.wandb_project, resolved, {
         "name": run_name, "group": cfg.run.experiment, "job_type": strategy_name, "mode": wandb_mode,
         "dir": str(out), "entity": cfg.run.wandb_entity, "tags": [strategy_name, effective.precision],
-        "id": _wandb_run_id(out, accelerator) if is_main else None, "resume": "allow",
+        "id": wandb_run_id(out) if is_main else None, "resume": "allow",
     })
 
     def emit(record: dict[str, Any]) -> None:
@@ -439,7 +210,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
         loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
         synchronize(accelerator.device)
         step_start = time.perf_counter()
-        for micro_batches in _chunks(loader, geometry.grad_accum_steps):
+        for micro_batches in chunks(loader, geometry.grad_accum_steps):
             lr = scheduler.get_last_lr()[0]
             grad_norm = train_step(accelerator, model, optimizer, micro_batches, tracker, cfg.optim.grad_clip)
             scheduler.step()
@@ -571,18 +342,6 @@ def _export_hf(accelerator: Accelerator, model: nn.Module, model_config: Any, fo
         tokenizer.model_max_length = model_config.n_positions
         full.save_hf(folder, tokenizer=tokenizer)
     accelerator.wait_for_everyone()
-
-
-def _wandb_run_id(out: Path, accelerator: Accelerator) -> str:
-    """A W&B run id kept in the run directory, so a resumed run continues the same W&B run."""
-    path = out / "wandb_run_id"
-    if path.exists():
-        return path.read_text().strip()
-    import uuid
-
-    run_id = uuid.uuid4().hex[:12]
-    path.write_text(run_id)
-    return run_id
 
 
 class _NoProgress:

@@ -18,7 +18,8 @@ from urllib.parse import urlparse
 from accelerate import Accelerator
 
 # W&B panels group by the prefix before "/": the local keys are mapped into namespaces.
-_WANDB_NAMESPACE = {
+# analysis.wandb_fetch maps them back when a report is built from W&B runs.
+WANDB_KEYS = {
     "loss": "train/loss", "loss_interval": "train/loss_interval", "grad_norm": "train/grad_norm",
     "lr": "train/lr", "epoch": "train/epoch", "tokens": "train/tokens",
     "step_time_s": "time/step_time_s", "elapsed_s": "time/elapsed_s", "eval_time_s": "time/eval_time_s",
@@ -88,7 +89,7 @@ class WandbSink:
     def log(self, record: dict[str, Any], step: int) -> None:
         if not self.enabled:
             return
-        values = {_WANDB_NAMESPACE.get(k, k): v for k, v in record.items()
+        values = {WANDB_KEYS.get(k, k): v for k, v in record.items()
                   if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
         try:
             self.accelerator.log(values, step=step)

@@ -116,7 +116,7 @@ def create_accelerator(requested: RequestedLaunch, **accelerator_kwargs: Any) ->
     mixed_precision, warning = choose_precision(requested.mixed_precision, "cuda" if has_gpu else "cpu", device_name)
     # Without cpu=True on a GPU-less machine accelerate leaves every process unconnected (type NO).
     accelerator = Accelerator(cpu=not has_gpu, mixed_precision=mixed_precision, **accelerator_kwargs)
-    if requested.strategy == "fsdp" and not has_gpu and accelerator.num_processes > 1:
+    if requested.strategy == "fsdp" and not has_gpu:
         _enable_fsdp_on_cpu(accelerator, mixed_precision)
     return accelerator, warning
 

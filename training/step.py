@@ -1,0 +1,116 @@
+"""One optimizer step, the gradient norm, the optimizer and its schedule, and validation."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from accelerate import Accelerator
+from torch.utils.data import DataLoader
+
+from training.config import OptimConfig
+from training.metrics import MetricsTracker
+
+
+def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
+    """AdamW with decoupled weight decay on matrices (dim >= 2) only; biases and LayerNorms are not decayed."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+
+
+def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
+    """Linear warm-up to 1 over `warmup_steps`, then cosine decay to `min_ratio` at `total_steps`.
+
+    `step` counts optimizer steps already taken, so the first step uses factor 1/warmup_steps.
+    """
+    if warmup_steps and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def global_grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
+    """The L2 norm of all gradients, accumulated in float64 and reduced over FSDP shards.
+
+    accelerate's `clip_grad_norm_` computes it in float32, whose rounding on GPT-2's large embedding
+    gradient (about 1e-5 relative) depends on how the gradient is split into shards, so the same
+    gradients gave different norms under FSDP than in one process. In float64 the strategies agree.
+    """
+    from torch.distributed.tensor import DTensor
+
+    local_sq = torch.zeros((), dtype=torch.float64)
+    sharded_sq = torch.zeros((), dtype=torch.float64)
+    mesh = None
+    for p in parameters:
+        if p.grad is None:
+            continue
+        grad = p.grad
+        if isinstance(grad, DTensor):
+            if any(not placement.is_shard() for placement in grad.placements):
+                raise RuntimeError(f"unexpected gradient placement {grad.placements}: only sharded DTensors are summed")
+            mesh = grad.device_mesh
+            sharded_sq = sharded_sq.to(grad.device) + torch.linalg.vector_norm(grad.to_local(), dtype=torch.float64) ** 2
+        else:
+            local_sq = local_sq.to(grad.device) + torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
+    if mesh is not None:
+        # Every element lives in exactly one shard: the sum of the ranks' local squares is the global one.
+        torch.distributed.all_reduce(sharded_sq, group=mesh.get_group())
+    return torch.sqrt(local_sq.to(sharded_sq.device) + sharded_sq)
+
+
+def clip_gradients(accelerator: Accelerator, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """Unscale (fp16), measure the global grad norm before clipping, clip to `max_norm` (0 = no clipping)."""
+    from torch.nn.utils import clip_grads_with_norm_
+
+    accelerator.unscale_gradients()
+    norm = global_grad_norm(parameters)
+    if max_norm > 0:
+        clip_grads_with_norm_(parameters, max_norm, norm.float())
+    return norm
+
+
+def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer,
+               micro_batches: list[dict[str, torch.Tensor]], tracker: MetricsTracker | None,
+               grad_clip: float) -> torch.Tensor:
+    """One optimizer step over `micro_batches` (one per accumulation micro-step); returns the grad norm.
+
+    The norm is the global L2 norm of all gradients before clipping, measured even when clipping is
+    off, and the same number under every strategy.
+    """
+    grad_norm = torch.zeros((), device=accelerator.device)
+    for batch in micro_batches:
+        with accelerator.accumulate(model):
+            _, loss = model(batch["input_ids"], batch["labels"])
+            accelerator.backward(loss)
+            if tracker is not None:
+                tracker.add_micro_batch(loss, batch["labels"].numel())
+            if accelerator.sync_gradients:
+                grad_norm = clip_gradients(accelerator, list(model.parameters()), grad_clip)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return grad_norm
+
+
+@torch.no_grad()
+def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader, max_batches: int) -> dict[str, float]:
+    """Mean validation loss (token-weighted; blocks are equal-length) and perplexity over all ranks."""
+    model.eval()
+    losses = []
+    for i, batch in enumerate(loader):
+        if max_batches and i >= max_batches:
+            break
+        logits, _ = model(batch["input_ids"])
+        per_block = F.cross_entropy(logits.float().transpose(1, 2), batch["labels"], reduction="none").mean(dim=1)
+        # gather_for_metrics drops the samples accelerate repeats to even out the last batch.
+        losses.append(accelerator.gather_for_metrics(per_block))
+    model.train()
+    if not losses:
+        return {"val_loss": float("nan"), "val_ppl": float("nan")}
+    val_loss = torch.cat(losses).double().mean().item()
+    return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
