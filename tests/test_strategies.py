@@ -146,6 +146,24 @@ def test_fsdp_checkpoint_loads_into_one_process(runs: dict[str, Path]) -> None:
     assert sample.stdout.startswith("The council")
 
 
+def test_fsdp_checkpoint_exports_to_a_hugging_face_folder(runs: dict[str, Path], tmp_path: Path) -> None:
+    import transformers
+
+    from model import GPT2
+
+    checkpoint = runs["fsdp"] / "checkpoints" / "step_0000012"
+    result = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(checkpoint), "--out",
+                             str(tmp_path / "hf")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    hf_model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
+    ours = GPT2.from_hf(runs["fsdp"] / "hf").eval()
+    tokens = torch.randint(0, 50257, (1, 12), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(hf_model(tokens).logits, ours(tokens)[0])
+    missing = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(tmp_path / "none"),
+                              "--out", str(tmp_path / "x")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert missing.returncode == 2 and missing.stderr.startswith("error:") and len(missing.stderr.splitlines()) == 1
+
+
 def test_two_machines_on_loopback_match_one_machine(runs: dict[str, Path], workdir: Path,
                                                      common_args: list[str]) -> None:
     out = workdir / "ddp-two-machines"
