@@ -26,6 +26,7 @@ FAIRNESS_FACTS = {
     "global_batch_tokens": "global batch (tokens)",
     "tokens_trained": "tokens trained",
     "seed": "seed",
+    "data_key": "data (content key)",
     "precision": "precision",
     "preset": "preset",
     "n_params": "parameters",
@@ -80,27 +81,41 @@ def fastest_reading(runs: list[Run]) -> list[str]:
         for run, value in rest if value > 0
     )
     lines = [f"{lead}: {comparisons}." if comparisons else f"{lead}."]
-    lines += _per_device_line(runs)
+    lines += _per_device_line(runs, key)
     return lines
 
 
-def _per_device_line(runs: list[Run]) -> list[str]:
-    """Scaling efficiency: per-device throughput of a multi-device run against the single run's."""
+def _per_device_line(runs: list[Run], key: str) -> list[str]:
+    """Scaling efficiency: per-device throughput of a multi-device run against the single run's, from the
+    same whole-job figure (`key`) that ranked the runs, so the two lines never mix warm-up in and out."""
+    def per_device(run: Run) -> float | None:
+        total, world = number(run.total.get(key)), number(run.fact("world_size"))
+        return total / world if total is not None and world else None
+
     single = next((run for run in runs if run.strategy == "single" and run.fact("world_size") == 1), None)
-    base = number(single.total.get("tokens_per_s_per_device")) if single else None
+    base = per_device(single) if single else None
     if single is None or not base:
         return []
     parts = []
     for run in runs:
-        value = number(run.total.get("tokens_per_s_per_device"))
+        value = per_device(run)
         if run is not single and value is not None:
             parts.append(f"{run.label} {value:,.0f} tokens/s per device = {value / base:.0%} of single")
     return [f"Per device: {'; '.join(parts)} (single: {base:,.0f} tokens/s)."] if parts else []
 
 
+def on_cpu(runs: list[Run]) -> bool:
+    """On CPU both memory keys hold the process's peak resident set size (see training/hardware.py)."""
+    return bool(runs) and all(run.fact("device_type") == "cpu" for run in runs)
+
+
 def memory_reading(runs: list[Run]) -> list[str]:
+    kinds = {"allocated": "Peak memory (resident set size, per process, max over processes)"} if on_cpu(runs) else {
+        "allocated": "Peak memory (allocated, per device, max over devices)",
+        "reserved": "Peak memory (reserved, per device, max over devices)",
+    }
     lines = []
-    for kind in ("allocated", "reserved"):
+    for kind, title in kinds.items():
         key = f"peak_mem_{kind}_mib_max"
         ranked = _ranked(runs, lambda run, key=key: number(run.total.get(key)), highest_first=False)
         if len(ranked) < 2:
@@ -109,7 +124,7 @@ def memory_reading(runs: list[Run]) -> list[str]:
         comparisons = ", ".join(
             f"{1 - best_value / value:.0%} less than {run.label} ({value:,.0f} MiB)" for run, value in rest if value > 0
         )
-        lines.append(f"Peak memory ({kind}, per device, max over devices): **{best.label}** uses least, "
+        lines.append(f"{title}: **{best.label}** uses least, "
                      f"{best_value:,.0f} MiB" + (f": {comparisons}." if comparisons else "."))
     return lines or ["Peak memory: fewer than two runs with memory figures; nothing to rank."]
 
@@ -166,6 +181,8 @@ def _show(key: str, value: Any) -> str:
         return "not recorded"
     if key in COUNTS and isinstance(value, int) and not isinstance(value, bool):
         return f"{value:,}"
+    if key == "data_key":
+        return str(value)[:12]
     return str(value)
 
 
@@ -303,8 +320,11 @@ def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list
     method = [
         "Throughput is tokens trained / training time of the optimizer steps (evaluation and checkpointing "
         "excluded); per-device figures are the whole-job figures divided by the world size, as stored.",
-        "Memory is each device's peak since its epoch started; 'max over devices' is the worst device, "
-        "'mean over devices' the average device.",
+        ("Memory on CPU is each process's peak resident set size since it started (the operating system "
+         "cannot reset it per epoch); 'device' means process. 'max over devices' is the worst process, "
+         "'mean over devices' the average one." if on_cpu(runs) else
+         "Memory is each device's peak since its epoch started; 'max over devices' is the worst device, "
+         "'mean over devices' the average device."),
         "MFU is achieved FLOP/s per device / the device's peak FLOP/s, in percent.",
         CRITERION,
         f"Fairness: the runs are compared like for like when {', '.join(FAIRNESS_FACTS.values())} agree.",

@@ -74,6 +74,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("tokens trained", _fact("tokens_trained"), fixed(0)),
     Column("precision", _fact("precision"), text),
     Column("seed", _fact("seed"), text),
+    Column("data (content key)", lambda run: (str(run.fact("data_key"))[:12] if run.fact("data_key") else None), text),
 )
 
 

@@ -31,6 +31,7 @@ class FakeRun:
     mfu: float = 0.25
     precision: str = "fp16"
     seed: int = 1337
+    data_key: str = "5e0f3c1d2b4a" + "0" * 20
     complete: bool = True
     experiment: str = "tiny-test"
     epoch_jitter: float = 0.0  # relative per-epoch wobble of throughput and grad norm, for realistic figures
@@ -89,7 +90,7 @@ def write_run(directory: Path, fake: FakeRun) -> Path:
         "num_machines": 1, "precision": fake.precision, "requested_precision": fake.precision,
         "device_type": "cuda", "device_name": "Tesla T4", "peak_flops_per_device": 65e12,
         "peak_flops_source": "table", "preset": "tiny", "n_params": 1_000_000, "n_params_non_embedding": 800_000,
-        "seed": fake.seed, "block_size": 128, "micro_batch_size": 4,
+        "seed": fake.seed, "data_key": fake.data_key, "block_size": 128, "micro_batch_size": 4,
         "grad_accum_steps": fake.global_batch_tokens // (4 * 128 * fake.world_size),
         "global_batch_tokens": fake.global_batch_tokens, "steps": steps,
         "tokens_trained": steps * fake.global_batch_tokens, "complete": fake.complete,

@@ -32,14 +32,23 @@ def test_equal_throughputs_are_called_a_tie(tmp_path: Path) -> None:
 
 
 def test_per_device_throughput_is_compared_with_single(tmp_path: Path) -> None:
+    # From the same figure that ranks the runs (warm-up excluded, 1.01 x the fixture's whole-run rate).
     text = " ".join(fastest_reading(runs_of(tmp_path)))
-    assert "ddp 36,000 tokens/s per device = 90% of single" in text
+    assert "ddp 36,360 tokens/s per device = 90% of single" in text and "(single: 40,400 tokens/s)" in text
 
 
 def test_least_memory_strategy_follows_the_data(tmp_path: Path) -> None:
     assert "**fsdp** uses least, 1,800 MiB" in memory_reading(runs_of(tmp_path / "a"))[0]
     flipped = runs_of(tmp_path / "b", single={"peak_alloc_mib": 1000})
     assert "**single** uses least, 1,000 MiB" in memory_reading(flipped)[0]
+
+
+def test_memory_on_cpu_is_one_resident_set_line(tmp_path: Path) -> None:
+    runs = runs_of(tmp_path)
+    for run in runs:
+        run.summary["device_type"] = "cpu"
+    (line,) = memory_reading(runs)
+    assert line.startswith("Peak memory (resident set size, per process, max over processes): **fsdp**")
 
 
 def test_fairness_warning_only_when_global_batches_differ(tmp_path: Path) -> None:
@@ -58,6 +67,14 @@ def test_fairness_warning_only_when_global_batches_differ(tmp_path: Path) -> Non
 def test_fairness_also_checks_seed_and_precision(tmp_path: Path) -> None:
     runs = runs_of(tmp_path, fsdp={"seed": 7, "precision": "fp32"})
     assert {"seed", "precision"} <= set(fairness(runs).differing)
+
+
+def test_runs_on_different_data_are_not_compared_as_fair(tmp_path: Path) -> None:
+    runs = runs_of(tmp_path, ddp={"data_key": "9" * 32})
+    check = fairness(runs)
+    assert set(check.differing) == {"data_key"}
+    text = " ".join(fairness_lines(check, runs))
+    assert "Unfair comparison: data (content key) differs" in text and "ddp 999999999999," in text
 
 
 def test_loss_curves_with_only_noise_between_them_agree(tmp_path: Path) -> None:

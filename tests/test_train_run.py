@@ -52,6 +52,9 @@ def test_run_writes_every_output(run_dir: Path) -> None:
     assert config["optim"]["max_steps"] == 12 and config["model"]["model_preset"] == "tiny"
     assert config["launch"]["effective"]["strategy"] == "single"
     assert config["launch"]["data_stats"]["source"]  # which data was used is recorded
+    # The content key of the data goes into the summary, where the comparison checks it is shared.
+    assert summary(run_dir)["data_key"] == config["launch"]["data_stats"]["cache_key"]
+    assert len(summary(run_dir)["data_key"]) == 32
 
 
 def test_wandb_offline_run_holds_the_same_losses_as_metrics_jsonl(run_dir: Path) -> None:

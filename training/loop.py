@@ -303,6 +303,9 @@ def _summary(cfg: TrainConfig, layout: dict[str, Any], geometry: BatchGeometry, 
         "n_params": layout["n_params"],
         "n_params_non_embedding": layout["n_params_non_embedding"],
         "seed": cfg.run.seed,
+        # Content hash of the packed data (corpus bytes, tokenizer, block size, split): equal keys and
+        # seeds mean the runs saw the same tokens in the same order.
+        "data_key": layout["data_stats"]["cache_key"],
         "block_size": geometry.block_size,
         "micro_batch_size": geometry.micro_batch_size,
         "grad_accum_steps": geometry.grad_accum_steps,
