@@ -7,11 +7,12 @@ transformers is imported inside the functions: it takes seconds, and training ne
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import shutil
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -109,12 +110,27 @@ def save_hf(model: GPT2, folder: str | os.PathLike, tokenizer: Any = None) -> No
     # the previous export intact instead of a folder with a config and no weights.
     tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
     try:
-        to_hf(model).save_pretrained(tmp)
+        with _quiet_progress_bars():
+            to_hf(model).save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         _replace_folder(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    """transformers draws a bar for writing the (single) shard, which lands as noise in training logs."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _replace_folder(new: Path, target: Path) -> None:
