@@ -20,7 +20,8 @@ def as_wandb(run_dir: Path, namespace: dict[str, str]) -> tuple[dict, dict, list
         "preset": summary["preset"], "run": {"seed": summary["seed"], "experiment": summary["experiment"]},
         "data": {"block_size": summary["block_size"]},
         "launch": {
-            "run_name": summary["run_name"], "device_name": summary["device_name"], "n_params": summary["n_params"],
+            "run_name": summary["run_name"], "data_stats": {"cache_key": summary["data_key"]},
+            "device_name": summary["device_name"], "n_params": summary["n_params"],
             "effective": {"strategy": summary["strategy"], "world_size": summary["world_size"],
                           "num_machines": 1, "precision": summary["precision"], "device_type": "cuda"},
             "batch": {"micro_batch_size": 4, "grad_accum_steps": summary["grad_accum_steps"],
