@@ -143,7 +143,9 @@ class GPT2(nn.Module):
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T), ignore_index=ignore_index)
+            # In float32 whatever the compute dtype: a log-softmax over 50,257 logits in bf16 rounds the loss
+            # by several hundredths of a nat, and FSDP's bf16 parameters (unlike autocast) yield bf16 logits.
+            loss = F.cross_entropy(logits.float().view(B * T, -1), targets.reshape(B * T), ignore_index=ignore_index)
         return logits, loss
 
     def num_parameters(self, exclude_position_embeddings: bool = False) -> int:

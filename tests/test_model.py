@@ -149,6 +149,18 @@ def test_loss_is_mean_cross_entropy_over_non_ignored_targets():
     torch.testing.assert_close(loss, manual)
 
 
+def test_loss_is_float32_for_a_bf16_model():
+    # FSDP with bf16 parameters hands the loss bf16 logits; the loss must not be rounded to bf16.
+    model = tiny_model().to(torch.bfloat16)
+    ids, targets = random_ids(2, 12), random_ids(2, 12, seed=1)
+    logits, loss = model(ids, targets)
+    assert logits.dtype == torch.bfloat16 and loss.dtype == torch.float32
+    exact = F.cross_entropy(logits.double().view(24, -1), targets.view(24))
+    assert abs(loss.double() - exact) < 1e-5
+    bf16_loss = F.cross_entropy(logits.view(24, -1), targets.view(24))
+    assert bf16_loss.dtype == torch.bfloat16 and abs(bf16_loss.double() - exact) > 1e-4
+
+
 def test_loss_honours_a_custom_ignore_index():
     model = tiny_model()
     ids = random_ids(1, 8)

@@ -97,6 +97,25 @@ def test_final_weights_match_the_single_process(runs: dict[str, Path], strategy:
         torch.testing.assert_close(got[name], want[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_bf16_fsdp_reports_the_losses_of_bf16_single(runs: dict[str, Path], workdir: Path,
+                                                     common_args: list[str]) -> None:
+    # FSDP casts parameters to bf16 (its logits are bf16), a single process autocasts; the two compute
+    # differently but must report losses of the same training, not one of them rounded to bf16.
+    steps = 6
+    out = {}
+    for strategy in ("single", "fsdp"):
+        out[strategy] = workdir / f"{strategy}-bf16"
+        run(accelerate_command(CONFIGS / STRATEGY_CONFIGS[strategy], "train.py",
+                               [*common_args, "--max_steps", str(steps), "--strategy", strategy, "--checkpoint_interval",
+                                "0", "--no-export_hf", "--output_dir", str(out[strategy])],
+                               launch_args=["--mixed_precision", "bf16"]))
+        assert summary(out[strategy])["precision"] == "bf16"
+    single, fsdp, fp32 = train_lines(out["single"]), train_lines(out["fsdp"]), train_lines(runs["single"])
+    for step in range(1, steps + 1):
+        assert fsdp[step]["loss"] == pytest.approx(single[step]["loss"], rel=2e-3), f"loss at step {step}"
+    assert any(single[s]["loss"] != fp32[s]["loss"] for s in range(1, steps + 1))  # bf16 really in effect
+
+
 def test_each_config_runs_the_strategy_it_names(runs: dict[str, Path]) -> None:
     single, ddp, fsdp = (summary(runs[s]) for s in ("single", "ddp", "fsdp"))
     assert (single["strategy"], single["world_size"], single["wrapper"]) == ("single", 1, "GPT2")
