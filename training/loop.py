@@ -273,6 +273,8 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
             f"train time {t['train_time_s']:.1f} s -> {out}")
     wandb.finish()
     accelerator.wait_for_everyone()
+    # Last: after this no rank may touch a collective.
+    accelerator.state.destroy_process_group()
     return summary
 
 

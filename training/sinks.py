@@ -106,10 +106,13 @@ class WandbSink:
             self._fail("summary", exc)
 
     def finish(self) -> None:
+        """Close the W&B run. Not `accelerator.end_training()`: that also destroys the process group,
+        which the run still needs afterwards (the last barrier), and would fail every multi-process run."""
         if not self.enabled:
             return
         try:
-            self.accelerator.end_training()
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
         except Exception as exc:  # noqa: BLE001
             self._fail("finish", exc)
 
