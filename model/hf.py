@@ -114,9 +114,23 @@ def save_hf(model: GPT2, folder: str | os.PathLike, tokenizer: Any = None) -> No
             to_hf(model).save_pretrained(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
+        _default_permissions(tmp)
         _replace_folder(tmp, folder)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _default_permissions(folder: Path) -> None:
+    """Give the export the permissions of any other file the user writes (the umask's).
+
+    mkdtemp makes its folder private (0700), and safetensors writes its file 0600: the export would
+    be the one part of a run directory that other users (a shared results folder) cannot read.
+    """
+    umask = os.umask(0)
+    os.umask(umask)
+    folder.chmod(0o777 & ~umask)
+    for path in folder.rglob("*"):
+        path.chmod((0o777 if path.is_dir() else 0o666) & ~umask)
 
 
 @contextlib.contextmanager
