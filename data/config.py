@@ -36,23 +36,23 @@ class DataConfig:
     hf_config: str | None = _help("configuration name of --hf_dataset", default=None)
     hf_split: str = _help("split of --hf_dataset to read", default="train")
     text_column: str | None = _help(
-        "column holding the document text (default: content for CSV, text for JSON/JSONL/parquet/HF)", default=None
+        "column holding the document text (none: content for CSV, text for JSON/JSONL/parquet/HF)", default=None
     )
     prepend_title: bool = _help(
         "document = the title column, a blank line, then the text (CSV, JSON, parquet, HF; not .txt)", default=False
     )
     clean: bool = _help("strip HTML tags, decode entities and normalise whitespace", default=True)
     tokenizer: str | None = _help(
-        "tokenizer hub name or folder (default: GPT-2's BPE, bundled and verified, offline)", default=None
+        "tokenizer hub name or folder (none: GPT-2's BPE, bundled and verified, offline)", default=None
     )
     block_size: int = _help("tokens per training sequence; blocks hold block_size+1 tokens", default=1024)
     val_fraction: float = _help("fraction of documents held out for validation (0 = no validation split)", default=0.05)
     split_seed: int = _help("seed of the train/validation assignment of documents", default=1234)
     cache_dir: str | None = _help(
-        "where packed datasets are cached (default: $GPT2S_CACHE or ~/.cache/gpt2-strategies)", default=None
+        "where packed datasets (and the measured CPU peak FLOP/s) are cached (none: $GPT2S_CACHE or ~/.cache/gpt2-strategies)", default=None
     )
     num_proc: int | None = _help(
-        "worker processes for cleaning and tokenizing (default: min(CPU count, 8); 1 = no worker pool)", default=None
+        "worker processes for cleaning and tokenizing (none: min(CPU count, 8); 1 = no worker pool)", default=None
     )
     max_documents: int | None = _help(
         "use only the first N documents of the corpus, before empty ones are dropped (for quick runs)", default=None

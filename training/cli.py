@@ -33,15 +33,23 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _add_fields(group: argparse._ArgumentGroup, cls: type) -> None:
+def _add_fields(group: argparse._ArgumentGroup, cls: type, preset_values: dict[str, Any], preset: str) -> None:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         tp, optional = _unwrap_optional(hints[f.name])
         help_text = f.metadata.get("help", "")
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
-        )
-        help_text = f"{help_text} (default: {default})" if help_text else f"(default: {default})"
+        if f.name in preset_values:
+            shown = f"{preset_values[f.name]}, from --preset {preset}"
+        else:
+            shown = f.default if f.default is not dataclasses.MISSING else (
+                f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+            )
+        if shown is None or shown == []:
+            # Help texts of optional fields say what "none" means; a "(default: none)" would repeat it.
+            if "none" not in help_text:
+                help_text = f"{help_text} (default: none)"
+        else:
+            help_text = f"{help_text} (default: {shown})"
         name = f"--{_flag(f.name)}"
         kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
         if tp is bool:
@@ -64,28 +72,49 @@ def _config_classes() -> dict[str, type]:
     return {"model": ModelChoice, "data": DataConfig, "optim": OptimConfig, "run": RunConfig}
 
 
-def build_parser() -> argparse.ArgumentParser:
+DEFAULT_PRESET = "tiny"
+
+
+def _add_preset(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+        help="named set of defaults, shown below for the preset given (default: %(default)s): "
+        + "; ".join(f"{k}: {v.description}" for k, v in sorted(PRESETS.items())),
+    )
+
+
+def chosen_preset(argv: Sequence[str] | None) -> str:
+    """The --preset of the command line, read before the full parser exists (its help shows its values)."""
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--preset", default=DEFAULT_PRESET)
+    preset = early.parse_known_args(argv)[0].preset
+    return preset if preset in PRESETS else DEFAULT_PRESET  # the full parser reports an unknown one
+
+
+def build_parser(preset: str = DEFAULT_PRESET) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="train.py",
         description="Train the from-scratch GPT-2 under the strategy of the accelerate launch config "
         "(single process, DDP or FSDP) and record loss, grad norm, memory, time and throughput.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument(
-        "--preset", default="tiny", choices=sorted(PRESETS),
-        help="named set of defaults: " + "; ".join(f"{k}: {v.description}" for k, v in sorted(PRESETS.items())),
-    )
+    _add_preset(parser)
+    preset_values = preset_overrides(preset)
     for title, cls in _config_classes().items():
-        _add_fields(parser.add_argument_group(title, (cls.__doc__ or "").strip().splitlines()[0]), cls)
+        group = parser.add_argument_group(title, (cls.__doc__ or "").strip().splitlines()[0])
+        _add_fields(group, cls, preset_values, preset)
     return parser
 
 
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
     """Parse the command line into a validated TrainConfig; argparse exits 2 on malformed flags."""
-    parser = build_parser()
+    parser = build_parser(chosen_preset(argv))
     args = vars(parser.parse_args(argv))
     preset = args.pop("preset")
-    values = {**preset_overrides(preset), **args}
+    preset_values = preset_overrides(preset)
+    if "epochs" in args and "max_steps" not in args:
+        # A preset's step budget must not silently override --epochs given on the command line.
+        preset_values.pop("max_steps", None)
+    values = {**preset_values, **args}
     sections: dict[str, Any] = {}
     for section, cls in _config_classes().items():
         names = {f.name for f in dataclasses.fields(cls)}
