@@ -56,8 +56,12 @@ def metrics_from_history(rows: Iterable[Mapping[str, Any]], namespace: Mapping[s
     return records
 
 
-def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int) -> list[dict[str, Any]]:
-    """Per-epoch figures from the logged lines (see the module docstring for what is approximate)."""
+def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int, warmup_steps: int) -> list[dict[str, Any]]:
+    """Per-epoch figures from the logged lines (see the module docstring for what is approximate).
+
+    Means follow train.py's own definition (training.figures.steady_mean, the same warm-up rule and
+    non-finite handling), over the logged steps instead of every step.
+    """
     epochs: list[dict[str, Any]] = []
     last_step, last_tokens, last_elapsed = 0, 0, 0.0
     for epoch in sorted({r["epoch"] for r in metrics if r["kind"] == "train" and isinstance(r.get("epoch"), int)}):
@@ -69,7 +73,7 @@ def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int) -> list[
         tokens_per_s = tokens / time_s if time_s > 0 else None
         epochs.append({
             "epoch": epoch, "steps": (end.get("step") or 0) - last_step, "tokens": int(tokens),
-            "loss_mean": _mean(lines, "loss"), "grad_norm_mean": _mean(lines, "grad_norm"), "time_s": time_s,
+            **_step_means(lines, warmup_steps), "time_s": time_s,
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_device": tokens_per_s / world_size if tokens_per_s and world_size else None,
             "samples_per_s": _mean(lines, "samples_per_s"),
@@ -83,6 +87,17 @@ def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int) -> list[
         })
         last_step, last_tokens, last_elapsed = end.get("step") or 0, tokens + last_tokens, time_s + last_elapsed
     return epochs
+
+
+def _step_means(lines: list[dict[str, Any]], warmup_steps: int) -> dict[str, Any]:
+    from training.figures import steady_mean
+
+    figures: dict[str, Any] = {}
+    for key in ("loss", "grad_norm"):
+        mean = steady_mean(((line["step"], line.get(key)) for line in lines), warmup_steps)
+        figures[f"{key}_mean"] = mean.value if mean.steps else None
+        figures[f"{key}_nonfinite_steps"] = mean.nonfinite_left_out
+    return figures
 
 
 def _mean(lines: list[dict[str, Any]], key: str) -> float | None:
@@ -114,7 +129,7 @@ def run_files_from_wandb(config: Mapping[str, Any], summary: Mapping[str, Any],
         "global_batch_tokens": batch.get("global_batch_tokens"), "steps": steps,
         "tokens_trained": steps * (batch.get("global_batch_tokens") or 0),
         "complete": bool(total) and steps >= ((launch.get("schedule") or {}).get("total_steps") or 0),
-        "epochs": epochs_from_metrics(metrics, world_size),
+        "epochs": epochs_from_metrics(metrics, world_size, int((config.get("run") or {}).get("perf_warmup_steps") or 0)),
         "total": total,
         "step_times_s": [v for line in train if (v := number(line.get("step_time_s"))) is not None],
     }

@@ -40,7 +40,7 @@ for strategy in single fsdp; do
     # 8 sequences of 1024 tokens per step: 2 micro-steps of 4.
     if accelerate launch --config_file "$config" --num_processes 1 --mixed_precision "$precision" \
         train.py --preset gpt2 --data "$out/corpus.jsonl" --strategy "$strategy" --max_steps "$steps" --micro_batch_size 4 \
-        --global_batch_tokens 8192 --log_interval 4 --warmup_steps 4 --eval_max_batches 2 \
+        --global_batch_tokens 8192 --log_interval 4 --warmup_steps 4 --eval_blocks 16 \
         --output_dir "$dir" --overwrite --experiment gpu_check --export_hf 2>&1 | tail -n 3; then
       runs+=("$dir")
     else

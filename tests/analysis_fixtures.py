@@ -9,6 +9,11 @@ from pathlib import Path
 
 import numpy as np
 
+from training.figures import steady_mean
+
+# The runs' --perf_warmup_steps: the fixtures' means leave these steps out, as train.py's do.
+WARMUP_STEPS = 3
+
 
 @dataclass
 class FakeRun:
@@ -51,11 +56,12 @@ def write_run(directory: Path, fake: FakeRun) -> Path:
     step_time = fake.global_batch_tokens / fake.tokens_per_s
     alloc_mean = fake.peak_alloc_mib if fake.peak_alloc_mean_mib is None else fake.peak_alloc_mean_mib
     for epoch in range(1, fake.epochs + 1):
-        losses = []
+        losses, steps = [], []
         for i in range(fake.steps_per_epoch):
             step = (epoch - 1) * fake.steps_per_epoch + i + 1
             elapsed += step_time
             losses.append(fake.loss(step))
+            steps.append(step)
             lines.append({
                 "kind": "train", "step": step, "epoch": epoch, "tokens": step * fake.global_batch_tokens,
                 "loss": losses[-1], "loss_interval": losses[-1], "grad_norm": fake.grad_norm, "lr": 6e-4,
@@ -64,7 +70,7 @@ def write_run(directory: Path, fake: FakeRun) -> Path:
                 "samples_per_s": fake.tokens_per_s / 128, "mfu": fake.mfu,
                 "peak_mem_allocated_mib": fake.peak_alloc_mib, "peak_mem_reserved_mib": fake.peak_reserved_mib,
                 "peak_mem_allocated_mib_mean": alloc_mean, "peak_mem_reserved_mib_mean": fake.peak_reserved_mib,
-                "elapsed_s": elapsed, "warmup": step <= 3,
+                "elapsed_s": elapsed, "warmup": step <= WARMUP_STEPS,
             })
         tokens = fake.steps_per_epoch * fake.global_batch_tokens
         wobble = 1.0 + fake.epoch_jitter * math.sin(3 * epoch + fake.noise_seed)
@@ -74,7 +80,7 @@ def write_run(directory: Path, fake: FakeRun) -> Path:
                       "eval_time_s": 1.0})
         epochs.append({
             "epoch": epoch, "steps": fake.steps_per_epoch, "tokens": tokens,
-            "loss_mean": float(np.mean(losses)), "grad_norm_mean": fake.grad_norm * wobble,
+            "loss_mean": steady_mean(zip(steps, losses), WARMUP_STEPS).value, "grad_norm_mean": fake.grad_norm * wobble,
             "time_s": tokens / (fake.tokens_per_s * wobble), "tokens_per_s": fake.tokens_per_s * wobble,
             "tokens_per_s_per_device": fake.tokens_per_s * wobble / fake.world_size,
             "samples_per_s": fake.tokens_per_s / 128,
@@ -103,7 +109,8 @@ def write_run(directory: Path, fake: FakeRun) -> Path:
             "tokens_per_s_per_device_excl_warmup": fake.tokens_per_s * 1.01 / fake.world_size,
             "samples_per_s": fake.tokens_per_s / 128, "step_time_s_mean": step_time,
             "step_time_s_p50": step_time, "step_time_s_p90": step_time * 1.1,
-            "loss_mean": float(np.mean([e["loss_mean"] for e in epochs])), "final_loss": fake.loss(steps),
+            "loss_mean": steady_mean(((s, fake.loss(s)) for s in range(1, steps + 1)), WARMUP_STEPS).value,
+            "final_loss": fake.loss(steps),
             "grad_norm_mean": fake.grad_norm, "mfu": fake.mfu,
             "peak_mem_allocated_mib_max": fake.peak_alloc_mib, "peak_mem_allocated_mib_mean": alloc_mean,
             "peak_mem_reserved_mib_max": fake.peak_reserved_mib, "peak_mem_reserved_mib_mean": fake.peak_reserved_mib,
@@ -112,7 +119,7 @@ def write_run(directory: Path, fake: FakeRun) -> Path:
         "step_times_s": [step_time * (1.0 + 0.05 * math.sin(i)) for i in range(steps)],
     }
     config = {"preset": "tiny", "optim": {"global_batch_tokens": fake.global_batch_tokens, "micro_batch_size": 4},
-              "run": {"seed": fake.seed, "output_dir": str(directory)}}
+              "run": {"seed": fake.seed, "output_dir": str(directory), "perf_warmup_steps": WARMUP_STEPS}}
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (directory / "summary.json").write_text(json.dumps(summary, indent=2))

@@ -17,7 +17,9 @@ def as_wandb(run_dir: Path, namespace: dict[str, str]) -> tuple[dict, dict, list
     """What train.py hands W&B for this run: resolved config, total/* summary, namespaced history."""
     summary = json.loads((run_dir / "summary.json").read_text())
     config = {
-        "preset": summary["preset"], "run": {"seed": summary["seed"], "experiment": summary["experiment"]},
+        "preset": summary["preset"],
+        "run": {"seed": summary["seed"], "experiment": summary["experiment"],
+                "perf_warmup_steps": json.loads((run_dir / "config.json").read_text())["run"]["perf_warmup_steps"]},
         "data": {"block_size": summary["block_size"]},
         "launch": {
             "run_name": summary["run_name"], "data_stats": {"cache_key": summary["data_key"]},

@@ -58,7 +58,7 @@ def common_args(workdir: Path) -> list[str]:
     _write_news_csv(corpus, articles=40, words=200)
     return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(workdir / "cache"),
             "--max_steps", str(MAX_STEPS), "--log_interval", "1", "--seed", "3", "--dropout", "0",
-            "--eval_max_batches", "2", "--perf_warmup_steps", "1", "--wandb_mode", "disabled",
+            "--eval_blocks", "16", "--perf_warmup_steps", "1", "--wandb_mode", "disabled",
             "--checkpoint_interval", "3"]
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -50,8 +51,8 @@ def test_loss_falls_when_one_batch_repeats(accelerator: Accelerator) -> None:
     tracker = _tracker(accelerator)
     batch = _batch(8)
     for step in range(1, 51):
-        grad_norm = train_step(accelerator, model, optimizer, [batch], tracker, grad_clip=1.0)
-        tracker.end_step(step, 1, step, grad_norm, 3e-3, 0.1)
+        result = train_step(accelerator, model, optimizer, None, [batch], tracker, grad_clip=1.0)
+        tracker.end_step(step, 1, step, result.grad_norm, 3e-3, 0.1)
     losses = [r.loss for r in tracker.flush()]
     assert losses[0] == pytest.approx(math.log(50257), rel=0.05)  # an untrained model is near uniform
     assert losses[-1] < 0.5 * losses[0]
@@ -70,8 +71,9 @@ def test_grad_norm_is_the_global_norm_before_clipping(accelerator: Accelerator) 
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     model, optimizer = accelerator.prepare(model, optimizer)
     # A threshold far below the norm: the returned value must still be the norm before clipping.
-    grad_norm = train_step(accelerator, model, optimizer, [batch], None, grad_clip=1e-3)
-    assert grad_norm.item() == pytest.approx(expected, rel=1e-5)
+    result = train_step(accelerator, model, optimizer, None, [batch], None, grad_clip=1e-3)
+    assert not result.skipped
+    assert result.grad_norm.item() == pytest.approx(expected, rel=1e-5)
     assert expected > 1e-2
 
 
@@ -82,8 +84,8 @@ def _one_sgd_step(accelerator: Accelerator, micro_batches: list[dict[str, torch.
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
     model, optimizer = accelerator.prepare(model, optimizer)
     tracker = _tracker(accelerator)
-    grad_norm = train_step(accelerator, model, optimizer, micro_batches, tracker, grad_clip=0.0)
-    tracker.end_step(1, 1, 1, grad_norm, 1.0, 0.1)
+    result = train_step(accelerator, model, optimizer, None, micro_batches, tracker, grad_clip=0.0)
+    tracker.end_step(1, 1, 1, result.grad_norm, 1.0, 0.1)
     (record,) = tracker.flush()
     return record.loss, model
 
@@ -137,3 +139,52 @@ def test_data_order_depends_only_on_seed_and_epoch() -> None:
     assert a == b and len(a) == 96 and len(set(a)) == 96
     assert list(other_epoch) != a
     assert list(EpochOrderSampler(100, 96, seed=8)) != a
+
+
+@pytest.fixture
+def fp16_accelerator() -> Iterator[Accelerator]:
+    """An fp16 Accelerator in a fresh accelerate state (it is a process-wide singleton), reset again after."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield Accelerator(cpu=True, mixed_precision="fp16")
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_step_the_fp16_grad_scaler_skips_holds_the_schedule_and_is_counted(fp16_accelerator: Accelerator) -> None:
+    # accelerate makes no grad scaler on CPU; the same GradScaler class GPUs use is given to it by hand, and
+    # a gradient hook injects the inf that an fp16 overflow produces.
+    accelerator = fp16_accelerator
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
+    accelerator.native_amp = True
+    accelerator.gradient_accumulation_steps = 1
+    model = _tiny_model()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, 4, 10, 0.1))
+    model, optimizer = accelerator.prepare(model, optimizer)
+    tracker = MetricsTracker(accelerator, ThroughputFacts(32, 1, 1, 1.0, 1.0), perf_warmup_steps=0)
+    overflow = {"on": False}
+    model.transformer.wte.weight.register_hook(lambda g: g * float("inf") if overflow["on"] else g)
+
+    lrs, skipped = [], []
+    for step, overflows in enumerate([False, True, False], start=1):
+        overflow["on"] = overflows
+        before = {n: p.detach().clone() for n, p in model.named_parameters()}
+        lrs.append(scheduler.get_last_lr()[0])
+        result = train_step(accelerator, model, optimizer, scheduler, [_batch(2, seed=step)], tracker, grad_clip=1.0)
+        tracker.end_step(step, 1, step * 32, result.grad_norm, lrs[-1], 0.1, result.skipped)
+        skipped.append(result.skipped)
+        moved = any(not torch.equal(before[n], p) for n, p in model.named_parameters())
+        assert moved != overflows, f"step {step}: weights moved={moved}"
+    assert skipped == [False, True, False]
+    # Step 3 runs at the learning rate step 2 would have had: the skipped step did not advance the schedule.
+    assert lrs == pytest.approx([1e-3 * 0.25, 1e-3 * 0.5, 1e-3 * 0.5])
+
+    from training.metrics import step_means
+
+    line = tracker.interval_line(tracker.flush(), elapsed_s=0.3)
+    assert (line["skipped_steps"], line["skipped_steps_interval"]) == (1, 1)
+    means = step_means(tracker, tracker.records)
+    assert means["skipped_steps"] == 1 and means["grad_norm_nonfinite_steps"] == 1
+    finite = [r.grad_norm for r in tracker.records if math.isfinite(r.grad_norm)]
+    assert len(finite) == 2 and means["grad_norm_mean"] == pytest.approx(sum(finite) / 2)

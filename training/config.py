@@ -47,11 +47,15 @@ class OptimConfig:
     micro_batch_size: int = _help("sequences per process per forward/backward", default=4)
     global_batch_tokens: int | None = _help(
         "tokens per optimizer step over all processes and accumulation micro-steps; must be a multiple of "
-        "micro_batch_size x block_size x processes (default: one micro-batch per process, no accumulation)",
+        "micro_batch_size x block_size x processes (none: one micro-batch per process, no accumulation)",
         default=None,
     )
-    max_steps: int | None = _help("optimizer steps to train (overrides --epochs)", default=None)
-    epochs: int | None = _help("passes over the training blocks (default 1 when --max_steps is not given)", default=None)
+    max_steps: int | None = _help(
+        "optimizer steps to train (beats --epochs; --epochs alone on the command line beats a preset's max_steps)",
+        default=None,
+    )
+    epochs: int | None = _help("passes over the training blocks (none: 1 epoch, unless --max_steps is set)",
+                               default=None)
 
     def __post_init__(self) -> None:
         _positive("lr", self.lr)
@@ -85,7 +89,11 @@ class RunConfig:
     )
     log_interval: int = _help("optimizer steps between metric lines (host syncs happen only then)", default=10)
     eval_interval: int = _help("optimizer steps between validations (0 = at each epoch end and at the end)", default=0)
-    eval_max_batches: int = _help("validation micro-batches per process at most (0 = the whole split)", default=50)
+    eval_blocks: int = _help(
+        "validation blocks per validation, over all processes: the first N of the validation split, the same "
+        "blocks under every strategy (0 = the whole split)",
+        default=200,
+    )
     checkpoint_interval: int = _help("optimizer steps between checkpoints (0 = only at the end)", default=0)
     keep_checkpoints: int = _help("newest checkpoints to keep (older ones are deleted)", default=2)
     stop_after_steps: int | None = _help(
@@ -99,9 +107,9 @@ class RunConfig:
     export_hf: bool = _help("write the final model as a Hugging Face folder to OUTPUT_DIR/hf", default=True)
     dataloader_workers: int = _help("DataLoader worker processes per training process", default=0)
     experiment: str | None = _help("experiment name: the W&B group that puts strategies side by side", default=None)
-    run_name: str | None = _help("run name (default: <strategy>-<world size>x-<precision>)", default=None)
+    run_name: str | None = _help("run name (none: <strategy>-<world size>x-<precision>)", default=None)
     wandb_project: str = _help("W&B project", default="gpt2-strategies")
-    wandb_entity: str | None = _help("W&B entity (team or user); default: yours", default=None)
+    wandb_entity: str | None = _help("W&B entity (team or user; none: yours)", default=None)
     wandb_mode: str = _help(
         "auto (online when logged in, else offline), online, offline or disabled", default="auto"
     )
@@ -112,7 +120,7 @@ class RunConfig:
         if self.wandb_mode not in WANDB_MODES:
             raise ValueError(f"--wandb_mode must be one of {', '.join(WANDB_MODES)}, got {self.wandb_mode!r}")
         _positive("log_interval", self.log_interval)
-        for name in ("eval_interval", "eval_max_batches", "checkpoint_interval", "perf_warmup_steps",
+        for name in ("eval_interval", "eval_blocks", "checkpoint_interval", "perf_warmup_steps",
                      "dataloader_workers"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")

@@ -30,7 +30,7 @@ class PeakFlops:
     source: str  # which table entry or measurement
 
 
-def peak_flops(device: torch.device, precision: str) -> PeakFlops:
+def peak_flops(device: torch.device, precision: str, cache_dir: object = None) -> PeakFlops:
     """Peak FLOP/s of one device at the training precision (fp32 | fp16 | bf16)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)

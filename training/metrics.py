@@ -14,6 +14,7 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
+from training.figures import SteadyMean, steady_mean
 from training.hardware import peak_memory_mib
 
 
@@ -29,6 +30,7 @@ class StepRecord:
     lr: float
     step_time_s: float
     warmup: bool
+    skipped: bool = False  # the fp16 grad scaler found inf/nan gradients and skipped the optimizer step
 
 
 @dataclass
@@ -60,7 +62,7 @@ class MetricsTracker:
         device = accelerator.device
         self._step_loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         self._step_tokens = torch.zeros((), device=device, dtype=torch.float64)
-        self._pending: list[tuple[int, int, int, torch.Tensor, torch.Tensor, float, float]] = []
+        self._pending: list[tuple[int, int, int, torch.Tensor, torch.Tensor, float, float, bool]] = []
         self.records: list[StepRecord] = []
         self.memory = EpochMemory()
 
@@ -70,9 +72,10 @@ class MetricsTracker:
         self._step_tokens += num_tokens
 
     def end_step(self, step: int, epoch: int, tokens: int, grad_norm: torch.Tensor, lr: float,
-                 step_time_s: float) -> None:
+                 step_time_s: float, skipped: bool = False) -> None:
         local = torch.stack([self._step_loss_sum, self._step_tokens])
-        self._pending.append((step, epoch, tokens, local, grad_norm.detach().double().reshape(()), lr, step_time_s))
+        self._pending.append((step, epoch, tokens, local, grad_norm.detach().double().reshape(()), lr, step_time_s,
+                              skipped))
         self._step_loss_sum = torch.zeros_like(self._step_loss_sum)
         self._step_tokens = torch.zeros_like(self._step_tokens)
 
@@ -87,8 +90,8 @@ class MetricsTracker:
         norms = grad_norms.tolist()  # already the global norm on every rank
         new = [
             StepRecord(step=s, epoch=e, tokens=t, loss=loss, grad_norm=norm, lr=lr, step_time_s=dt,
-                       warmup=s <= self.perf_warmup_steps)
-            for (s, e, t, _, _, lr, dt), loss, norm in zip(self._pending, losses, norms)
+                       warmup=s <= self.perf_warmup_steps, skipped=skipped)
+            for (s, e, t, _, _, lr, dt, skipped), loss, norm in zip(self._pending, losses, norms, strict=True)
         ]
         self._pending.clear()
         self.records.extend(new)
@@ -128,6 +131,8 @@ class MetricsTracker:
             "peak_mem_reserved_mib_mean": self.memory.reserved_mean,
             "elapsed_s": elapsed_s,
             "warmup": any(r.warmup for r in new),
+            "skipped_steps_interval": sum(r.skipped for r in new),
+            "skipped_steps": sum(r.skipped for r in self.records),
         }
 
     def rates(self, steps: int, seconds: float) -> dict[str, float]:
@@ -146,22 +151,34 @@ class MetricsTracker:
         }
 
 
-def mean_outside_warmup(records: list[StepRecord], attr: str) -> float:
-    """Mean of a per-step value over the steps after the warm-up exclusion (all steps if none are)."""
-    chosen = [r for r in records if not r.warmup] or records
-    return statistics.fmean(getattr(r, attr) for r in chosen) if chosen else float("nan")
+def step_mean(tracker: MetricsTracker, records: list[StepRecord], attr: str) -> SteadyMean:
+    """The run's one definition of a per-step mean (see training.figures.steady_mean)."""
+    return steady_mean(((r.step, getattr(r, attr)) for r in records), tracker.perf_warmup_steps)
 
 
-def epoch_summary(tracker: MetricsTracker, epoch: int, val: dict[str, float] | None) -> dict[str, Any]:
+def step_means(tracker: MetricsTracker, records: list[StepRecord]) -> dict[str, Any]:
+    """Mean loss and grad norm of `records`, how many non-finite steps each left out, and skipped steps."""
+    loss, norm = step_mean(tracker, records, "loss"), step_mean(tracker, records, "grad_norm")
+    return {
+        "loss_mean": loss.value,
+        "loss_nonfinite_steps": loss.nonfinite_left_out,
+        "grad_norm_mean": norm.value,
+        "grad_norm_nonfinite_steps": norm.nonfinite_left_out,
+        "skipped_steps": sum(r.skipped for r in records),
+    }
+
+
+def epoch_summary(tracker: MetricsTracker, epoch: int, val: dict[str, float] | None, partial: bool) -> dict[str, Any]:
+    """Figures of one epoch; `partial`: the step budget ended before the epoch did."""
     records = [r for r in tracker.records if r.epoch == epoch]
     seconds = sum(r.step_time_s for r in records)
     m = tracker.memory
     return {
         "epoch": epoch,
+        "partial": partial,
         "steps": len(records),
         "tokens": len(records) * tracker.facts.tokens_per_step,
-        "loss_mean": mean_outside_warmup(records, "loss"),
-        "grad_norm_mean": mean_outside_warmup(records, "grad_norm"),
+        **step_means(tracker, records),
         "time_s": seconds,
         **{k: v for k, v in tracker.rates(len(records), seconds).items() if k != "mfu"},
         "peak_mem_allocated_mib_max": m.allocated_max,
@@ -215,9 +232,8 @@ def total_summary(tracker: MetricsTracker, epochs: list[dict[str, Any]], times: 
         "step_time_s_mean": statistics.fmean(step_times) if step_times else float("nan"),
         "step_time_s_p50": statistics.median(step_times) if step_times else float("nan"),
         "step_time_s_p90": quantiles[8],
-        "loss_mean": mean_outside_warmup(records, "loss"),
+        **step_means(tracker, records),
         "final_loss": records[-1].loss if records else float("nan"),
-        "grad_norm_mean": mean_outside_warmup(records, "grad_norm"),
         "mfu": excl["mfu"],
         "peak_mem_allocated_mib_max": mem_max,
         "peak_mem_allocated_mib_mean": mem_mean,

@@ -25,7 +25,7 @@ PRESETS: dict[str, Preset] = {
             "warmup_steps": 5,
             "max_steps": 30,
             "log_interval": 1,
-            "eval_max_batches": 8,
+            "eval_blocks": 64,
         },
     ),
     "mini": Preset(
@@ -38,7 +38,7 @@ PRESETS: dict[str, Preset] = {
             "lr": 1e-3,
             "warmup_steps": 20,
             "log_interval": 5,
-            "eval_max_batches": 8,
+            "eval_blocks": 64,
         },
     ),
     "gpt2": Preset(

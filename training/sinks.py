@@ -74,7 +74,7 @@ class WandbSink:
     def __init__(self, accelerator: Accelerator, enabled: bool) -> None:
         self.accelerator = accelerator
         self.enabled = enabled
-        self.run_dir: str | None = None
+        self.offline_run_dir: str | None = None  # set for an offline run: what `wandb sync` uploads
 
     def start(self, project: str, config: dict[str, Any], init_kwargs: dict[str, Any]) -> None:
         if not self.enabled:
@@ -82,7 +82,9 @@ class WandbSink:
         try:
             self.accelerator.init_trackers(project, config=config, init_kwargs={"wandb": init_kwargs})
             run = self.accelerator.get_tracker("wandb", unwrap=True)
-            self.run_dir = getattr(run, "dir", None)
+            if init_kwargs.get("mode") == "offline":
+                # run.dir is <sync dir>/files; `wandb sync` takes the sync dir.
+                self.offline_run_dir = os.path.dirname(run.dir)
         except Exception as exc:  # noqa: BLE001 - W&B must never stop training
             self._fail("start", exc)
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from accelerate import Accelerator
-from torch.utils.data import DataLoader
+from torch.optim.lr_scheduler import LRScheduler
+from torch.utils.data import DataLoader, Dataset, Subset
 
 from training.config import OptimConfig
 from training.metrics import MetricsTracker
@@ -75,13 +77,23 @@ def clip_gradients(accelerator: Accelerator, parameters: list[nn.Parameter], max
     return norm
 
 
-def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer,
-               micro_batches: list[dict[str, torch.Tensor]], tracker: MetricsTracker | None,
-               grad_clip: float) -> torch.Tensor:
-    """One optimizer step over `micro_batches` (one per accumulation micro-step); returns the grad norm.
+@dataclass(frozen=True)
+class StepResult:
+    grad_norm: torch.Tensor  # on the device: reading it is a host sync, left to the log interval
+    skipped: bool  # the fp16 grad scaler found inf/nan gradients and did not update the weights
 
-    The norm is the global L2 norm of all gradients before clipping, measured even when clipping is
-    off, and the same number under every strategy.
+
+def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer,
+               scheduler: LRScheduler | None, micro_batches: list[dict[str, torch.Tensor]],
+               tracker: MetricsTracker | None, grad_clip: float) -> StepResult:
+    """One optimizer step over `micro_batches` (one per accumulation micro-step), then one schedule step.
+
+    A step that the fp16 grad scaler skips (inf/nan gradients) did not train, so the schedule waits
+    for one that does, as it would with the scaler's own bookkeeping.
+
+    The grad norm is the global L2 norm of all gradients before clipping, measured even when clipping
+    is off, and the same number under every strategy. Whether the step was skipped costs no extra host
+    sync: accelerate reads the grad scaler's scale on the host anyway, and without fp16 nothing is read.
     """
     grad_norm = torch.zeros((), device=accelerator.device)
     for batch in micro_batches:
@@ -94,17 +106,22 @@ def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.opti
                 grad_norm = clip_gradients(accelerator, list(model.parameters()), grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    return grad_norm
+    skipped = accelerator.optimizer_step_was_skipped
+    if scheduler is not None and not skipped:
+        scheduler.step()
+    return StepResult(grad_norm, skipped)
 
 
 @torch.no_grad()
-def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader, max_batches: int) -> dict[str, float]:
-    """Mean validation loss (token-weighted; blocks are equal-length) and perplexity over all ranks."""
+def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> dict[str, float]:
+    """Mean validation loss (token-weighted; blocks are equal-length) and perplexity over all ranks.
+
+    The loader's blocks are the same under every strategy (see `eval_subset`): it is read to the end,
+    so the blocks accelerate repeats to even out the last batch are known and dropped.
+    """
     model.eval()
     losses = []
-    for i, batch in enumerate(loader):
-        if max_batches and i >= max_batches:
-            break
+    for batch in loader:
         logits, _ = model(batch["input_ids"])
         per_block = F.cross_entropy(logits.float().transpose(1, 2), batch["labels"], reduction="none").mean(dim=1)
         # gather_for_metrics drops the samples accelerate repeats to even out the last batch.
@@ -114,3 +131,15 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader, max
         return {"val_loss": float("nan"), "val_ppl": float("nan")}
     val_loss = torch.cat(losses).double().mean().item()
     return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
+
+
+def eval_subset(val: Dataset, eval_blocks: int) -> Dataset:
+    """The first `eval_blocks` validation blocks (all when 0 or more than there are).
+
+    Stated in blocks over all processes, not batches per process: a per-process budget evaluated twice
+    as many blocks with two processes, and the strategies' validation losses then measured different
+    subsets.
+    """
+    if eval_blocks == 0 or eval_blocks >= len(val):
+        return val
+    return Subset(val, range(eval_blocks))

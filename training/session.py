@@ -1,0 +1,261 @@
+"""Setting a run up: the accelerator, data, model, optimizer, loaders, resume, launch record and sinks.
+
+`set_up` returns a `Session`, everything the training loop (training/loop.py) works on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+from accelerate import Accelerator
+from accelerate.utils import GradientAccumulationPlugin, set_seed
+from torch.utils.data import DataLoader
+
+from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry
+from training.checkpoint import TrainState, checkpoint_step
+from training.config import TrainConfig
+from training.errors import RunError
+from training.hardware import peak_flops
+from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
+from training.rundir import check_output_dir, clear_run_files, truncate_metrics, wandb_run_id, write_atomic
+from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode
+from training.step import eval_subset, lr_factor, make_optimizer
+from training.strategy import (
+    EffectiveStrategy,
+    RequestedLaunch,
+    check_strategy,
+    create_accelerator,
+    effective_strategy,
+    requested_from_env,
+)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    steps_per_epoch: int
+    total_steps: int  # the learning-rate schedule's length
+    stop_at: int  # where this launch stops: total_steps, or earlier with --stop_after_steps
+    epochs: int
+
+
+@dataclass
+class Session:
+    """A run in progress: what was set up, and the state that the loop advances."""
+
+    cfg: TrainConfig
+    out: Path
+    accelerator: Accelerator
+    model: nn.Module
+    model_config: Any  # model.GPT2Config
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    sampler: EpochOrderSampler
+    train_loader: DataLoader
+    val_loader: DataLoader
+    geometry: BatchGeometry
+    schedule: Schedule
+    state: TrainState
+    tracker: MetricsTracker
+    times: RunTimes
+    layout: dict[str, Any]  # the launch record: config.json's "launch"
+    jsonl: JsonlSink
+    wandb: WandbSink
+    wall_start: float
+    last_val: dict[str, float] | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.accelerator.is_main_process
+
+    def log(self, message: str) -> None:
+        if self.is_main:
+            print(message, flush=True)
+
+    def emit(self, record: dict[str, Any]) -> None:
+        """One metrics record to every sink (the main process writes for all)."""
+        if self.is_main:
+            self.jsonl.write(record)
+            self.wandb.log(record, record["step"])
+
+
+def set_up(cfg: TrainConfig) -> Session:
+    from data import build_datasets
+    from model import GPT2Config
+
+    wall_start = time.perf_counter()
+    out = Path(cfg.run.output_dir)
+    model_config = GPT2Config.from_preset(
+        cfg.model.model_preset, embd_pdrop=cfg.model.dropout, attn_pdrop=cfg.model.dropout,
+        resid_pdrop=cfg.model.dropout, attn_impl=cfg.model.attn_impl,
+    )
+    if cfg.data.block_size > model_config.n_positions:
+        raise RunError(f"--block_size {cfg.data.block_size} exceeds the model's {model_config.n_positions} positions")
+    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
+
+    requested = requested_from_env(os.environ, cfg.run.strategy)
+    wandb_mode = resolve_wandb_mode(cfg.run.wandb_mode)
+    accelerator = _start_accelerator(requested, wandb_mode, out)
+    _prepare_output_dir(accelerator, out, cfg.run.overwrite)
+    set_seed(cfg.run.seed)
+
+    log = _main_process_printer(accelerator)
+    data = build_datasets(cfg.data, main_process_first=accelerator.main_process_first, log=log)
+    geometry = batch_geometry(cfg.optim, cfg.data.block_size, accelerator.num_processes)
+    accelerator.gradient_accumulation_steps = geometry.grad_accum_steps
+    schedule = _schedule(cfg, len(data.train), geometry)
+
+    model, optimizer, scheduler = _model_and_optimizer(cfg, model_config, schedule.total_steps)
+    n_params = model.num_parameters()
+    n_params_non_embedding = model.num_parameters(exclude_position_embeddings=True)
+    flops_per_token = model.flops_per_token(cfg.data.block_size)
+    model, optimizer = accelerator.prepare(model, optimizer)  # FSDP2 needs both in one call
+    effective = effective_strategy(accelerator, model)
+    check_strategy(requested, effective)
+
+    sampler = EpochOrderSampler(len(data.train), schedule.steps_per_epoch * geometry.samples_per_step, cfg.run.seed)
+    train_loader = accelerator.prepare_data_loader(DataLoader(
+        data.train, batch_size=geometry.micro_batch_size, sampler=sampler, drop_last=True,
+        num_workers=cfg.run.dataloader_workers,
+    ))
+    val_loader = accelerator.prepare_data_loader(DataLoader(
+        eval_subset(data.val, cfg.run.eval_blocks), batch_size=geometry.micro_batch_size, shuffle=False,
+        num_workers=cfg.run.dataloader_workers,
+    ))
+    # The peak is read (or measured once and cached) before a resume restores the random state.
+    with accelerator.main_process_first():
+        peak = peak_flops(accelerator.device, effective.precision, cfg.data.resolved_cache_dir())
+
+    state = TrainState()
+    accelerator.register_for_checkpointing(scheduler, state)
+    if resume_from is not None:
+        accelerator.load_state(str(resume_from))
+        if accelerator.is_main_process:
+            truncate_metrics(out / "metrics.jsonl", checkpoint_step(resume_from))
+        log(f"resumed from {resume_from} at step {state.step}")
+
+    facts = ThroughputFacts(geometry.tokens_per_step, geometry.samples_per_step, accelerator.num_processes,
+                            flops_per_token, peak.flops_per_s)
+    tracker = MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps)
+    tracker.records = [StepRecord(**r) for r in state.records]
+    times = RunTimes(**{k: v for k, v in state.times.items() if k in ("train_s", "eval_s", "checkpoint_s")})
+
+    layout = {
+        "requested": {"strategy": requested.strategy, "world_size": requested.world_size,
+                      "mixed_precision": requested.mixed_precision},
+        "effective": effective.to_dict(),
+        "run_name": cfg.run.run_name or f"{effective.strategy}-{effective.world_size}x-{effective.precision}",
+        "device_name": _device_name(accelerator.device),
+        # On CPU a process stands in for a device; `accelerate launch` gives each process one thread
+        # unless OMP_NUM_THREADS says otherwise, while plain `python train.py` uses every core.
+        "threads_per_process": torch.get_num_threads(),
+        "batch": {"micro_batch_size": geometry.micro_batch_size, "grad_accum_steps": geometry.grad_accum_steps,
+                  "world_size": geometry.world_size, "global_batch_tokens": geometry.tokens_per_step,
+                  "global_batch_samples": geometry.samples_per_step},
+        "schedule": {"total_steps": schedule.total_steps, "steps_per_epoch": schedule.steps_per_epoch,
+                     "epochs": schedule.epochs},
+        "eval_blocks": len(val_loader.dataset),
+        "model_config": model_config.to_dict(),
+        "n_params": n_params,
+        "n_params_non_embedding": n_params_non_embedding,
+        "flops_per_token": flops_per_token,
+        "peak_flops_per_device": peak.flops_per_s,
+        "peak_flops_source": peak.source,
+        "data_stats": data.stats.to_dict(),
+        "wandb_mode": wandb_mode,
+    }
+    resolved = {**cfg.to_dict(), "launch": layout}
+    if accelerator.is_main_process:
+        write_atomic(out / "config.json", json.dumps(resolved, indent=2, default=str))
+    log(_start_line(layout, effective, geometry, schedule, peak.source))
+
+    session = Session(
+        cfg=cfg, out=out, accelerator=accelerator, model=model, model_config=model_config, optimizer=optimizer,
+        scheduler=scheduler, sampler=sampler, train_loader=train_loader, val_loader=val_loader, geometry=geometry,
+        schedule=schedule, state=state, tracker=tracker, times=times, layout=layout,
+        jsonl=JsonlSink(out / "metrics.jsonl"), wandb=WandbSink(accelerator, enabled=wandb_mode != "disabled"),
+        wall_start=wall_start,
+    )
+    session.wandb.start(cfg.run.wandb_project, resolved, {
+        "name": layout["run_name"], "group": cfg.run.experiment, "job_type": effective.strategy, "mode": wandb_mode,
+        "dir": str(out), "entity": cfg.run.wandb_entity, "tags": [effective.strategy, effective.precision],
+        "id": wandb_run_id(out) if accelerator.is_main_process else None, "resume": "allow",
+        # W&B's console summary at the end would bury the run's own closing lines; W&B still gets
+        # everything, and the closing line says where the offline run is.
+        "settings": {"quiet": True},
+    })
+    return session
+
+
+def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path) -> Accelerator:
+    accelerator, precision_warning = create_accelerator(
+        requested, log_with="wandb" if wandb_mode != "disabled" else None, project_dir=str(out),
+        # Steps are whole groups of micro-batches (every epoch is cut to whole steps), and a step's
+        # micro-batches are fetched before it runs; syncing "at the end of the dataloader" would then
+        # fire on the last step's first micro-batch and step the optimizer twice.
+        gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False),
+    )
+    if precision_warning:
+        _main_process_printer(accelerator)(f"warning: {precision_warning}")
+    return accelerator
+
+
+def _main_process_printer(accelerator: Accelerator) -> Any:
+    def log(message: str) -> None:
+        if accelerator.is_main_process:
+            print(message, flush=True)
+
+    return log
+
+
+def _prepare_output_dir(accelerator: Accelerator, out: Path, overwrite: bool) -> None:
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+        if overwrite:
+            clear_run_files(out)
+    accelerator.wait_for_everyone()
+
+
+def _schedule(cfg: TrainConfig, train_blocks: int, geometry: BatchGeometry) -> Schedule:
+    steps_per_epoch = train_blocks // geometry.samples_per_step
+    if steps_per_epoch == 0:
+        raise RunError(
+            f"the training split has {train_blocks} blocks of {geometry.block_size} tokens, fewer than one global "
+            f"batch ({geometry.samples_per_step} blocks): use more data or a smaller --global_batch_tokens/--block_size"
+        )
+    total_steps = cfg.optim.max_steps or (cfg.optim.epochs or 1) * steps_per_epoch
+    return Schedule(steps_per_epoch, total_steps, min(total_steps, cfg.run.stop_after_steps or total_steps),
+                    math.ceil(total_steps / steps_per_epoch))
+
+
+def _model_and_optimizer(cfg: TrainConfig, model_config: Any, total_steps: int) -> tuple[Any, Any, Any]:
+    from model import GPT2
+
+    model = GPT2(model_config)  # same seed on every rank: identical initial weights
+    optimizer = make_optimizer(model, cfg.optim)
+    # The schedule is stepped once per optimizer step by the loop; handing it to prepare() would make
+    # accelerate step it once per process, which changes the schedule with the world size.
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, cfg.optim.warmup_steps, total_steps, cfg.optim.min_lr_ratio)
+    )
+    return model, optimizer, scheduler
+
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+
+
+def _start_line(layout: dict[str, Any], effective: EffectiveStrategy, geometry: BatchGeometry, schedule: Schedule,
+                peak_source: str) -> str:
+    return (f"run {layout['run_name']}: strategy {effective.strategy} ({effective.wrapper}, "
+            f"{effective.world_size} process(es), {effective.backend}), precision {effective.precision}, global batch "
+            f"{geometry.tokens_per_step} tokens = {geometry.micro_batch_size} x {geometry.block_size} x "
+            f"{geometry.world_size} x {geometry.grad_accum_steps} accumulation, {schedule.total_steps} steps, "
+            f"{layout['n_params']:,} parameters, validation on {layout['eval_blocks']} blocks; MFU peak: {peak_source}")
