@@ -36,7 +36,7 @@ from training.rundir import (
     wandb_run_id,
     write_atomic,
 )
-from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode
+from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_summary_key
 from training.step import evaluate, lr_factor, make_optimizer, train_step
 from training.strategy import (
     check_strategy,
@@ -264,7 +264,7 @@ def run_training(cfg: TrainConfig) -> dict[str, Any]:
     summary = _summary(cfg, layout, geometry, state, tracker, times, wall_start, last_val, complete=complete)
     if is_main:
         write_atomic(out / "summary.json", json.dumps(summary, indent=2))
-        wandb.summary({f"total/{k}": v for k, v in summary["total"].items() if v is not None})
+        wandb.summary({wandb_summary_key(k): v for k, v in summary["total"].items() if v is not None})
         t = summary["total"]
         val = "n/a" if t["final_val_loss"] is None else f"{t['final_val_loss']:.4f}"
         log(f"{'done' if complete else 'stopped'}: {state.step} of {total_steps} steps, loss {t['final_loss']:.4f}, "
