@@ -25,7 +25,6 @@ from typing import Any, NoReturn
 
 from analysis.compare import load_comparison
 from analysis.report import Reading, build_reading, write_atomic
-from analysis.runs import Run
 from training.config import RunConfig
 from training.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key
 
@@ -46,8 +45,8 @@ class ReportError(RuntimeError):
 # The panels: the one list of what the report plots, in the names the run directory uses
 
 
-# Every line plot runs against tokens trained (whole job): runs with different global batches, or a
-# single process with accumulation against several, line up at equal data seen, which steps do not.
+# Every line plot runs against tokens trained (whole job): runs whose global batches differ line up
+# at equal data seen, which steps would not.
 X_AXIS = "tokens"
 X_TITLE = "tokens trained (whole job)"
 
@@ -267,7 +266,8 @@ def save_report(report: Any) -> str:
         report.save()
         return str(report.url)
     except Exception as err:  # noqa: BLE001 - network, permissions, unknown project: all "cannot save"
-        raise ReportError(f"cannot save the W&B report to {report.entity}/{report.project}: {_first_line(err)}") from err
+        where = f"{report.entity}/{report.project}"
+        raise ReportError(f"cannot save the W&B report to {where}: {_first_line(err)}") from err
 
 
 def default_entity() -> str:
@@ -348,7 +348,7 @@ def later_command(group: str, target: WandbTarget, run_dirs: Sequence[Path], log
     if "online" not in target.modes or "offline" in target.modes:
         # The pattern stays unquoted so the shell expands it; the directory part is quoted.
         steps.append("wandb sync " + " ".join(f"{shlex.quote(str(d))}/wandb/offline-run-*" for d in run_dirs))
-    build = ["python", "-m", "analysis.wandb_report", "--experiment", group, "--project", target.project]
+    build = [*PROG.split(), "--experiment", group, "--project", target.project]
     build += ["--entity", target.entity] if target.entity else []
     steps.append(shlex.join([*build, "--runs", *map(str, run_dirs)]))
     return " && ".join(steps)
@@ -360,6 +360,10 @@ def report_after_experiment(group: str, run_dirs: Sequence[Path]) -> bool:
     run_dirs = [d for d in run_dirs if (d / "summary.json").is_file()]
     if not run_dirs:
         print("W&B report not built: no strategy finished with a summary.json", file=sys.stderr)
+        return False
+    problem = group_problem(group)
+    if problem:
+        print(f"W&B report not built: {problem}", file=sys.stderr)
         return False
     target = wandb_target(run_dirs)
     if target.modes == {"disabled"}:
@@ -374,7 +378,7 @@ def report_after_experiment(group: str, run_dirs: Sequence[Path]) -> bool:
     build = ["--experiment", group, "--project", target.project, "--runs", *map(str, run_dirs)]
     build += ["--entity", target.entity] if target.entity else []
     try:
-        url = publish(parse_args(build), shlex.join(["python", "-m", "analysis.wandb_report", *build]))
+        url = publish(parse_args(build), shlex.join([*PROG.split(), *build]))
     except ReportError as err:
         print(f"warning: W&B report not built ({err}); build it later with: {later}", file=sys.stderr)
         return False
@@ -392,6 +396,17 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_ERROR, f"error: {message} (see {self.prog} --help)\n")
 
 
+def group_problem(group: str) -> str | None:
+    """Why `group` cannot be the report's filter, or None."""
+    if not group.strip():
+        return "--experiment is empty"
+    bad = sorted({c for c in group if c in UNSAFE_GROUP_CHARACTERS})
+    if bad:
+        return (f"--experiment {group!r} holds {' '.join(bad)}, which a W&B report filter cannot express "
+                "(wandb-workspaces parses it as an expression); rename the runs' group in W&B")
+    return None
+
+
 def default_project() -> str:
     """train.py's --wandb_project default, so both sides agree without repeating it."""
     return next(f.default for f in fields(RunConfig) if f.name == "wandb_project")
@@ -401,7 +416,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--experiment", required=True, metavar="GROUP", help="the experiment name = W&B group")
-    parser.add_argument("--project", default=default_project(), help="W&B project of the runs (train.py --wandb_project)")
+    parser.add_argument("--project", default=default_project(),
+                        help="W&B project of the runs (train.py --wandb_project)")
     parser.add_argument("--entity", help="W&B entity of the project (default: your login's default entity)")
     parser.add_argument("--title", help="report title (default: 'Strategy comparison: GROUP', like the local report)")
     parser.add_argument("--runs", nargs="+", type=Path, default=[], metavar="RUN_DIR",
@@ -412,12 +428,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, help="also write the specification as JSON to this file "
                         "(with --dry_run: instead of standard output)")
     args = parser.parse_args(argv)
-    if not args.experiment.strip():
-        parser.error("--experiment is empty")
-    bad = sorted({c for c in args.experiment if c in UNSAFE_GROUP_CHARACTERS})
-    if bad:
-        parser.error(f"--experiment {args.experiment!r} holds {' '.join(bad)}, which a W&B report filter cannot "
-                     "express (wandb-workspaces parses it as an expression); rename the runs' group in W&B")
+    problem = group_problem(args.experiment)
+    if problem:
+        parser.error(problem)
     if args.title is not None and not 0 < len(args.title) <= MAX_TITLE:
         parser.error(f"--title must be 1 to {MAX_TITLE} characters (a W&B limit), got {len(args.title)}")
     missing = [str(path) for path in args.runs if not path.is_dir()]
@@ -465,7 +478,7 @@ def _write(path: Path, text: str) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    command = shlex.join(["python", "-m", "analysis.wandb_report", *argv])
+    command = shlex.join([*PROG.split(), *argv])
     try:
         if not args.dry_run:
             print(publish(args, command))

@@ -33,7 +33,8 @@ def dry_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, An
 
 
 def panels(spec: dict[str, Any], kind: str) -> list[dict[str, Any]]:
-    return [p for block in spec["blocks"] if block["type"] == "panel_grid" for p in block["panels"] if p["kind"] == kind]
+    grids = [block for block in spec["blocks"] if block["type"] == "panel_grid"]
+    return [panel for grid in grids for panel in grid["panels"] if panel["kind"] == kind]
 
 
 def markdown(spec: dict[str, Any]) -> str:
@@ -243,3 +244,54 @@ def test_an_empty_group_on_wandb_is_one_line_and_exit_2(monkeypatch, capsys) -> 
     assert main(["--experiment", "nothing-here", "--entity", "team"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no W&B runs in team/gpt2-strategies with group 'nothing-here'" in err[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# At the end of an experiment
+
+
+def logged_as(run_dirs: list[Path], mode: str) -> None:
+    """Record in config.json the W&B mode train.py ran with, as a real run does."""
+    for run_dir in run_dirs:
+        config = json.loads((run_dir / "config.json").read_text())
+        config["launch"] = {"wandb_mode": mode}
+        config["run"] |= {"wandb_project": "proj", "wandb_entity": "team"}
+        (run_dir / "config.json").write_text(json.dumps(config))
+
+
+def test_after_an_experiment_logged_offline_it_says_how_to_sync_and_build(runs, monkeypatch, capsys) -> None:
+    from analysis.wandb_report import report_after_experiment
+
+    backend = install(monkeypatch, StubBackend())  # logged in now, but the runs went to offline files
+    logged_as(runs, "offline")
+    assert report_after_experiment(GROUP, runs) is False
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("W&B report not built (not every run was logged online); build it later with: "
+                           "wandb sync ")
+    assert "wandb login" not in line
+    assert line.endswith(f"--experiment {GROUP} --project proj --entity team --runs {' '.join(map(str, runs))}")
+    assert backend.requests == []
+
+
+def test_after_an_experiment_without_wandb_nothing_is_built(runs, monkeypatch, capsys) -> None:
+    from analysis.wandb_report import report_after_experiment
+
+    backend = install(monkeypatch, StubBackend())
+    logged_as(runs, "disabled")
+    assert report_after_experiment(GROUP, runs) is False
+    assert capsys.readouterr().err.strip() == ("W&B report not built: the runs were not logged to W&B "
+                                               "(--wandb_mode disabled)")
+    assert report_after_experiment("it's", runs) is False  # no exit from inside the experiment driver
+    assert "which a W&B report filter cannot express" in capsys.readouterr().err
+    assert backend.requests == []
+
+
+def test_after_an_experiment_logged_online_the_report_goes_to_the_runs_project(runs, monkeypatch, capsys) -> None:
+    from analysis.wandb_report import report_after_experiment
+
+    backend = install(monkeypatch, StubBackend())
+    logged_as(runs, "online")
+    assert report_after_experiment(GROUP, runs) is True
+    assert capsys.readouterr().out.strip() == (f"W&B report: {APP_URL}/team/proj/reports/"
+                                               f"Strategy-comparison:-{GROUP}--{VIEW_ID}")
+    assert [v["projectName"] for q, v in backend.requests if "upsertView" in q] == ["proj"]
