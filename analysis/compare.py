@@ -34,20 +34,24 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+def load_comparison(run_dirs: list[Path]) -> tuple[list[Run], list[Run]]:
+    """The usable runs of `run_dirs`, labelled and in table order, and the ones left out."""
+    runs = [load_run(path) for path in _unique(run_dirs)]
+    usable = [run for run in runs if run.usable]
+    assign_labels(usable)
+    return sort_runs(usable), [run for run in runs if not run.usable]
+
+
 def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] | None = None) -> int:
     """Load `run_dirs`, report problems on stderr, write the report of the usable runs into `out_dir`."""
-    runs = [load_run(path) for path in _unique(run_dirs)]
-    for run in runs:
+    usable, excluded = load_comparison(run_dirs)
+    for run in [*usable, *excluded]:
         for problem in run.problems:
             print(f"warning: {run.path}: {problem}", file=sys.stderr)
-    usable = [run for run in runs if run.usable]
     if not usable:
-        print(f"error: none of the {len(runs)} run directories has a usable summary.json; no report written",
+        print(f"error: none of the {len(excluded)} run directories has a usable summary.json; no report written",
               file=sys.stderr)
         return EXIT_UNUSABLE
-    assign_labels(usable)
-    usable = sort_runs(usable)
-    excluded: list[Run] = [run for run in runs if not run.usable]
     report = build_report(usable, excluded, command, notes)
     written = write_report(report, out_dir)
     print(f"wrote {len(written)} files to {out_dir} (open {out_dir / 'report.html'})")

@@ -290,6 +290,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--block_size", type=int, help="tokens per sequence (default: the preset's)")
     parser.add_argument("--experiment", help="experiment name = W&B group (default: <preset>-<timestamp>)")
     parser.add_argument("--dry_run", action="store_true", help="print the commands and exit")
+    parser.add_argument("--wandb_report", action="store_true",
+                        help="at the end, build the W&B report of the experiment when logged in "
+                             "(python -m analysis.wandb_report); otherwise print how to build it later")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], metavar="ARG",
                         help="everything after --extra goes to train.py, e.g. --extra --overwrite --lr 3e-4")
     return parser.parse_args(argv)
@@ -325,8 +328,21 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
         for launch in launches:
             print(shlex.join(launch.argv))
         print(comparison_command(spec, launches))
+        if args.wandb_report:
+            print(wandb_report_command(spec, launches))
         return EXIT_OK
-    return run_experiment(spec, launches, cwd, echo)
+    status = run_experiment(spec, launches, cwd, echo)
+    if args.wandb_report:
+        # The report never changes the exit status: it is a view of runs that are already recorded.
+        from analysis.wandb_report import report_after_experiment
+
+        report_after_experiment(spec.experiment, [launch.run_dir for launch in launches])
+    return status
+
+
+def wandb_report_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
+    return shlex.join(["python", "-m", "analysis.wandb_report", "--experiment", spec.experiment,
+                       "--runs", *(str(launch.run_dir) for launch in launches)])
 
 
 if __name__ == "__main__":

@@ -288,6 +288,16 @@ def final_loss_line(runs: list[Run]) -> list[str]:
 
 
 @dataclass
+class Reading:
+    """What the report says in words: the local report and the W&B report both show this."""
+
+    warnings: list[str]  # shown first: unfair comparison, runs left out
+    lines: list[str]
+    problems: list[str]  # "run: sentence", one per line
+    method: list[str]  # how the figures and the reading are computed
+
+
+@dataclass
 class Report:
     """Everything the report says, rendered to markdown or HTML."""
 
@@ -301,22 +311,19 @@ class Report:
     method: list[str]
 
 
-def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list[str] | None = None) -> Report:
-    """The report of the usable `runs`; `excluded` are listed with their problems only."""
+def build_reading(runs: list[Run], excluded: list[Run]) -> Reading:
+    """The reading of the usable `runs`; `excluded` are listed with their problems only."""
     check = fairness(runs)
     fair = fairness_lines(check, runs)
-    problems = [f"{run.path}: {problem}" for run in [*runs, *excluded] for problem in run.problems]
-    problems += list(notes or [])
     warnings = [] if check.fair else fair
     if excluded:
         warnings.append(f"**{len(excluded)} run(s) left out of the comparison**: "
                         + ", ".join(str(run.path) for run in excluded) + " (see Problems).")
-    reading = [*fastest_reading(runs), *memory_reading(runs),
-               *agreement_lines(loss_agreement(runs), check), *final_loss_line(runs)]
+    lines = [*fastest_reading(runs), *memory_reading(runs),
+             *agreement_lines(loss_agreement(runs), check), *final_loss_line(runs)]
     if check.fair:
-        reading += fair
-    experiments = sorted({str(run.fact("experiment")) for run in runs if run.fact("experiment")})
-    title = "Strategy comparison" + (f": {', '.join(experiments)}" if experiments else "")
+        lines += fair
+    problems = [f"{run.path}: {problem}" for run in [*runs, *excluded] for problem in run.problems]
     method = [
         "Throughput is tokens trained / training time of the optimizer steps (evaluation and checkpointing "
         "excluded); per-device figures are the whole-job figures divided by the world size, as stored.",
@@ -329,7 +336,19 @@ def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list
         CRITERION,
         f"Fairness: the runs are compared like for like when {', '.join(FAIRNESS_FACTS.values())} agree.",
     ]
-    return Report(title, command, warnings, reading, problems, build_table(runs), make_figures(runs), method)
+    return Reading(warnings, lines, problems, method)
+
+
+def report_title(runs: list[Run]) -> str:
+    experiments = sorted({str(run.fact("experiment")) for run in runs if run.fact("experiment")})
+    return "Strategy comparison" + (f": {', '.join(experiments)}" if experiments else "")
+
+
+def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list[str] | None = None) -> Report:
+    """The report of the usable `runs`; `excluded` are listed with their problems only."""
+    reading = build_reading(runs, excluded)
+    return Report(report_title(runs), command, reading.warnings, reading.lines, [*reading.problems, *(notes or [])],
+                  build_table(runs), make_figures(runs), reading.method)
 
 
 def render_markdown(report: Report) -> str:

@@ -17,6 +17,7 @@ from typing import Any
 
 from analysis.report import write_atomic
 from analysis.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, number
+from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
 
 EVAL_KEYS = ("epoch", "tokens", "val_loss", "val_ppl", "eval_time_s")
 APPROXIMATION_NOTE = ("fetched from W&B: per-epoch figures and step times are rebuilt from the lines logged "
@@ -36,8 +37,6 @@ class RunFiles:
 
 def wandb_namespace() -> dict[str, str]:
     """metrics.jsonl key -> W&B key, from the training side that chose the names (one source of truth)."""
-    from training.sinks import WANDB_KEYS  # imported late: it pulls in accelerate
-
     return dict(WANDB_KEYS)
 
 
@@ -114,7 +113,7 @@ def run_files_from_wandb(config: Mapping[str, Any], summary: Mapping[str, Any],
     train = [r for r in metrics if r["kind"] == "train"]
     steps = train[-1]["step"] if train else 0
     world_size = effective.get("world_size") or 1
-    total = {k.removeprefix("total/"): v for k, v in summary.items() if k.startswith("total/")}
+    total = {k.removeprefix(WANDB_SUMMARY_PREFIX): v for k, v in summary.items() if k.startswith(WANDB_SUMMARY_PREFIX)}
     rebuilt = {
         "run_name": launch.get("run_name"), "experiment": (config.get("run") or {}).get("experiment"),
         "strategy": effective.get("strategy"), "requested_strategy": (launch.get("requested") or {}).get("strategy"),

@@ -170,3 +170,45 @@ def test_a_launcher_that_cannot_start_is_a_failure(tmp_path: Path, configs: Path
     argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--strategies", "single"]
     assert main(argv, launcher=(str(tmp_path / "no-such-launcher"),), config_dir=configs, echo=False) == 1
     assert "cannot start" in (tmp_path / "exp" / "runs" / "single.log").read_text()
+
+
+def test_wandb_report_without_a_login_says_in_one_line_how_to_build_it_later(
+        tmp_path: Path, configs: Path, fake_launcher, monkeypatch, capsys) -> None:
+    from tests.wandb_stub import log_out
+
+    log_out(monkeypatch, tmp_path)
+    out = tmp_path / "exp"
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp",
+            "--experiment", "tiny-test", "--wandb_report"]
+    assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 0
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "W&B report" in line]
+    assert line.startswith("W&B report not built (not logged in to W&B); build it later with: wandb login && ")
+    runs = [out / "runs" / "single", out / "runs" / "fsdp"]
+    assert f"wandb sync {runs[0]}/wandb/offline-run-* {runs[1]}/wandb/offline-run-* && " in line
+    assert line.endswith(f"python -m analysis.wandb_report --experiment tiny-test --project gpt2-strategies "
+                         f"--runs {runs[0]} {runs[1]}")
+
+
+def test_wandb_report_when_logged_in_is_built_from_the_run_directories(
+        tmp_path: Path, configs: Path, fake_launcher, monkeypatch, capsys) -> None:
+    from tests.wandb_stub import StubBackend, install
+
+    backend = install(monkeypatch, StubBackend(entity="me"))
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--experiment", "tiny-test",
+            "--wandb_report"]
+    assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 1  # ddp fails: still 1
+    out = capsys.readouterr().out
+    assert "W&B report: https://wandb.stub/me/gpt2-strategies/reports/Strategy-comparison:-tiny-test--" in out
+    text = json.dumps(backend.saved_specs())
+    # The reading of the two runs that finished, at equal throughput in the fake training:
+    assert "Throughput: **single** and **fsdp** are practically tied" in text
+    assert "runs/ddp" not in text.split("Produced by")[-1]  # the failed strategy left no summary.json
+
+
+def test_dry_run_prints_the_wandb_report_command(tmp_path: Path, configs: Path, capsys) -> None:
+    out = tmp_path / "exp"
+    argv = ["--preset", "tiny", "--epochs", "1", "--out", str(out), "--experiment", "e2", "--dry_run", "--wandb_report"]
+    assert main(argv, launcher=("accelerate", "launch"), config_dir=configs) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == (f"python -m analysis.wandb_report --experiment e2 --runs {out}/runs/single {out}/runs/ddp "
+                    f"{out}/runs/fsdp")

@@ -75,6 +75,20 @@ def test_wandb_offline_run_holds_the_same_losses_as_metrics_jsonl(run_dir: Path)
     assert run["job_type"] == "single" and run["run_group"] == "test-exp"
 
 
+def test_every_wandb_report_panel_key_is_in_the_logged_wandb_run(run_dir: Path) -> None:
+    from analysis.wandb_report import bar_panels, line_panels
+
+    records = _wandb_records(run_dir)
+    rows = [r["history"]["item"] for r in records if r["type"] == "history"]
+    summary = {key for r in records if r["type"] == "summary" for key in r["summary"]["update"]}
+    for panel in line_panels():
+        assert {panel.x, *panel.metrics} <= {key for row in rows for key in row}, panel.title
+        # W&B plots a point only where x is in the same row: every row with the metric holds tokens.
+        assert all(panel.x in row for row in rows if set(panel.metrics) & set(row)), panel.title
+    for panel in bar_panels():
+        assert set(panel.metrics) <= summary, panel.title
+
+
 def test_throughput_is_tokens_over_the_measured_interval(run_dir: Path) -> None:
     by_step = train_lines(run_dir)
     lines = [by_step[s] for s in sorted(by_step)]

@@ -15,6 +15,7 @@ from training.hardware import reset_peak_memory, synchronize
 from training.metrics import epoch_summary, total_summary
 from training.rundir import write_atomic
 from training.session import Session, set_up
+from training.sinks import wandb_summary_key
 from training.step import evaluate, train_step
 
 __all__ = ["RunError", "run_training"]
@@ -166,7 +167,7 @@ def finish(s: Session) -> dict[str, Any]:
     if complete and s.cfg.run.export_hf:
         _export_hf(s)
     summary = _write_summary(s, complete=complete)
-    s.wandb.summary({f"total/{k}": v for k, v in summary["total"].items() if v is not None})
+    s.wandb.summary({wandb_summary_key(k): v for k, v in summary["total"].items() if v is not None})
     s.wandb.finish()
     s.log(_closing_line(s, summary))
     if s.wandb.offline_run_dir:

@@ -12,10 +12,11 @@ import netrc
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from accelerate import Accelerator
+if TYPE_CHECKING:  # only annotations need it: the report tools import the key names without torch
+    from accelerate import Accelerator
 
 # W&B panels group by the prefix before "/": the local keys are mapped into namespaces.
 # analysis.wandb_fetch maps them back when a report is built from W&B runs.
@@ -30,6 +31,13 @@ WANDB_KEYS = {
     "peak_mem_reserved_mib_mean": "mem/peak_reserved_mib_mean",
     "val_loss": "val/loss", "val_ppl": "val/ppl",
 }
+# summary.json's whole-run figures ("total") go to the W&B run summary under this prefix.
+WANDB_SUMMARY_PREFIX = "total/"
+
+
+def wandb_summary_key(total_key: str) -> str:
+    """The W&B run-summary key of a summary.json "total" figure (analysis.wandb_report's bars use it)."""
+    return WANDB_SUMMARY_PREFIX + total_key
 
 
 def _json_safe(value: Any) -> Any:

@@ -1,0 +1,297 @@
+"""The W&B report: its specification (dry run), its panels against what train.py logs, the reading it
+carries, the wandb-workspaces objects it becomes, and the live path against a stub W&B backend."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from analysis.compare import main as compare_main
+from analysis.wandb_report import bar_panels, line_panels, main, to_wandb_report, wandb_metric
+from analysis.wandb_fetch import wandb_namespace
+from tests.analysis_fixtures import three_strategies
+from tests.test_analysis_wandb import as_wandb
+from tests.wandb_stub import APP_URL, VIEW_ID, StubBackend, install, log_out
+from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
+
+GROUP = "tiny-test"  # the experiment of the fixture runs
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> list[Path]:
+    return three_strategies(tmp_path / "runs")
+
+
+def dry_run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    assert main(["--experiment", GROUP, "--dry_run", *argv]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def panels(spec: dict[str, Any], kind: str) -> list[dict[str, Any]]:
+    grids = [block for block in spec["blocks"] if block["type"] == "panel_grid"]
+    return [panel for grid in grids for panel in grid["panels"] if panel["kind"] == kind]
+
+
+def markdown(spec: dict[str, Any]) -> str:
+    return "\n".join(block["text"] for block in spec["blocks"] if block["type"] == "markdown")
+
+
+def total_keys_written_by_training() -> set[str]:
+    """The "total" keys of summary.json, from the function train.py computes them with."""
+    from training.metrics import EpochMemory, MetricsTracker, RunTimes, StepRecord, ThroughputFacts, total_summary
+
+    tracker = MetricsTracker.__new__(MetricsTracker)  # no Accelerator: total_summary needs only these three
+    tracker.facts = ThroughputFacts(tokens_per_step=1024, samples_per_step=16, world_size=2, flops_per_token=1e6,
+                                    peak_flops_per_device=1e12)
+    tracker.records = [StepRecord(i, 1, 1024 * i, 5.0, 1.0, 1e-3, 0.1, warmup=i == 1) for i in range(1, 5)]
+    tracker.memory = EpochMemory(100.0, 90.0, 120.0, 110.0)
+    total = total_summary(tracker, [], RunTimes(train_s=0.4), 1.0, {"val_loss": 5.0, "val_ppl": 148.4},
+                          open_epoch=True)
+    return set(total)
+
+
+# ---------------------------------------------------------------------------------------------
+# The specification
+
+
+def test_runset_is_the_experiments_group_grouped_by_strategy(runs: list[Path], capsys) -> None:
+    spec = dry_run(["--project", "proj", "--runs", *map(str, runs)], capsys)
+    runset = spec["runset"]
+    assert runset["filters"] == [{"key": "Group", "op": "=", "value": GROUP}]
+    assert runset["group_by"] == ["JobType"]  # train.py's job type is the strategy in effect
+    assert runset["project"] == spec["project"] == "proj"
+    assert runset["entity"] is None and spec["entity"] is None  # unknown until built with a login
+
+
+def test_panels_cover_the_five_metrics_and_mfu(capsys) -> None:
+    spec = dry_run([], capsys)
+    lines = {m for p in panels(spec, "line") for m in p["metrics"]}
+    bars = {m for p in panels(spec, "bar") for m in p["metrics"]}
+    # loss (and validation loss), grad norm, throughput, peak memory per device: against tokens
+    assert {"train/loss", "val/loss", "train/grad_norm", "perf/tokens_per_s", "mem/peak_allocated_mib"} <= lines
+    # time, throughput without warm-up, peak allocated and reserved memory, MFU, final loss: whole run
+    assert {"total/train_time_s", "total/tokens_per_s_excl_warmup", "total/peak_mem_allocated_mib_max",
+            "total/peak_mem_reserved_mib_max", "total/mfu", "total/final_loss"} <= bars
+
+
+def test_every_panel_key_is_a_key_training_logs(capsys) -> None:
+    spec = dry_run([], capsys)
+    logged_history = set(WANDB_KEYS.values())
+    logged_summary = {WANDB_SUMMARY_PREFIX + key for key in total_keys_written_by_training()}
+    for panel in panels(spec, "line"):
+        assert {panel["x"], *panel["metrics"]} <= logged_history, panel["title"]
+    for panel in panels(spec, "bar"):
+        assert set(panel["metrics"]) <= logged_summary, panel["title"]
+    assert len(panels(spec, "line")) >= 5 and len(panels(spec, "bar")) >= 6
+
+
+def test_a_metric_training_does_not_log_fails_the_build() -> None:
+    assert wandb_metric("grad_norm") == "train/grad_norm"
+    with pytest.raises(Exception, match="'grad_norm_renamed' is not logged to W&B"):
+        wandb_metric("grad_norm_renamed")
+
+
+def test_line_plots_run_against_tokens_when_global_batches_differ(tmp_path: Path, capsys) -> None:
+    unequal = three_strategies(tmp_path / "runs", ddp={"global_batch_tokens": 16384})
+    spec = dry_run(["--runs", *map(str, unequal)], capsys)
+    assert [p["x"] for p in panels(spec, "line")] == [WANDB_KEYS["tokens"]] * len(panels(spec, "line"))
+    assert all(p["x_title"] == "tokens trained (whole job)" for p in panels(spec, "line"))
+    assert "**Unfair comparison: global batch (tokens) differs**" in markdown(spec)
+
+
+def test_the_reading_is_the_local_reports(runs: list[Path], tmp_path: Path, capsys) -> None:
+    assert compare_main([*map(str, runs), "--out", str(tmp_path / "local")]) == 0
+    local = (tmp_path / "local" / "report.md").read_text()
+    local_reading = re.search(r"## Reading\n\n(.*?)\n\n", local, re.S).group(1).splitlines()
+    capsys.readouterr()
+    text = markdown(dry_run(["--runs", *map(str, runs)], capsys))
+    assert len(local_reading) >= 5
+    for line in local_reading:
+        assert line in text
+    assert "Fair comparison: all 3 runs share global batch (tokens) 8,192" in text  # the fairness facts
+    assert "Produced by `python -m analysis.wandb_report --experiment tiny-test --dry_run --runs" in text
+
+
+def test_without_runs_the_dry_run_says_where_the_reading_comes_from(tmp_path: Path, monkeypatch, capsys) -> None:
+    log_out(monkeypatch, tmp_path)  # a dry run needs no login
+    text = markdown(dry_run(["--title", "My comparison"], capsys))
+    assert "filled in from the runs when the report is built online" in text
+    assert "Throughput:" not in text
+
+
+def test_dry_run_writes_the_specification_to_a_file(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "spec.json"
+    assert main(["--experiment", "g1", "--dry_run", "--out", str(out), "--title", "T"]) == 0
+    assert capsys.readouterr().out.strip() == f"wrote the report specification to {out}"
+    spec = json.loads(out.read_text())
+    assert spec["title"] == "T" and spec["runset"]["filters"][0]["value"] == "g1"
+
+
+def test_runs_of_another_experiment_are_refused(runs: list[Path], capsys) -> None:
+    assert main(["--experiment", "other", "--dry_run", "--runs", *map(str, runs)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "belongs to experiment 'tiny-test', not 'other'" in err[0]
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], "the following arguments are required: --experiment"),
+    (["--experiment", "it's"], "which a W&B report filter cannot express"),
+    (["--experiment", "g", "--runs", "/no/such/run"], "not a run directory: /no/such/run"),
+    (["--experiment", "g", "--title", "x" * 129], "--title must be 1 to 128 characters"),
+])
+def test_bad_arguments_are_one_line_errors(argv: list[str], message: str, capsys) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*argv, "--dry_run"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and message in err[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# wandb-workspaces objects, offline
+
+
+def test_the_specification_becomes_wandb_workspaces_objects_offline(runs: list[Path], capsys) -> None:
+    import wandb_workspaces.reports.v2 as wr
+
+    from analysis.wandb_report import build_spec, reading_of
+
+    spec = build_spec(GROUP, "proj", None, None, "cmd", reading_of(runs, GROUP), "the runs")
+    report = to_wandb_report(spec)
+    assert isinstance(report, wr.Report) and report.title == f"Strategy comparison: {GROUP}"
+    grids = [b for b in report.blocks if isinstance(b, wr.PanelGrid)]
+    assert [type(p).__name__ for p in grids[0].panels] == ["LinePlot"] * len(line_panels())
+    assert [type(p).__name__ for p in grids[1].panels] == ["BarPlot"] * len(bar_panels())
+    # The library's own serialisation, short of the project lookup that needs the server:
+    runset = grids[0].runsets[0]._to_model().model_dump(by_alias=True, exclude_none=True)
+    assert runset["filters"]["filters"] == [
+        {"key": {"section": "run", "name": "group"}, "op": "=", "value": GROUP, "disabled": False}]
+    assert [key.name for key in grids[0].runsets[0]._to_model().grouping] == ["jobType"]
+    line = grids[0].panels[0]._to_model().model_dump(by_alias=True, exclude_none=True)
+    assert line["config"]["xAxis"] == "train/tokens" and line["config"]["metrics"] == ["train/loss"]
+    bar = grids[1].panels[4]._to_model().model_dump(by_alias=True, exclude_none=True)
+    assert bar["viewType"] == "Bar Chart" and bar["config"]["metrics"] == ["total/mfu"]
+
+
+# ---------------------------------------------------------------------------------------------
+# The live path: without a login, and against the stub backend
+
+
+def test_without_a_login_it_is_one_line_and_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
+    log_out(monkeypatch, tmp_path)
+    assert main(["--experiment", GROUP]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: not logged in to W&B")
+    assert "wandb login" in err[0] and "--dry_run" in err[0]
+
+
+def test_live_path_saves_the_report_on_a_stub_backend(runs: list[Path], tmp_path: Path, monkeypatch, capsys) -> None:
+    backend = install(monkeypatch, StubBackend())
+    out = tmp_path / "sent.json"
+    assert main(["--experiment", GROUP, "--entity", "team", "--runs", *map(str, runs), "--out", str(out)]) == 0
+    url = capsys.readouterr().out.strip().splitlines()[-1]
+    assert url == f"{APP_URL}/team/gpt2-strategies/reports/Strategy-comparison:-{GROUP}--{VIEW_ID}"
+
+    lookups = [v for q, v in backend.requests if "ProjectInternalId" in q]
+    assert lookups and all(v == {"entityName": "team", "projectName": "gpt2-strategies"} for v in lookups)
+    (sent,) = [v for q, v in backend.requests if "upsertView" in q]
+    assert sent["entityName"] == "team" and sent["type"] == "runs" and sent["displayName"].endswith(GROUP)
+    (saved,) = backend.saved_specs()
+    blocks = saved["blocks"]
+    grids = [b for b in blocks if b["type"] == "panel-grid"]
+    assert len(grids) == 2
+    for grid in grids:
+        (runset,) = grid["metadata"]["runSets"]
+        assert runset["project"] == {"entityName": "team", "name": "gpt2-strategies", "id": "internal-1"}
+        assert runset["filters"]["filters"][0]["value"] == GROUP
+    sent_metrics = {m for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"]
+                    for m in p["config"]["metrics"]}
+    assert sent_metrics == {m for p in (*line_panels(), *bar_panels()) for m in p.metrics}
+    assert "Throughput: **ddp** is fastest" in json.dumps(blocks)
+    assert json.loads(out.read_text())["entity"] == "team"  # --out records what was sent
+
+
+def test_live_path_fetches_the_reading_from_wandb(tmp_path: Path, monkeypatch, capsys) -> None:
+    namespace = wandb_namespace()
+    remote = []
+    for number, run_dir in enumerate(three_strategies(tmp_path / "runs")):
+        config, summary, rows = as_wandb(run_dir, namespace)
+        remote.append(SimpleNamespace(id=f"run{number}", config=config, summary=summary,
+                                      scan_history=lambda rows=rows: iter(rows)))
+    backend = install(monkeypatch, StubBackend(runs=remote, entity="me"))
+    assert main(["--experiment", GROUP, "--project", "p2"]) == 0
+    assert capsys.readouterr().out.strip().endswith(f"/me/p2/reports/Strategy-comparison:-{GROUP}--{VIEW_ID}")
+    assert backend.runs_asked == [("me/p2", {"group": GROUP})]  # the login's default entity
+    text = json.dumps(backend.saved_specs()[0])
+    assert "Throughput: **ddp** is fastest" in text and "fetched from W&B (me/p2)" in text
+
+
+def test_a_backend_that_refuses_is_one_line_and_exit_2(runs: list[Path], monkeypatch, capsys) -> None:
+    install(monkeypatch, StubBackend(fail_with=PermissionError("permission denied for entity team\ndetails")))
+    assert main(["--experiment", GROUP, "--entity", "team", "--runs", *map(str, runs)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1
+    assert err[0] == "error: cannot save the W&B report to team/gpt2-strategies: permission denied for entity team"
+
+
+def test_an_empty_group_on_wandb_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
+    install(monkeypatch, StubBackend(runs=[]))
+    assert main(["--experiment", "nothing-here", "--entity", "team"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no W&B runs in team/gpt2-strategies with group 'nothing-here'" in err[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# At the end of an experiment
+
+
+def logged_as(run_dirs: list[Path], mode: str) -> None:
+    """Record in config.json the W&B mode train.py ran with, as a real run does."""
+    for run_dir in run_dirs:
+        config = json.loads((run_dir / "config.json").read_text())
+        config["launch"] = {"wandb_mode": mode}
+        config["run"] |= {"wandb_project": "proj", "wandb_entity": "team"}
+        (run_dir / "config.json").write_text(json.dumps(config))
+
+
+def test_after_an_experiment_logged_offline_it_says_how_to_sync_and_build(runs, monkeypatch, capsys) -> None:
+    from analysis.wandb_report import report_after_experiment
+
+    backend = install(monkeypatch, StubBackend())  # logged in now, but the runs went to offline files
+    logged_as(runs, "offline")
+    assert report_after_experiment(GROUP, runs) is False
+    (line,) = capsys.readouterr().out.strip().splitlines()
+    assert line.startswith("W&B report not built (not every run was logged online); build it later with: "
+                           "wandb sync ")
+    assert "wandb login" not in line
+    assert line.endswith(f"--experiment {GROUP} --project proj --entity team --runs {' '.join(map(str, runs))}")
+    assert backend.requests == []
+
+
+def test_after_an_experiment_without_wandb_nothing_is_built(runs, monkeypatch, capsys) -> None:
+    from analysis.wandb_report import report_after_experiment
+
+    backend = install(monkeypatch, StubBackend())
+    logged_as(runs, "disabled")
+    assert report_after_experiment(GROUP, runs) is False
+    assert capsys.readouterr().err.strip() == ("W&B report not built: the runs were not logged to W&B "
+                                               "(--wandb_mode disabled)")
+    assert report_after_experiment("it's", runs) is False  # no exit from inside the experiment driver
+    assert "which a W&B report filter cannot express" in capsys.readouterr().err
+    assert backend.requests == []
+
+
+def test_after_an_experiment_logged_online_the_report_goes_to_the_runs_project(runs, monkeypatch, capsys) -> None:
+    from analysis.wandb_report import report_after_experiment
+
+    backend = install(monkeypatch, StubBackend())
+    logged_as(runs, "online")
+    assert report_after_experiment(GROUP, runs) is True
+    assert capsys.readouterr().out.strip() == (f"W&B report: {APP_URL}/team/proj/reports/"
+                                               f"Strategy-comparison:-{GROUP}--{VIEW_ID}")
+    assert [v["projectName"] for q, v in backend.requests if "upsertView" in q] == ["proj"]
