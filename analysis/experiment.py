@@ -231,10 +231,21 @@ def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
     return [line for line in text.splitlines() if line.strip()][-lines:]
 
 
+def failure_cause(log: Path) -> str:
+    """The line of a failed launch that says why: its own last `error:` line (train.py prints one line
+    for every failure it can name) when there is one, else its last line that is not the launcher's
+    decoration (torchrun's ===== and ----- rules, which follow every failure)."""
+    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()]
+    errors = [line for line in lines if line.startswith("error:")]
+    if errors:
+        return errors[-1]
+    meaningful = [line for line in lines if line and set(line) - set("=-")]
+    return meaningful[-1] if meaningful else "(no output)"
+
+
 def failure_note(outcome: Outcome) -> str:
-    last = outcome.tail[-1] if outcome.tail else "(no output)"
     return (f"{outcome.launch.strategy}: training failed with exit code {outcome.returncode} after "
-            f"{outcome.seconds:.0f} s (log: {outcome.launch.log}); last line: {last}")
+            f"{outcome.seconds:.0f} s (log: {outcome.launch.log}); cause: {failure_cause(outcome.launch.log)}")
 
 
 def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo: bool = True) -> int:

@@ -104,7 +104,10 @@ FAKE_TRAIN = """
     if strategy == "ddp":
         out.mkdir(parents=True)
         (out / "metrics.jsonl").write_text("")
-        print("RuntimeError: NCCL error: unhandled system error", file=sys.stderr)
+        # As under torchrun: the rank's own error line, then the launcher's failure report.
+        print("error: NCCL error: unhandled system error", file=sys.stderr)
+        print("Traceback (most recent call last):\\n  File launch.py\\nChildFailedError:", file=sys.stderr)
+        print("=" * 60 + "\\ntrain.py FAILED\\n" + "-" * 60 + "\\n" + "=" * 60, file=sys.stderr)
         sys.exit(3)
     world = 1 if strategy == "single" else 2
     tokens = int(argv[argv.index("--global_batch_tokens") + 1])
@@ -135,7 +138,8 @@ def test_a_failing_strategy_is_reported_and_the_others_compared(tmp_path: Path, 
         assert flag(tuple(launched), "--seed") == "11" and flag(tuple(launched), "--global_batch_tokens") == "1024"
 
     report = (out / "report.md").read_text()
-    assert "ddp: training failed with exit code 3" in report and "NCCL error" in report
+    assert "ddp: training failed with exit code 3" in report
+    assert "cause: error: NCCL error: unhandled system error" in report  # its own line, not the launcher's =====
     assert "1 run(s) left out" in report  # the failed run's directory has no summary.json
     table = (out / "table.csv").read_text()
     assert "single" in table and "fsdp" in table
@@ -212,3 +216,15 @@ def test_dry_run_prints_the_wandb_report_command(tmp_path: Path, configs: Path, 
     last = capsys.readouterr().out.splitlines()[-1]
     assert last == (f"python -m analysis.wandb_report --experiment e2 --runs {out}/runs/single {out}/runs/ddp "
                     f"{out}/runs/fsdp")
+
+
+def test_the_cause_of_a_failure_without_an_error_line_is_its_last_meaningful_line(tmp_path: Path) -> None:
+    from analysis.experiment import failure_cause
+
+    log = tmp_path / "x.log"
+    log.write_text("step 3/10 loss=4.2\rKilled\n\n" + "=" * 40 + "\n")
+    assert failure_cause(log) == "Killed"
+    log.write_text("error: first\nmore\nerror: --block_size 2048 exceeds the model's 1024 positions\n-----\n")
+    assert failure_cause(log) == "error: --block_size 2048 exceeds the model's 1024 positions"
+    log.write_text("")
+    assert failure_cause(log) == "(no output)"
