@@ -60,10 +60,25 @@ def test_markdown_report_links_every_figure_and_states_the_reading(report) -> No
     text = (report[0] / "report.md").read_text()
     for name in FIGURES:
         assert f"]({name})" in text
-    assert "**ddp** is fastest" in text and "**fsdp** uses least" in text
-    assert "agree within noise" in text and "Fair comparison" in text
+    reading = section(text, "Reading")
+    assert "**ddp** is fastest" in reading and "**fsdp** uses least" in reading
+    assert "Loss curves agree within noise against single" in reading and "Fair comparison" in reading
     assert "Unfair" not in text and "## Problems" not in text
     assert "python -m analysis.compare" in text  # the command that produced it
+
+
+def section(markdown: str, title: str) -> str:
+    """The text of one `## title` section of report.md (the method section also names the verdicts)."""
+    return markdown.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_report_says_when_loss_curves_differ_by_more_than_noise(tmp_path: Path) -> None:
+    # fsdp ends 0.2 nats above the others, four times the step-to-step noise of 0.05 nats.
+    run_dirs = three_strategies(tmp_path / "runs", fsdp={"loss_end": 6.2})
+    assert main([*map(str, run_dirs), "--out", str(tmp_path / "out")]) == 0
+    reading = section((tmp_path / "out" / "report.md").read_text(), "Reading")
+    assert "Loss curves **differ by more than noise** (more than 2 sigma) against single" in reading
+    assert "agree within noise" not in reading
 
 
 def test_missing_summary_partial_run_and_corrupt_line_are_reported(tmp_path: Path, capsys) -> None:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.report import fairness, fairness_lines, fastest_reading, loss_agreement, memory_reading
+from analysis.report import (agreement_lines, fairness, fairness_lines, fastest_reading, loss_agreement,
+                             memory_reading)
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from tests.analysis_fixtures import three_strategies
 
@@ -88,6 +89,31 @@ def test_loss_curves_that_diverge_differ(tmp_path: Path) -> None:
     result = loss_agreement(runs_of(tmp_path, fsdp={"loss_end": 6.5}))
     assert result.verdict == "differ"
     assert result.rms["fsdp"] > 2 * result.sigma and result.rms["ddp"] < 2 * result.sigma
+
+
+def agreement_text(runs: list[Run]) -> str:
+    return " ".join(agreement_lines(loss_agreement(runs), fairness(runs)))
+
+
+def test_curves_apart_by_less_than_the_noise_are_read_as_agreeing(tmp_path: Path) -> None:
+    # fsdp ends 0.02 nats higher, less than half the 0.05 nats of step-to-step noise: not a real difference.
+    runs = runs_of(tmp_path, fsdp={"loss_end": 6.02})
+    result = loss_agreement(runs)
+    assert result.verdict == "agree"
+    assert 0 < result.rms["fsdp"] < 2 * result.sigma
+    text = agreement_text(runs)
+    assert text.startswith("Loss curves agree within noise against single") and "more than noise" not in text
+
+
+def test_curves_apart_by_more_than_the_noise_are_read_as_differing(tmp_path: Path) -> None:
+    # fsdp ends 0.2 nats higher, four times the noise: the reading must say so, not call it agreement.
+    runs = runs_of(tmp_path, fsdp={"loss_end": 6.2})
+    result = loss_agreement(runs)
+    assert result.verdict == "differ"
+    assert result.rms["fsdp"] > 2 * result.sigma > result.rms["ddp"]
+    text = agreement_text(runs)
+    assert text.startswith("Loss curves **differ by more than noise** (more than 2 sigma) against single")
+    assert "agree" not in text
 
 
 def test_identical_curves_agree_even_without_noise(tmp_path: Path) -> None:

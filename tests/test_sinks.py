@@ -34,6 +34,73 @@ def test_a_wandb_failure_is_one_warning_and_logging_goes_on(capsys: pytest.Captu
     assert not sink.enabled and tracker.logged == []
 
 
+class _FailingWandb:
+    """Stands in for an Accelerator with a started W&B tracker; the W&B call named `fail` raises.
+
+    `calls` records every W&B call that reached it, in order."""
+
+    def __init__(self, fail: str) -> None:
+        self.fail = fail
+        self.calls: list[str] = []
+        self.summary = self  # the run's summary object
+        self.trackers = [self]
+
+    def _call(self, name: str) -> None:
+        self.calls.append(name)
+        if name == self.fail:
+            raise RuntimeError(f"W&B {name} broke\ntraceback details")
+
+    def init_trackers(self, *args, **kwargs) -> None:
+        self._call("start")
+
+    def get_tracker(self, name: str, unwrap: bool = False) -> "_FailingWandb":
+        return self
+
+    def log(self, values: dict, step: int) -> None:
+        self._call(f"log {step}")
+
+    def update(self, values: dict) -> None:  # run.summary.update
+        self._call("summary")
+
+    def finish(self) -> None:  # tracker.finish
+        self._call("finish")
+
+
+def _use_every_call(sink: WandbSink) -> None:
+    """What a run does with its sink: start, log each step, the end-of-run summary, finish."""
+    sink.start("project", {}, {})
+    for step in (1, 2, 3):
+        sink.log({"kind": "train", "step": step, "loss": 1.0}, step=step)
+    sink.summary({"total/loss_mean": 1.0})
+    sink.finish()
+    # and once more of each, so that a failure of the last call must also stop the ones after it
+    sink.log({"kind": "train", "step": 4, "loss": 1.0}, step=4)
+    sink.summary({"total/loss_mean": 1.0})
+    sink.finish()
+
+
+@pytest.mark.parametrize(
+    "fail, reached",
+    [
+        ("log 2", ["start", "log 1", "log 2"]),
+        ("summary", ["start", "log 1", "log 2", "log 3", "summary"]),
+        ("finish", ["start", "log 1", "log 2", "log 3", "summary", "finish"]),
+    ],
+)
+def test_a_wandb_call_that_fails_is_one_warning_and_wandb_is_not_called_again(
+    fail: str, reached: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    accelerator = _FailingWandb(fail)
+    sink = WandbSink(accelerator, enabled=True)  # type: ignore[arg-type]
+    _use_every_call(sink)
+    assert accelerator.calls == reached
+    what = fail.split()[0]
+    err = capsys.readouterr().err.splitlines()
+    assert err == [f"warning: W&B {what} failed (RuntimeError: W&B {fail} broke); "
+                   "training continues, metrics.jsonl has every value"]
+    assert not sink.enabled
+
+
 def test_wandb_mode_is_offline_without_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)
