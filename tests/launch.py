@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
@@ -22,8 +24,14 @@ def free_port() -> int:
 
 
 def launch_env() -> dict[str, str]:
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    env.pop("RANK", None)
+    """The environment of a user without a W&B login: W&B at its default ("auto") logs offline.
+
+    Whatever the machine running the tests is logged into is hidden, so no test uploads a run; tests
+    that turn W&B off say so with --wandb_mode disabled, next to a twin that keeps the default.
+    """
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "NETRC": os.devnull}
+    for name in ("RANK", "WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+        env.pop(name, None)
     return env
 
 
@@ -52,3 +60,19 @@ def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:
 
 def summary(output_dir: Path) -> dict[str, Any]:
     return json.loads((output_dir / "summary.json").read_text())
+
+
+_WORDS = ("council budget river station election market school hospital storm league court harbor "
+          "senator village factory museum bridge festival report officials residents said on monday").split()
+
+
+def write_news_csv(path: Path, articles: int, words: int) -> None:
+    """A small corpus in the All the News CSV layout (the `content` column holds the text)."""
+    rng = random.Random(5)
+    with path.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.writer(f)
+        writer.writerow(["", "id", "title", "publication", "author", "date", "year", "month", "url", "content"])
+        for i in range(articles):
+            body = " ".join(rng.choice(_WORDS) for _ in range(words))
+            writer.writerow([i, 17000 + i, f"Story {i}", "Test Gazette", "A. Writer", "2016-05-01", 2016, 5,
+                             f"https://example.org/{i}", body])

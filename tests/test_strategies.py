@@ -5,8 +5,7 @@ Real launches: `accelerate launch` with the project's own config files, 2 proces
 
 from __future__ import annotations
 
-import csv
-import random
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ from tests.launch import (
     summary,
     train,
     train_lines,
+    write_news_csv,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -30,22 +30,8 @@ pytestmark = pytest.mark.multiprocess
 STRATEGY_CONFIGS = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}
 MAX_STEPS = 12
 STOP_AT = 6
+EVAL_BLOCKS = 20
 # Dropout off and fp32 (the configs' fp16 falls back to fp32 on CPU): runs differ only by strategy.
-_WORDS = ("council budget river station election market school hospital storm league court harbor "
-          "senator village factory museum bridge festival report officials residents said on monday").split()
-
-
-def _write_news_csv(path: Path, articles: int, words: int) -> None:
-    rng = random.Random(5)
-    with path.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f)
-        writer.writerow(["", "id", "title", "publication", "author", "date", "year", "month", "url", "content"])
-        for i in range(articles):
-            body = " ".join(rng.choice(_WORDS) for _ in range(words))
-            writer.writerow([i, 17000 + i, f"Story {i}", "Test Gazette", "A. Writer", "2016-05-01", 2016, 5,
-                             f"https://example.org/{i}", body])
-
-
 @pytest.fixture(scope="module")
 def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("strategies")
@@ -54,12 +40,15 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def common_args(workdir: Path) -> list[str]:
     corpus = workdir / "news.csv"
-    # About 9 optimizer steps of 16 blocks per epoch, so 12 steps cross an epoch boundary.
-    _write_news_csv(corpus, articles=40, words=200)
+    # A validation split of about 60 blocks, larger than the budget of 20 (which no batch divides evenly);
+    # about 9 optimizer steps of 16 blocks per epoch, so 12 steps cross an epoch boundary.
+    write_news_csv(corpus, articles=60, words=200)
     return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(workdir / "cache"),
-            "--max_steps", str(MAX_STEPS), "--log_interval", "1", "--seed", "3", "--dropout", "0",
-            "--eval_blocks", "16", "--perf_warmup_steps", "1", "--wandb_mode", "disabled",
-            "--checkpoint_interval", "3"]
+            "--max_steps", str(MAX_STEPS), "--log_interval", "1", "--seed", "3", "--val_fraction", "0.3",
+            "--eval_blocks", str(EVAL_BLOCKS), "--eval_interval", "4", "--perf_warmup_steps", "1",
+            # W&B off: these runs compare numbers; tests/test_readme_commands.py runs every launch at its
+            # defaults, W&B included.
+            "--wandb_mode", "disabled", "--checkpoint_interval", "3"]
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +75,42 @@ def test_distributed_runs_match_the_single_process_step_by_step(runs: dict[str, 
     assert summary(runs["single"])["grad_accum_steps"] == 2 and summary(runs[strategy])["grad_accum_steps"] == 1
     losses = [train_lines(runs[strategy])[s]["loss"] for s in (1, MAX_STEPS)]
     assert losses[1] < losses[0] - 0.5  # they learn, so equality is not the equality of doing nothing
+
+
+def _eval_lines(run: Path) -> dict[int, dict]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {line["step"]: line for line in lines if line["kind"] == "eval"}
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_validation_measures_the_same_blocks_as_the_single_process(runs: dict[str, Path], strategy: str) -> None:
+    config = json.loads((runs[strategy] / "config.json").read_text())
+    assert config["launch"]["data_stats"]["val"]["blocks"] > EVAL_BLOCKS  # the budget is a real subset
+    assert summary(runs[strategy])["eval_blocks"] == summary(runs["single"])["eval_blocks"] == EVAL_BLOCKS
+    got, want = _eval_lines(runs[strategy]), _eval_lines(runs["single"])
+    assert sorted(got) == sorted(want) and len(want) >= 3  # every eval_interval, each epoch end, the end
+    for step in want:
+        assert got[step]["val_loss"] == pytest.approx(want[step]["val_loss"], rel=1e-5), f"val loss at step {step}"
+    assert len({round(line["val_loss"], 3) for line in want.values()}) == len(want)  # they move as it trains
+
+
+@pytest.fixture(scope="module")
+def accumulation_runs(workdir: Path, common_args: list[str]) -> dict[str, Path]:
+    """32 blocks per optimizer step: single accumulates 4 micro-batches, DDP and FSDP 2 per process."""
+    out = {}
+    for strategy, config in STRATEGY_CONFIGS.items():
+        out[strategy] = workdir / f"{strategy}-accumulation"
+        train(config, out[strategy], [*common_args, "--strategy", strategy, "--global_batch_tokens", str(32 * 64),
+                                      "--max_steps", "6", "--checkpoint_interval", "0", "--no-export_hf"])
+    return out
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_accumulating_over_two_processes_matches_one_process_step_by_step(accumulation_runs: dict[str, Path],
+                                                                          strategy: str) -> None:
+    assert summary(accumulation_runs["single"])["grad_accum_steps"] == 4
+    assert summary(accumulation_runs[strategy])["grad_accum_steps"] == 2
+    _assert_same_steps(accumulation_runs[strategy], accumulation_runs["single"], range(1, 7))
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
@@ -187,8 +212,9 @@ def test_two_machines_on_loopback_match_one_machine(runs: dict[str, Path], workd
                                                      common_args: list[str]) -> None:
     out = workdir / "ddp-two-machines"
     port = str(_port())
+    at_defaults = [a for a in common_args if a not in ("--wandb_mode", "disabled")]  # the README's command
     commands = [
-        accelerate_command(CONFIGS / "ddp_multinode.yaml", "train.py", [*common_args, "--output_dir", str(out)],
+        accelerate_command(CONFIGS / "ddp_multinode.yaml", "train.py", [*at_defaults, "--output_dir", str(out)],
                            ["--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank),
                             "--main_process_ip", "127.0.0.1"])
         for rank in (0, 1)
@@ -205,6 +231,7 @@ def test_two_machines_on_loopback_match_one_machine(runs: dict[str, Path], workd
         assert p.returncode == 0, err[-3000:]
     s = summary(out)
     assert (s["strategy"], s["world_size"], s["num_machines"]) == ("ddp", 2, 2)
+    assert len(list((out / "wandb").glob("offline-run-*"))) == 1  # one W&B run for the job, from rank 0
     _assert_same_steps(out, runs["ddp"], range(1, MAX_STEPS + 1))
 
 

@@ -30,9 +30,7 @@ def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def run_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
     """A tiny run on the bundled sample corpus, W&B in offline mode (no credentials on test machines)."""
     out = tmp_path_factory.mktemp("run") / "tiny"
-    env = {**launch_env(), "WANDB_MODE": "offline", "WANDB_API_KEY": "", "NETRC": "/nonexistent"}
-    result = _train([*RUN_ARGS, "--output_dir", str(out), "--cache_dir", str(cache_dir), "--wandb_mode", "auto"],
-                    env)
+    result = _train([*RUN_ARGS, "--output_dir", str(out), "--cache_dir", str(cache_dir)])
     assert result.returncode == 0, result.stderr[-3000:]
     return out
 

@@ -1,0 +1,219 @@
+"""The README's commands are the acceptance tests: each one runs as written, at its defaults.
+
+The commands are read from README.md's code blocks, so the README cannot drift from what is tested.
+Only what must change for a CPU test changes: the 124M preset becomes the tiny one, step budgets become
+a few steps, `runs/` is a temporary folder, a corpus path is a small All the News-format CSV, and the
+W&B report is built with --dry_run (no network here). Everything else, W&B at its default ("auto":
+offline without a login) included, is what a user gets.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.launch import REPO, free_port, launch_env, write_news_csv
+
+pytestmark = pytest.mark.multiprocess
+
+STEPS = "6"
+# Commands of the README not run here, each with the reason; a README command in neither this list nor
+# the run list fails `test_every_readme_command_is_run_or_excused`.
+NOT_RUN = {
+    "python3 -m venv": "environment set-up: .ci/run does it on a fresh clone",
+    ". .venv/bin/activate": "environment set-up: .ci/run does it on a fresh clone",
+    "pip install": "environment set-up: .ci/run does it on a fresh clone",
+    "python -m pytest": "the test suite itself",
+    "wandb sync": "uploads to W&B: needs a login and the network",
+    "xdg-open": "opens a browser",
+    "bash scripts/gpu_check.sh": "needs a GPU (docs/gpu_check.md)",
+    "accelerate launch --config_file accelerate_configs/ddp_multinode.yaml":
+        "needs two machines: test_strategies.py::test_two_machines_on_loopback runs it on loopback",
+}
+RUN_PREFIXES = ("python train.py", "accelerate launch", "python -m ")
+
+
+def readme_commands(text: str) -> list[str]:
+    """Every command of the README's fenced code blocks, `&&` chains split, trailing comments dropped."""
+    commands = []
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.S | re.M):
+        for line in block.replace("\\\n", " ").splitlines():
+            for part in line.split("&&"):
+                part = re.sub(r"\s+#.*$", "", part).strip()
+                if part:
+                    commands.append(" ".join(part.split()))
+    # Whole launch commands the README gives inline, in backticks (not fragments such as a flag to add).
+    commands += [" ".join(c.split()) for c in re.findall(r"`(accelerate launch --config_file [^`]+)`", text)]
+    return commands
+
+
+def _excused(command: str) -> str | None:
+    return next((reason for prefix, reason in NOT_RUN.items() if command.startswith(prefix)), None)
+
+
+@dataclass
+class Ran:
+    command: str  # as the README writes it
+    adapted: str  # as run
+    returncode: int
+    output: str
+
+
+def adapt(command: str, runs: Path, corpus: Path) -> str:
+    """The README command with only what a CPU test must change changed (see the module docstring)."""
+    tokens = shlex.split(command)
+    out: list[str] = []
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token == "--preset" and tokens[i + 1] == "gpt2":
+            out += ["--preset", "tiny"]
+            i += 2
+            continue
+        if token == "--max_steps":
+            out += ["--max_steps", STEPS]
+            i += 2
+            continue
+        if token == "--data":
+            out += ["--data", str(corpus)]
+            i += 1
+            while i < len(tokens) and not tokens[i].startswith("--"):
+                i += 1
+            continue
+        if token.startswith("runs/"):
+            token = f"{runs}/{token.removeprefix('runs/')}"  # keeps a trailing slash: a glob of folders only
+        out.append(token)
+        i += 1
+    if out[:2] == ["accelerate", "launch"]:
+        out[2:2] = ["--main_process_port", str(free_port())]  # tests may run beside each other
+    trains = "train.py" in out or out[:3] == ["python", "-m", "analysis.experiment"]
+    if trains and "--max_steps" not in out and "--epochs" not in out:
+        out += ["--max_steps", STEPS]
+    if out[:3] == ["python", "-m", "analysis.wandb_report"]:
+        out += ["--dry_run", "--out", str(runs / "wandb_report.json")]
+    # Unquoted globs, as a shell user types them; other tokens quoted where they need it.
+    return " ".join(t if re.fullmatch(r"[\w./*=:-]+", t) else shlex.quote(t) for t in out)
+
+
+@pytest.fixture(scope="session")
+def readme() -> list[str]:
+    return readme_commands((REPO / "README.md").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def readme_runs(readme: list[str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Ran]]:
+    """Every runnable README command, in README order (later ones use earlier ones' runs), once."""
+    root = tmp_path_factory.mktemp("readme")
+    runs, corpus = root / "runs", root / "articles1.csv"
+    write_news_csv(corpus, articles=60, words=200)
+    env = {**launch_env(), "GPT2S_CACHE": str(root / "cache"),
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    ran = []
+    for command in readme:
+        if _excused(command) or not command.startswith(RUN_PREFIXES):
+            continue
+        adapted = adapt(command, runs, corpus)
+        result = subprocess.run(["bash", "-c", adapted], cwd=REPO, env=env, capture_output=True, text=True,
+                                timeout=900)
+        ran.append(Ran(command, adapted, result.returncode, result.stdout + result.stderr))
+    return runs, ran
+
+
+def test_every_readme_command_is_run_or_excused(readme: list[str]) -> None:
+    unknown = [c for c in readme if not _excused(c) and not c.startswith(RUN_PREFIXES)]
+    assert not unknown, f"README commands neither run nor excused: {unknown}"
+    assert sum(c.startswith(RUN_PREFIXES) and not _excused(c) for c in readme) >= 10
+
+
+def test_every_readme_command_exits_0(readme_runs: tuple[Path, list[Ran]]) -> None:
+    _, ran = readme_runs
+    failed = [f"{r.adapted}\n-> exit {r.returncode}\n{r.output[-3000:]}" for r in ran if r.returncode != 0]
+    assert not failed, "\n\n".join(failed)
+
+
+def _launched_run_dirs(ran: list[Ran]) -> list[Path]:
+    dirs = []
+    for r in ran:
+        tokens = shlex.split(r.adapted)
+        if "train.py" in tokens:
+            dirs.append(Path(tokens[tokens.index("--output_dir") + 1]))
+    return dirs
+
+
+def test_each_launch_trains_the_strategy_of_its_config_and_leaves_one_offline_wandb_run(
+        readme_runs: tuple[Path, list[Ran]]) -> None:
+    runs, ran = readme_runs
+    run_dirs = _launched_run_dirs(ran) + sorted((runs / "experiment" / "runs").glob("*/"))
+    expected = {"single": ("single", 1), "ddp": ("ddp", 2), "fsdp": ("fsdp", 2), "all-the-news": ("ddp", 2),
+                "quickstart": ("single", 1)}
+    assert {d.name for d in run_dirs} >= set(expected)
+    for run_dir in run_dirs:
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert summary["complete"], run_dir
+        if run_dir.name in expected:
+            assert (summary["strategy"], summary["world_size"]) == expected[run_dir.name], run_dir
+        offline = list((run_dir / "wandb").glob("offline-run-*"))
+        assert len(offline) == 1 and list(offline[0].glob("run-*.wandb")), run_dir
+        config = json.loads((run_dir / "config.json").read_text())
+        assert config["launch"]["wandb_mode"] == "offline" and config["run"]["wandb_mode"] == "auto"
+
+
+def test_the_quick_start_line_runs_twice(readme: list[str], readme_runs: tuple[Path, list[Ran]]) -> None:
+    runs, ran = readme_runs
+    (quickstart,) = [r for r in ran if r.command.startswith("python train.py") and "runs/quickstart" in r.command]
+    first = json.loads((runs / "quickstart" / "summary.json").read_text())
+    again = subprocess.run(["bash", "-c", quickstart.adapted], cwd=REPO, capture_output=True, text=True,
+                           timeout=900, env={**launch_env(), "GPT2S_CACHE": str(runs.parent / "cache")})
+    assert again.returncode == 0, again.stderr[-3000:]
+    second = json.loads((runs / "quickstart" / "summary.json").read_text())
+    assert second["steps"] == first["steps"] and len(list((runs / "quickstart" / "wandb").glob("offline-run-*"))) == 1
+
+
+def test_the_closing_lines_are_the_runs_own(readme_runs: tuple[Path, list[Ran]]) -> None:
+    _, ran = readme_runs
+    (quickstart, *_) = [r for r in ran if r.command.startswith("python train.py")]
+    lines = [line for line in quickstart.output.splitlines() if line.strip()]
+    assert lines[-2].startswith("done: 6 of 6 steps")
+    assert lines[-1].startswith("W&B: offline run in ") and "wandb sync " in lines[-1]
+    assert not any(line.startswith("wandb: Run summary") for line in lines)
+
+
+def test_the_experiment_compares_all_three_with_no_problems(readme_runs: tuple[Path, list[Ran]]) -> None:
+    runs, _ = readme_runs
+    out = runs / "experiment"
+    with (out / "table.csv").open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [row["strategy"] for row in rows] == ["single", "ddp", "fsdp"]
+    assert len({row["global batch (tokens)"] for row in rows}) == 1  # the driver matched the batches
+    assert [row["world size (devices)"] for row in rows] == ["1", "2", "2"]
+    for name in ("throughput_per_epoch.png", "grad_norm_per_epoch.png", "training_time_per_epoch.png",
+                 "peak_memory_per_epoch.png", "loss_per_epoch.png", "loss_vs_tokens.png",
+                 "step_time_distribution.png"):
+        assert (out / name).stat().st_size > 10_000, name
+    report = (out / "report.md").read_text()
+    assert "## Problems" not in report and "left out" not in report
+    assert "Loss curves agree within noise" in report  # same data, order, batch and seed in fp32
+    summaries = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*/summary.json"))]
+    # Equal terms: the same validation blocks and the same MFU peak under every strategy.
+    assert len({s["eval_blocks"] for s in summaries}) == 1
+    assert len({s["peak_flops_per_device"] for s in summaries}) == 1
+    assert {s["threads_per_process"] for s in summaries} == {1}  # accelerate launch: one thread per process
+
+
+def test_the_report_export_and_sample_commands_use_the_runs(readme_runs: tuple[Path, list[Ran]]) -> None:
+    runs, ran = readme_runs
+    assert (runs / "report" / "report.md").is_file() and (runs / "report" / "table.csv").is_file()
+    assert (runs / "my-gpt2" / "model.safetensors").is_file()
+    (sample,) = [r for r in ran if r.command.startswith("python -m model.sample")]
+    assert sample.output.startswith("The city council")
+    spec = json.loads((runs / "wandb_report.json").read_text())
+    assert "tiny-demo" in json.dumps(spec)
