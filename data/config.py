@@ -17,6 +17,12 @@ DEFAULT_TEXT_COLUMN = {"csv": "content", "json": "text", "jsonl": "text", "parqu
 MAX_DEFAULT_NUM_PROC = 8
 
 
+def default_cache_dir() -> Path:
+    """The project's cache folder when none is given: $GPT2S_CACHE, else ~/.cache/gpt2-strategies."""
+    env = os.environ.get("GPT2S_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt2-strategies"
+
+
 def _help(text: str, **kwargs: Any) -> Any:
     return field(metadata={"help": text}, **kwargs)
 
@@ -86,8 +92,7 @@ class DataConfig:
         """The cache folder: cache_dir, else $GPT2S_CACHE, else ~/.cache/gpt2-strategies."""
         if self.cache_dir:
             return Path(self.cache_dir).expanduser()
-        env = os.environ.get("GPT2S_CACHE")
-        return Path(env).expanduser() if env else Path.home() / ".cache" / "gpt2-strategies"
+        return default_cache_dir()
 
     def resolved_num_proc(self) -> int:
         """Worker processes to use: num_proc, else min(CPU count, 8)."""

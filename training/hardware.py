@@ -1,58 +1,361 @@
-"""Facts about the device: peak FLOP/s for MFU, and peak memory readings."""
+"""Facts about the device: peak FLOP/s for MFU, and peak memory readings.
+
+MFU divides the achieved FLOP/s by a peak, so the peak must be the same number whenever the hardware is
+the same, or MFU figures of two runs cannot be compared. GPUs take their peak from a table keyed on the
+exact product name. CPUs have no datasheet figure that a framework reaches, so their peak is a measured
+fp32 matmul rate, taken once per machine, thread count and torch version with a repeatable method and
+kept in a cache file that every later run reads.
+
+`python -m training.hardware [--cache_dir DIR] [--remeasure]` prints this machine's CPU figure.
+"""
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import hashlib
+import json
+import math
+import os
+import platform
 import resource
+import statistics
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
-
-# Dense (no sparsity) peak tensor-core TFLOP/s from the vendors' data sheets; fp32 is plain FP32 math
-# (PyTorch leaves TF32 matmuls off by default). H100/H200 are the SXM parts.
-_PEAK_TFLOPS: tuple[tuple[str, dict[str, float]], ...] = (
-    ("H200", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
-    ("H100", {"bf16": 989.0, "fp16": 989.0, "fp32": 67.0}),
-    ("A100", {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5}),
-    ("A10G", {"bf16": 70.0, "fp16": 70.0, "fp32": 31.2}),
-    ("L4", {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3}),
-    ("V100", {"fp16": 125.0, "fp32": 15.7}),
-    # The T4 has fp16 tensor cores but none for bf16, which it emulates at about fp32 speed.
-    ("T4", {"fp16": 65.0, "fp32": 8.1, "bf16": 8.1}),
-    ("P100", {"fp16": 18.7, "fp32": 9.3}),
-)
 
 
 @dataclass(frozen=True)
 class PeakFlops:
-    flops_per_s: float  # per device
-    source: str  # which table entry or measurement
+    """Peak FLOP/s of one device, and how the figure was obtained."""
+
+    flops_per_s: float  # per device; nan when unknown, and then MFU is not computed
+    source: str  # one readable line: the table entry, or the measurement and where it is cached
+    spread: tuple[float, float] | None = None  # (slowest, fastest) trial rate of a measurement, FLOP/s
+    cached: bool = False  # True when a measurement was read from the cache rather than taken now
+
+    @property
+    def relative_spread(self) -> float | None:
+        """(fastest - slowest trial) / the figure, for a measurement; None for a table figure."""
+        if self.spread is None or not self.flops_per_s > 0:
+            return None
+        return (self.spread[1] - self.spread[0]) / self.flops_per_s
 
 
-def peak_flops(device: torch.device, precision: str, cache_dir: object = None) -> PeakFlops:
-    """Peak FLOP/s of one device at the training precision (fp32 | fp16 | bf16)."""
+def peak_flops(device: torch.device, precision: str, cache_dir: Path | None = None) -> PeakFlops:
+    """Peak FLOP/s of one device at the training precision (fp32 | fp16 | bf16).
+
+    CUDA devices: the datasheet figure of the exact product (gpu_peak_flops). Any other device: the
+    cached fp32 matmul rate of this process's threads on this CPU (cpu_peak_flops), whatever the
+    precision, since CPU training here runs in fp32. cache_dir defaults to the data cache's folder.
+    """
     if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, table in _PEAK_TFLOPS:
-            if key in name and precision in table:
-                return PeakFlops(table[precision] * 1e12, f"table: {key} {precision} {table[precision]} TFLOP/s")
-        return PeakFlops(float("nan"), f"no table entry for {name!r} at {precision}: MFU not computed")
-    return measure_cpu_matmul_flops()
+        return gpu_peak_flops(torch.cuda.get_device_name(device), precision)
+    return cpu_peak_flops(default_cache_dir() if cache_dir is None else Path(cache_dir))
 
 
-def measure_cpu_matmul_flops(n: int = 512, seconds: float = 0.3) -> PeakFlops:
-    """A measured fp32 matmul rate for this process's threads, standing in for a CPU's peak."""
-    a = torch.randn(n, n)
-    b = torch.randn(n, n)
-    torch.mm(a, b)  # warm-up: thread pool and caches
-    count, start = 0, time.perf_counter()
-    while (elapsed := time.perf_counter() - start) < seconds:
-        torch.mm(a, b)
-        count += 1
-    rate = 2 * n**3 * count / elapsed
-    return PeakFlops(rate, f"measured: fp32 {n}x{n} matmul on CPU, {torch.get_num_threads()} thread(s), "
-                           f"{rate / 1e9:.1f} GFLOP/s")
+def default_cache_dir() -> Path:
+    """The project's cache folder, the one the packed data uses ($GPT2S_CACHE or ~/.cache/gpt2-strategies)."""
+    from data.config import default_cache_dir as data_default  # deferred: the data package imports datasets
+
+    return data_default()
+
+
+# ---------------------------------------------------------------------------------------------------
+# GPUs: datasheet figures by exact product name
+
+# Dense (no 2:4 sparsity) peak TFLOP/s, keyed on the exact name torch.cuda.get_device_name() reports.
+# fp16 and bf16 are tensor-core rates with fp32 accumulation (what PyTorch's matmuls use); fp32 is plain
+# FP32 math, not TF32 (PyTorch leaves TF32 matmuls off by default). Datasheets that print only figures
+# "with sparsity" are halved. A part missing here, or a precision missing from its entry, gets no figure
+# (nan): a wrong peak would make a wrong MFU look right.
+_GPU_FAMILIES: tuple[tuple[str, dict[str, dict[str, float]]], ...] = (
+    # NVIDIA H100 Tensor Core GPU datasheet (SXM, PCIe and NVL columns; bf16/fp16 printed with sparsity:
+    # SXM 1,979, PCIe 1,513, NVL 1,671). "H100 80GB HBM3" is the SXM5 part.
+    ("NVIDIA H100 datasheet", {
+        "NVIDIA H100 80GB HBM3": {"bf16": 989.5, "fp16": 989.5, "fp32": 67.0},
+        "NVIDIA H100 PCIe": {"bf16": 756.5, "fp16": 756.5, "fp32": 51.0},
+        "NVIDIA H100 NVL": {"bf16": 835.5, "fp16": 835.5, "fp32": 60.0},
+    }),
+    # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM and H200 NVL columns; printed with sparsity:
+    # SXM 1,979, NVL 1,671). "NVIDIA H200" is the SXM part.
+    ("NVIDIA H200 datasheet", {
+        "NVIDIA H200": {"bf16": 989.5, "fp16": 989.5, "fp32": 67.0},
+        "NVIDIA H200 NVL": {"bf16": 835.5, "fp16": 835.5, "fp32": 60.0},
+    }),
+    # NVIDIA A100 Tensor Core GPU datasheet: the same peaks for the 40 GB and 80 GB, SXM4 and PCIe parts.
+    ("NVIDIA A100 datasheet", {
+        "NVIDIA A100-SXM4-40GB": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+        "NVIDIA A100-SXM4-80GB": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+        "NVIDIA A100-PCIE-40GB": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+        "NVIDIA A100 80GB PCIe": {"bf16": 312.0, "fp16": 312.0, "fp32": 19.5},
+    }),
+    # NVIDIA A10 Tensor Core GPU datasheet.
+    ("NVIDIA A10 datasheet", {
+        "NVIDIA A10": {"bf16": 125.0, "fp16": 125.0, "fp32": 31.2},
+    }),
+    # The A10G is AWS's variant (EC2 G5 instances) and has no NVIDIA datasheet. Figures as tabulated in
+    # Baseten's "NVIDIA A10 vs A10G for ML model inference", and what 80 SMs at 1.71 GHz give: more FP32
+    # than the A10, tensor cores at the GeForce-like half rate with fp32 accumulation.
+    ("no NVIDIA datasheet; Baseten's A10 vs A10G table", {
+        "NVIDIA A10G": {"bf16": 70.0, "fp16": 70.0, "fp32": 35.0},
+    }),
+    # NVIDIA L4 Tensor Core GPU datasheet (bf16/fp16 printed with sparsity: 242).
+    ("NVIDIA L4 datasheet", {
+        "NVIDIA L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 30.3},
+    }),
+    # NVIDIA L40S and L40 datasheets (both print dense and sparse tensor figures).
+    ("NVIDIA L40S datasheet", {
+        "NVIDIA L40S": {"bf16": 362.05, "fp16": 362.05, "fp32": 91.6},
+    }),
+    ("NVIDIA L40 datasheet", {
+        "NVIDIA L40": {"bf16": 181.05, "fp16": 181.05, "fp32": 90.5},
+    }),
+    # NVIDIA T4 datasheet ("mixed precision FP16/FP32" 65 TFLOPS). Turing has no bf16 tensor cores;
+    # PyTorch runs bf16 matmuls there through fp32 math (torch.cuda.is_bf16_supported() says True by
+    # emulation), so the bf16 peak is the fp32 figure.
+    ("NVIDIA T4 datasheet", {
+        "Tesla T4": {"bf16": 8.1, "fp16": 65.0, "fp32": 8.1},
+    }),
+    # NVIDIA V100 Tensor Core GPU datasheet (SXM2 and PCIe columns; "tensor performance" is fp16).
+    # Volta has no bf16 support in hardware: bf16 is emulated at about fp32 speed, as on the T4.
+    ("NVIDIA V100 datasheet", {
+        "Tesla V100-SXM2-16GB": {"bf16": 15.7, "fp16": 125.0, "fp32": 15.7},
+        "Tesla V100-SXM2-32GB": {"bf16": 15.7, "fp16": 125.0, "fp32": 15.7},
+        "Tesla V100-PCIE-16GB": {"bf16": 14.0, "fp16": 112.0, "fp32": 14.0},
+        "Tesla V100-PCIE-32GB": {"bf16": 14.0, "fp16": 112.0, "fp32": 14.0},
+    }),
+    # NVIDIA Tesla P100 datasheet (PCIe column). No tensor cores: fp16 is packed half2 math at twice the
+    # fp32 rate; no bf16 in hardware, emulated at about fp32 speed.
+    ("NVIDIA P100 datasheet", {
+        "Tesla P100-PCIE-16GB": {"bf16": 9.3, "fp16": 18.7, "fp32": 9.3},
+    }),
+    # NVIDIA Ada GPU architecture whitepaper, appendix (RTX 4090): fp16/bf16 tensor with FP32 accumulate,
+    # which GeForce parts run at half the fp16-accumulate rate (330.3).
+    ("NVIDIA Ada architecture whitepaper", {
+        "NVIDIA GeForce RTX 4090": {"bf16": 165.2, "fp16": 165.2, "fp32": 82.6},
+    }),
+    # NVIDIA Ampere GA102 architecture whitepaper, appendix (RTX 3090): fp16/bf16 tensor with FP32
+    # accumulate (142 with fp16 accumulate).
+    ("NVIDIA Ampere GA102 whitepaper", {
+        "NVIDIA GeForce RTX 3090": {"bf16": 71.0, "fp16": 71.0, "fp32": 35.6},
+    }),
+)
+
+
+def _normalise_name(name: str) -> str:
+    return name.strip().casefold()
+
+
+_GPU_PEAK_TFLOPS: dict[str, tuple[str, str, dict[str, float]]] = {
+    _normalise_name(name): (name, datasheet, figures)
+    for datasheet, parts in _GPU_FAMILIES
+    for name, figures in parts.items()
+}
+
+
+def gpu_peak_flops(device_name: str, precision: str) -> PeakFlops:
+    """Datasheet peak FLOP/s of the GPU named exactly device_name (up to case and surrounding spaces)."""
+    entry = _GPU_PEAK_TFLOPS.get(_normalise_name(device_name))
+    if entry is None or precision not in entry[2]:
+        return PeakFlops(float("nan"), f"no peak-FLOP/s entry for {device_name!r} at {precision}: "
+                                       "MFU not computed (add it to training/hardware.py)")
+    name, datasheet, figures = entry
+    tflops = figures[precision]
+    return PeakFlops(tflops * 1e12, f"table: {name} {precision} {tflops:g} TFLOP/s dense ({datasheet})")
+
+
+# ---------------------------------------------------------------------------------------------------
+# CPUs: a measured fp32 matmul rate, taken once per machine and thread count and cached
+
+# 1024x1024 fp32 products: one is 2 * 1024^3 = 2.1 GFLOP over 12 MiB of operands, about 170 FLOP per
+# byte, far above any CPU's FLOP-per-byte balance, so the BLAS kernel is compute-bound, not waiting on
+# memory. Per-call costs (waking the thread pool, packing panels) are small next to that much work, which
+# they are not at 512 (a few ms per product); and one product takes tens of ms on one core (35-50 ms on
+# this project's 2-core machines), so a 0.2 s trial holds several, which it would not at 2048 (about
+# 0.3 s per product there).
+CPU_MATMUL_SIZE = 1024
+CPU_TRIALS = 9
+CPU_TRIAL_S = 0.2
+CPU_WARMUP_S = 0.3
+
+
+def measure_cpu_matmul_rates(n: int = CPU_MATMUL_SIZE, trials: int = CPU_TRIALS, trial_s: float = CPU_TRIAL_S,
+                             warmup_s: float = CPU_WARMUP_S) -> list[float]:
+    """FLOP/s of each of `trials` timed trials of n x n fp32 matmuls, with this process's torch threads.
+
+    Each trial repeats the product until trial_s has passed (at least once) and counts 2 n^3 FLOPs per
+    product, after warmup_s of the same work (thread pool, caches, clocks). The operands come from a
+    private generator: the global RNG, which an exact resume depends on, is left as it was.
+    """
+    gen = torch.Generator().manual_seed(0)
+    a = torch.rand(n, n, generator=gen)
+    b = torch.rand(n, n, generator=gen)
+    out = torch.empty(n, n)
+
+    def products_for(seconds: float) -> tuple[int, float]:
+        count, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b, out=out)
+            count += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds:
+                return count, elapsed
+
+    products_for(warmup_s)
+    rates = []
+    for _ in range(trials):
+        count, elapsed = products_for(trial_s)
+        rates.append(2 * n**3 * count / elapsed)
+    return rates
+
+
+def cpu_model_name() -> str:
+    """The CPU model as /proc/cpuinfo names it, else platform.processor(), else the architecture."""
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        for line in f:
+            field, _, value = line.partition(":")
+            if field.strip() == "model name" and value.strip():
+                return value.strip()
+    return platform.processor() or platform.machine() or "unknown"
+
+
+def cpu_cache_key(threads: int) -> dict[str, Any]:
+    """What a CPU figure depends on; a cached figure is used only when all of it matches."""
+    return {
+        "cpu_model": cpu_model_name(),
+        "logical_cpus": os.cpu_count(),
+        "torch_threads": threads,
+        "torch_version": torch.__version__,
+        "dtype": "fp32",
+        "method": {"matmul_size": CPU_MATMUL_SIZE, "trials": CPU_TRIALS, "trial_s": CPU_TRIAL_S,
+                   "warmup_s": CPU_WARMUP_S, "figure": "median"},
+    }
+
+
+def cpu_cache_path(cache_dir: Path, key: dict[str, Any]) -> Path:
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return Path(cache_dir) / "hardware" / f"cpu_peak_{key['torch_threads']}t_{digest}.json"
+
+
+def cpu_peak_flops(cache_dir: Path, threads: int | None = None, remeasure: bool = False) -> PeakFlops:
+    """The fp32 matmul rate of one process on this CPU with `threads` torch threads, as its peak FLOP/s.
+
+    threads defaults to the process's current torch thread count, the one training runs with. The first
+    call for a machine, thread count and torch version measures (about 2 s: measure_cpu_matmul_rates;
+    the figure is the median trial) and writes the result to a JSON file under cache_dir/hardware; later
+    calls read it, so every run on this machine divides by the same peak. remeasure forces a new
+    measurement, which replaces the file. A file that cannot be read or does not hold a valid entry for
+    this key is measured again and overwritten. Processes measuring at once would slow each other's
+    trials down, so they take turns (one lock for the folder): the ranks of a launch wait while one
+    measures, then read its figure. Nothing global is left changed: torch's thread count is restored and the global RNG is not used.
+    """
+    current = torch.get_num_threads()
+    threads = current if threads is None else threads
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    key = cpu_cache_key(threads)
+    path = cpu_cache_path(cache_dir, key)
+    if not remeasure and (entry := _read_cpu_entry(path, key)) is not None:
+        return _cpu_peak(entry, f"cached {path}", cached=True)
+    with _exclusive(path.parent / "cpu_peak.lock"):
+        if not remeasure and (entry := _read_cpu_entry(path, key)) is not None:
+            return _cpu_peak(entry, f"cached {path}", cached=True)
+        if threads != current:
+            torch.set_num_threads(threads)
+        try:
+            rates = measure_cpu_matmul_rates()
+        finally:
+            if torch.get_num_threads() != current:
+                torch.set_num_threads(current)
+        entry = _cpu_entry(key, rates)
+        try:
+            _write_atomic(path, json.dumps(entry, indent=2) + "\n")
+            where = f"saved to {path}"
+        except OSError as e:
+            where = f"not cached ({e})"
+    return _cpu_peak(entry, where, cached=False)
+
+
+def _cpu_entry(key: dict[str, Any], rates: list[float]) -> dict[str, Any]:
+    median = statistics.median(rates)
+    return {
+        "key": key,
+        "flops_per_s": median,
+        "min_flops_per_s": min(rates),
+        "max_flops_per_s": max(rates),
+        "relative_spread": (max(rates) - min(rates)) / median,
+        "trial_flops_per_s": rates,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def _read_cpu_entry(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
+    """The cached entry for key, or None when the file is missing, unreadable, for another key or invalid."""
+    try:
+        entry = json.loads(path.read_text(encoding="utf-8"))
+        rates = entry["trial_flops_per_s"]
+        figures = [entry["flops_per_s"], entry["min_flops_per_s"], entry["max_flops_per_s"], *rates]
+        valid = (
+            entry["key"] == key
+            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+                    for x in figures)
+            and len(rates) >= 1
+            and entry["min_flops_per_s"] == min(rates) and entry["max_flops_per_s"] == max(rates)
+            and entry["flops_per_s"] == statistics.median(rates)
+        )
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+    return entry if valid else None
+
+
+def _cpu_peak(entry: dict[str, Any], where: str, cached: bool) -> PeakFlops:
+    key, rate = entry["key"], entry["flops_per_s"]
+    low, high = entry["min_flops_per_s"], entry["max_flops_per_s"]
+    n, threads = key["method"]["matmul_size"], key["torch_threads"]
+    source = (f"measured: fp32 {n}x{n} matmul, {threads} thread{'s' if threads != 1 else ''}, median of "
+              f"{len(entry['trial_flops_per_s'])} trials {rate / 1e9:.1f} GFLOP/s "
+              f"(spread {low / 1e9:.1f}-{high / 1e9:.1f}), {where}")
+    return PeakFlops(float(rate), source, spread=(float(low), float(high)), cached=cached)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on lock_path, where the platform and file system allow one; else go on."""
+    try:
+        import fcntl
+
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "a")  # noqa: SIM115 -- closed below
+    except (ImportError, OSError):
+        handle = None
+    if handle is None:
+        yield
+        return
+    with handle:
+        with contextlib.suppress(OSError):
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
+        yield
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write text to path so that readers see the old file or the whole new one, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def synchronize(device: torch.device) -> None:
@@ -80,3 +383,24 @@ def peak_memory_mib(device: torch.device) -> tuple[float, float]:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     rss_bytes = rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB, macOS bytes
     return rss_bytes / MIB, rss_bytes / MIB
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m training.hardware",
+        description="This machine's CPU peak FLOP/s for MFU at the current torch thread count "
+                    "(OMP_NUM_THREADS), measured once and cached.")
+    parser.add_argument("--cache_dir", type=Path, default=None,
+                        help="cache folder; the figure goes under DIR/hardware (default: $GPT2S_CACHE or "
+                             "~/.cache/gpt2-strategies, as the data cache)")
+    parser.add_argument("--remeasure", action="store_true", help="measure again and replace the cached figure")
+    args = parser.parse_args(argv)
+    peak = cpu_peak_flops(default_cache_dir() if args.cache_dir is None else args.cache_dir,
+                          remeasure=args.remeasure)
+    print(f"{peak.flops_per_s / 1e9:.1f} GFLOP/s per process, relative spread {peak.relative_spread:.1%}")
+    print(peak.source)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

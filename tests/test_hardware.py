@@ -1,0 +1,264 @@
+"""Peak FLOP/s for MFU: GPU figures only for the exact product, the CPU figure measured once per machine
+and thread count, cached, and measured without touching global state."""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from training import hardware
+from training.hardware import PeakFlops, cpu_peak_flops, gpu_peak_flops, peak_flops
+
+# --- GPUs -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "precision", "tflops"), [
+    ("NVIDIA L4", "bf16", 121.0),
+    ("NVIDIA L40S", "bf16", 362.05),
+    ("NVIDIA L40", "bf16", 181.05),
+    ("NVIDIA L4", "fp32", 30.3),
+    ("NVIDIA L40S", "fp32", 91.6),
+    ("NVIDIA H100 80GB HBM3", "bf16", 989.5),  # SXM
+    ("NVIDIA H100 PCIe", "bf16", 756.5),
+    ("NVIDIA H100 NVL", "bf16", 835.5),
+    ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
+    ("NVIDIA H100 PCIe", "fp32", 51.0),
+    ("NVIDIA H100 NVL", "fp32", 60.0),
+    ("NVIDIA H200", "fp16", 989.5),
+    ("NVIDIA H200 NVL", "fp16", 835.5),
+    ("NVIDIA A10", "bf16", 125.0),
+    ("NVIDIA A10G", "bf16", 70.0),
+    ("NVIDIA A100 80GB PCIe", "fp16", 312.0),
+    ("Tesla T4", "fp16", 65.0),
+    ("Tesla V100-PCIE-32GB", "fp16", 112.0),
+    ("Tesla V100-SXM2-16GB", "fp16", 125.0),
+])
+def test_each_gpu_gets_its_own_exact_entry(name: str, precision: str, tflops: float) -> None:
+    peak = gpu_peak_flops(name, precision)
+    assert peak.flops_per_s == pytest.approx(tflops * 1e12, rel=1e-12)
+    assert peak.source.startswith(f"table: {name} {precision} ") and peak.source.endswith(")")  # names its source
+    assert peak.spread is None and not peak.cached
+
+
+def test_t4_bf16_is_its_fp32_figure() -> None:
+    # No bf16 tensor cores on Turing: bf16 runs at about the fp32 rate, not at the fp16 tensor rate.
+    assert gpu_peak_flops("Tesla T4", "bf16").flops_per_s == gpu_peak_flops("Tesla T4", "fp32").flops_per_s == 8.1e12
+
+
+@pytest.mark.parametrize(("name", "precision"), [
+    ("NVIDIA H100", "bf16"),
+    ("NVIDIA GeForce RTX 4090 D", "bf16"),  # a longer name holding a known one
+    ("NVIDIA A100", "fp16"),
+    ("AMD Instinct MI300X", "bf16"),
+    ("NVIDIA  L4", "bf16"),  # inner whitespace is part of the name
+    ("NVIDIA L4", "fp8"),  # a known part at a precision the table lacks
+    ("", "fp32"),
+])
+def test_unknown_name_or_precision_gives_nan_and_says_so(name: str, precision: str) -> None:
+    peak = gpu_peak_flops(name, precision)
+    assert math.isnan(peak.flops_per_s)
+    assert peak.source == (f"no peak-FLOP/s entry for {name!r} at {precision}: MFU not computed "
+                           "(add it to training/hardware.py)")
+    assert "\n" not in peak.source
+
+
+@pytest.mark.parametrize("spelling", ["nvidia l40s", "  NVIDIA L40S\n", "Nvidia L40s\t"])
+def test_names_are_normalised_for_case_and_surrounding_whitespace(spelling: str) -> None:
+    assert gpu_peak_flops(spelling, "fp16").flops_per_s == gpu_peak_flops("NVIDIA L40S", "fp16").flops_per_s == 362.05e12
+
+
+def test_every_table_entry_is_complete_and_plausible() -> None:
+    names = [name for _, parts in hardware._GPU_FAMILIES for name in parts]
+    assert len(names) == len(set(n.strip().casefold() for n in names)) == len(hardware._GPU_PEAK_TFLOPS)
+    for name in names:
+        figures = {p: gpu_peak_flops(name, p).flops_per_s for p in ("fp32", "fp16", "bf16")}
+        assert all(math.isfinite(v) and v > 0 for v in figures.values()), name
+        assert figures["fp32"] < figures["fp16"], name  # every listed part has faster fp16 than fp32
+        assert figures["fp32"] <= figures["bf16"] <= figures["fp16"], name
+
+
+# --- CPUs -------------------------------------------------------------------------------------------
+
+FAKE_RATES = [30e9, 10e9, 20e9, 50e9, 40e9, 35e9, 25e9, 45e9, 15e9]  # median 30e9, min 10e9, max 50e9
+
+
+class FakeMeasure:
+    """Stands in for the timed matmuls: counts calls and records the torch thread count they ran with."""
+
+    def __init__(self, rates: list[float] | None = None) -> None:
+        self.rates = list(rates or FAKE_RATES)
+        self.threads: list[int] = []
+
+    def __call__(self) -> list[float]:
+        self.threads.append(torch.get_num_threads())
+        return list(self.rates)
+
+    @property
+    def calls(self) -> int:
+        return len(self.threads)
+
+
+def must_not_measure() -> list[float]:
+    raise AssertionError("measured although a valid cached figure exists")
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeMeasure:
+    measure = FakeMeasure()
+    monkeypatch.setattr(hardware, "measure_cpu_matmul_rates", measure)
+    return measure
+
+
+def cache_files(cache_dir: Path) -> list[Path]:
+    return sorted((cache_dir / "hardware").glob("cpu_peak_*.json"))
+
+
+def test_first_call_measures_and_writes_second_reads_without_measuring(
+        tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch) -> None:
+    first = cpu_peak_flops(tmp_path)
+    assert fake.calls == 1 and not first.cached
+    assert first.flops_per_s == 30e9 and first.spread == (10e9, 50e9)
+    assert first.relative_spread == pytest.approx(40e9 / 30e9)
+    (path,) = cache_files(tmp_path)
+    assert first.source == (f"measured: fp32 1024x1024 matmul, {torch.get_num_threads()} "
+                            f"thread{'s' if torch.get_num_threads() != 1 else ''}, median of 9 trials 30.0 GFLOP/s "
+                            f"(spread 10.0-50.0), saved to {path}")
+    entry = json.loads(path.read_text())
+    assert entry["flops_per_s"] == 30e9 and entry["trial_flops_per_s"] == FAKE_RATES
+    assert entry["min_flops_per_s"] <= entry["flops_per_s"] <= entry["max_flops_per_s"]
+    assert entry["relative_spread"] == pytest.approx(40e9 / 30e9)
+    assert entry["key"]["torch_threads"] == torch.get_num_threads() and entry["key"]["dtype"] == "fp32"
+    assert entry["key"]["torch_version"] == torch.__version__ and entry["key"]["logical_cpus"] is not None
+    assert entry["key"]["cpu_model"]
+
+    monkeypatch.setattr(hardware, "measure_cpu_matmul_rates", must_not_measure)
+    second = cpu_peak_flops(tmp_path)
+    assert second.cached and second.flops_per_s == first.flops_per_s and second.spread == first.spread
+    assert second.source == first.source.replace("saved to", "cached")
+    assert cache_files(tmp_path) == [path]
+
+
+def test_another_thread_count_is_another_key_and_the_thread_count_is_restored(tmp_path: Path, fake: FakeMeasure) -> None:
+    before = torch.get_num_threads()
+    other = 2 if before == 1 else 1
+    mine = cpu_peak_flops(tmp_path)
+    assert torch.get_num_threads() == before
+    theirs = cpu_peak_flops(tmp_path, threads=other)
+    assert torch.get_num_threads() == before  # set for the measurement only
+    assert fake.calls == 2 and fake.threads == [before, other]  # each measured with its own count
+    files = cache_files(tmp_path)
+    assert len(files) == 2
+    assert sorted(json.loads(f.read_text())["key"]["torch_threads"] for f in files) == sorted([before, other])
+    assert f" {other} thread{'s' if other != 1 else ''}," in theirs.source
+    assert f" {before} thread{'s' if before != 1 else ''}," in mine.source
+    assert cpu_peak_flops(tmp_path).cached and cpu_peak_flops(tmp_path, threads=other).cached
+    assert fake.calls == 2 and torch.get_num_threads() == before
+
+
+def test_the_key_covers_torch_version_and_cpu(tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu_peak_flops(tmp_path, threads=1)
+    monkeypatch.setattr(torch, "__version__", "0.0.0-other")
+    assert not cpu_peak_flops(tmp_path, threads=1).cached
+    monkeypatch.setattr(hardware, "cpu_model_name", lambda: "Another CPU")
+    assert not cpu_peak_flops(tmp_path, threads=1).cached
+    assert fake.calls == 3 and len(cache_files(tmp_path)) == 3
+
+
+@pytest.mark.parametrize("corrupt", [
+    "",
+    "{not json",
+    '{"key": {}, "flops_per_s": 1.0}',
+    "[1, 2, 3]",
+    "null",
+])
+def test_a_corrupt_cache_file_is_measured_again_and_overwritten(tmp_path: Path, fake: FakeMeasure, corrupt: str) -> None:
+    cpu_peak_flops(tmp_path, threads=1)
+    (path,) = cache_files(tmp_path)
+    path.write_text(corrupt)
+    fake.rates = [7e9] * 9
+    again = cpu_peak_flops(tmp_path, threads=1)
+    assert fake.calls == 2 and not again.cached and again.flops_per_s == 7e9
+    assert json.loads(path.read_text())["flops_per_s"] == 7e9
+    assert cpu_peak_flops(tmp_path, threads=1).cached
+
+
+@pytest.mark.parametrize(("field", "value"), [
+    ("flops_per_s", -1.0),
+    ("flops_per_s", "fast"),
+    ("flops_per_s", 1e300),  # not the median of the trials
+    ("max_flops_per_s", 1.0),
+    ("trial_flops_per_s", []),
+    ("trial_flops_per_s", [1e9, float("nan")]),
+])
+def test_an_entry_with_bad_figures_is_measured_again(tmp_path: Path, fake: FakeMeasure, field: str, value: object) -> None:
+    cpu_peak_flops(tmp_path, threads=1)
+    (path,) = cache_files(tmp_path)
+    entry = json.loads(path.read_text())
+    entry[field] = value
+    path.write_text(json.dumps(entry))
+    assert not cpu_peak_flops(tmp_path, threads=1).cached and fake.calls == 2
+
+
+def test_remeasure_replaces_the_cached_figure(tmp_path: Path, fake: FakeMeasure) -> None:
+    cpu_peak_flops(tmp_path, threads=1)
+    fake.rates = [9e9] * 9
+    again = cpu_peak_flops(tmp_path, threads=1, remeasure=True)
+    assert fake.calls == 2 and not again.cached and again.flops_per_s == 9e9
+    assert cpu_peak_flops(tmp_path, threads=1).flops_per_s == 9e9
+
+
+def test_an_unwritable_cache_is_a_note_not_a_crash(tmp_path: Path, fake: FakeMeasure) -> None:
+    blocker = tmp_path / "not_a_dir"
+    blocker.write_text("a file where the cache folder would go")
+    peak = cpu_peak_flops(blocker, threads=1)
+    assert peak.flops_per_s == 30e9 and not peak.cached and "not cached (" in peak.source
+
+
+def test_peak_flops_on_cpu_uses_the_cache_dir_and_defaults_to_the_data_cache(
+        tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch) -> None:
+    peak = peak_flops(torch.device("cpu"), "fp32", tmp_path / "given")
+    assert peak.source.startswith("measured") and len(cache_files(tmp_path / "given")) == 1
+    monkeypatch.setenv("GPT2S_CACHE", str(tmp_path / "env"))
+    peak_flops(torch.device("cpu"), "fp32")  # the two-argument call training makes today
+    assert len(cache_files(tmp_path / "env")) == 1
+    assert fake.calls == 2
+
+
+def test_the_measurement_leaves_the_global_rng_and_threads_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The real timed matmuls, made small and short.
+    real = functools.partial(hardware.measure_cpu_matmul_rates, n=64, trials=5, trial_s=0.005, warmup_s=0.005)
+    monkeypatch.setattr(hardware, "measure_cpu_matmul_rates", real)
+    torch.manual_seed(123)
+    state = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    peak = cpu_peak_flops(tmp_path, threads=2 if threads == 1 else 1)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert torch.get_num_threads() == threads
+    low, high = peak.spread
+    assert 0 < low <= peak.flops_per_s <= high
+    entry = json.loads(cache_files(tmp_path)[0].read_text())
+    assert len(entry["trial_flops_per_s"]) == 5 and entry["min_flops_per_s"] == low and entry["max_flops_per_s"] == high
+
+
+def test_the_command_prints_the_figure_and_remeasures_on_request(
+        tmp_path: Path, fake: FakeMeasure, capsys: pytest.CaptureFixture[str]) -> None:
+    assert hardware.main(["--cache_dir", str(tmp_path)]) == 0
+    assert hardware.main(["--cache_dir", str(tmp_path)]) == 0
+    assert fake.calls == 1
+    assert hardware.main(["--cache_dir", str(tmp_path), "--remeasure"]) == 0
+    assert fake.calls == 2
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("30.0 GFLOP/s per process") and lines[1].startswith("measured: fp32 1024x1024 matmul")
+    assert "cached" in lines[3] and "saved to" in lines[5]
+
+
+def test_peak_flops_is_a_frozen_record() -> None:
+    peak = PeakFlops(1.0, "x")
+    assert peak.spread is None and not peak.cached and peak.relative_spread is None
+    with pytest.raises(AttributeError):
+        peak.flops_per_s = 2.0  # type: ignore[misc]
