@@ -53,6 +53,7 @@ class ExperimentSpec:
     micro_batch_size: int | None = None  # None: the preset's
     block_size: int | None = None  # None: the preset's (then not passed to train.py)
     experiment: str = ""  # the W&B group; empty: <preset>-<timestamp>
+    num_processes: int | None = None  # None: each config file's; else the processes of ddp and fsdp
     extra: tuple[str, ...] = ()  # passed to train.py as they are, after everything else
 
     def __post_init__(self) -> None:
@@ -63,7 +64,7 @@ class ExperimentSpec:
             raise SetupError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(CONFIG_FILES)}")
         if len(set(self.strategies)) != len(self.strategies):
             raise SetupError("each strategy once: the run directory is named after it")
-        for name in ("max_steps", "epochs", "global_batch_tokens", "micro_batch_size", "block_size"):
+        for name in ("max_steps", "epochs", "global_batch_tokens", "micro_batch_size", "block_size", "num_processes"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SetupError(f"--{name} must be > 0, got {value}")
@@ -119,8 +120,17 @@ def read_num_processes(config_file: Path) -> int:
     return processes
 
 
-def world_sizes(strategies: Sequence[str], config_dir: Path = CONFIG_DIR) -> dict[str, int]:
-    return {s: read_num_processes(config_dir / CONFIG_FILES[s]) for s in strategies}
+# The strategies whose number of processes --num_processes sets; single is one process by definition.
+MULTI_PROCESS = ("ddp", "fsdp")
+
+
+def world_sizes(strategies: Sequence[str], config_dir: Path = CONFIG_DIR,
+                num_processes: int | None = None) -> dict[str, int]:
+    """Processes per strategy: the config file's, or `num_processes` for ddp and fsdp when given."""
+    sizes = {s: read_num_processes(config_dir / CONFIG_FILES[s]) for s in strategies}
+    if num_processes is not None:
+        sizes.update({s: num_processes for s in strategies if s in MULTI_PROCESS})
+    return sizes
 
 
 def preset_defaults(preset: str) -> dict[str, object]:
@@ -192,7 +202,10 @@ def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
     launches = []
     for strategy in spec.strategies:
         run_dir = spec.out / "runs" / strategy
-        argv = (*launcher, "--config_file", _shown(config_dir / CONFIG_FILES[strategy], cwd),
+        # accelerate's own flag overrides the file's num_processes, so the printed command says it.
+        processes = (("--num_processes", str(spec.num_processes))
+                     if spec.num_processes is not None and strategy in MULTI_PROCESS else ())
+        argv = (*launcher, "--config_file", _shown(config_dir / CONFIG_FILES[strategy], cwd), *processes,
                 _shown(train_script, cwd), *shared, "--output_dir", str(run_dir),
                 # train.py stops at start-up if the launch gives another strategy (FSDP quietly
                 # becoming DDP, say), so a mislabelled run never reaches the report.
@@ -300,6 +313,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--micro_batch_size", type=int, help="sequences per process per micro-step (default: the preset's)")
     parser.add_argument("--block_size", type=int, help="tokens per sequence (default: the preset's)")
     parser.add_argument("--experiment", help="experiment name = W&B group (default: <preset>-<timestamp>)")
+    parser.add_argument("--num_processes", type=int, help="processes of ddp and fsdp, overriding their config "
+                        "files (e.g. 1 for FSDP on a one-GPU machine); single is always one process")
     parser.add_argument("--dry_run", action="store_true", help="print the commands and exit")
     parser.add_argument("--wandb_report", action="store_true",
                         help="at the end, build the W&B report of the experiment when logged in "
@@ -315,7 +330,7 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
         preset=args.preset, out=args.out, max_steps=args.max_steps, epochs=args.epochs,
         strategies=tuple(args.strategies), data=tuple(args.data), seed=args.seed,
         global_batch_tokens=args.global_batch_tokens, micro_batch_size=args.micro_batch_size,
-        block_size=args.block_size, experiment=name, extra=tuple(args.extra),
+        block_size=args.block_size, experiment=name, num_processes=args.num_processes, extra=tuple(args.extra),
     )
 
 
@@ -326,7 +341,7 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
     cwd = Path(os.getcwd())
     try:
         spec = spec_from_args(args)
-        sizes = world_sizes(spec.strategies, config_dir)
+        sizes = world_sizes(spec.strategies, config_dir, spec.num_processes)
         batch = choose_batch(spec, list(sizes.values()), preset_defaults(spec.preset))
     except SetupError as err:
         print(f"error: {err}", file=sys.stderr)

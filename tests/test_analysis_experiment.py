@@ -4,6 +4,7 @@ failures reported with exit code and log tail while the other strategies still r
 from __future__ import annotations
 
 import json
+import re
 import sys
 import textwrap
 from pathlib import Path
@@ -43,6 +44,23 @@ def test_world_sizes_come_from_the_yaml_files(configs: Path) -> None:
     assert world_sizes(("fsdp",), configs) == {"fsdp": 4}
     with pytest.raises(SetupError, match="not found"):
         world_sizes(("ddp",), configs / "missing")
+
+
+def test_num_processes_sets_ddp_and_fsdp_and_is_passed_to_accelerate(tmp_path: Path, configs: Path,
+                                                                     capsys) -> None:
+    assert world_sizes(("single", "ddp", "fsdp"), configs, 1) == {"single": 1, "ddp": 1, "fsdp": 1}
+    assert world_sizes(("single", "fsdp"), configs, 4) == {"single": 1, "fsdp": 4}
+    out = tmp_path / "exp"
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp",
+            "--num_processes", "1", "--dry_run"]
+    assert main(argv, launcher=("accelerate", "launch"), config_dir=configs) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "global batch 1,024 tokens" in lines[0] and "single 2, fsdp 2" in lines[0]  # not raised for 2
+    single, fsdp = (line for line in lines if line.startswith("accelerate launch"))
+    assert "--num_processes" not in single
+    assert re.match(r"accelerate launch --config_file \S+/fsdp\.yaml --num_processes 1 \S*train\.py ", fsdp)
+    with pytest.raises(SetupError, match="num_processes must be > 0"):
+        spec(tmp_path, num_processes=0)
 
 
 @pytest.mark.parametrize("sizes", [[1, 2, 2], [1, 2, 4], [1, 3]])

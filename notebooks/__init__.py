@@ -1,0 +1,1 @@
+"""The project's notebooks and the helpers they import (support.py)."""
