@@ -129,9 +129,9 @@ def set_up(cfg: TrainConfig) -> Session:
         eval_subset(data.val, cfg.run.eval_blocks), batch_size=geometry.micro_batch_size, shuffle=False,
         num_workers=cfg.run.dataloader_workers,
     ))
-    # The peak is read (or measured once and cached) before a resume restores the random state.
-    with accelerator.main_process_first():
-        peak = peak_flops(accelerator.device, effective.precision, cfg.data.resolved_cache_dir())
+    # Measured once per machine and thread count and cached (the ranks take turns through a file lock),
+    # so every run of an experiment divides by the same peak; read before a resume restores the RNG.
+    peak = peak_flops(accelerator.device, effective.precision, cfg.data.resolved_cache_dir())
 
     state = TrainState()
     accelerator.register_for_checkpointing(scheduler, state)
