@@ -45,7 +45,8 @@ def total_keys_written_by_training() -> set[str]:
     """The "total" keys of summary.json, from the function train.py computes them with."""
     from training.metrics import EpochMemory, MetricsTracker, RunTimes, StepRecord, ThroughputFacts, total_summary
 
-    tracker = MetricsTracker.__new__(MetricsTracker)  # no Accelerator: total_summary needs only these three
+    tracker = MetricsTracker.__new__(MetricsTracker)  # no Accelerator: total_summary needs only these
+    tracker.perf_warmup_steps = 1
     tracker.facts = ThroughputFacts(tokens_per_step=1024, samples_per_step=16, world_size=2, flops_per_token=1e6,
                                     peak_flops_per_device=1e12)
     tracker.records = [StepRecord(i, 1, 1024 * i, 5.0, 1.0, 1e-3, 0.1, warmup=i == 1) for i in range(1, 5)]

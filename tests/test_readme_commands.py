@@ -65,7 +65,12 @@ class Ran:
     command: str  # as the README writes it
     adapted: str  # as run
     returncode: int
-    output: str
+    stdout: str
+    stderr: str
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
 
 
 def adapt(command: str, runs: Path, corpus: Path) -> str:
@@ -124,7 +129,7 @@ def readme_runs(readme: list[str], tmp_path_factory: pytest.TempPathFactory) -> 
         adapted = adapt(command, runs, corpus)
         result = subprocess.run(["bash", "-c", adapted], cwd=REPO, env=env, capture_output=True, text=True,
                                 timeout=900)
-        ran.append(Ran(command, adapted, result.returncode, result.stdout + result.stderr))
+        ran.append(Ran(command, adapted, result.returncode, result.stdout, result.stderr))
     return runs, ran
 
 
@@ -181,10 +186,10 @@ def test_the_quick_start_line_runs_twice(readme: list[str], readme_runs: tuple[P
 def test_the_closing_lines_are_the_runs_own(readme_runs: tuple[Path, list[Ran]]) -> None:
     _, ran = readme_runs
     (quickstart, *_) = [r for r in ran if r.command.startswith("python train.py")]
-    lines = [line for line in quickstart.output.splitlines() if line.strip()]
+    lines = [line for line in quickstart.stdout.splitlines() if line.strip()]
     assert lines[-2].startswith("done: 6 of 6 steps")
     assert lines[-1].startswith("W&B: offline run in ") and "wandb sync " in lines[-1]
-    assert not any(line.startswith("wandb: Run summary") for line in lines)
+    assert not any(line.startswith("wandb: Run summary") for line in quickstart.output.splitlines())
 
 
 def test_the_experiment_compares_all_three_with_no_problems(readme_runs: tuple[Path, list[Ran]]) -> None:
@@ -214,6 +219,6 @@ def test_the_report_export_and_sample_commands_use_the_runs(readme_runs: tuple[P
     assert (runs / "report" / "report.md").is_file() and (runs / "report" / "table.csv").is_file()
     assert (runs / "my-gpt2" / "model.safetensors").is_file()
     (sample,) = [r for r in ran if r.command.startswith("python -m model.sample")]
-    assert sample.output.startswith("The city council")
+    assert sample.stdout.startswith("The city council")
     spec = json.loads((runs / "wandb_report.json").read_text())
     assert "tiny-demo" in json.dumps(spec)
