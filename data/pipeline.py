@@ -1,5 +1,7 @@
 """build_datasets: corpus -> clean -> tokenize -> split by document -> pack into blocks -> cache.
 
+A corpus of too few documents to split by document (one large file) is split in its token stream.
+
 Only the packed token files are cached; everything before them is rebuilt on a miss. The cache key
 covers every input that changes the packed result, so a hit is always safe to use.
 """
@@ -25,19 +27,30 @@ from data.clean import CLEANING_VERSION, clean_text, is_empty
 from data.config import DataConfig
 from data.dataset import PackedDataset
 from data.errors import DataError
-from data.packing import SplitStats, assign_validation, document_hash, pack_split, record_batches, token_dtype
+from data.packing import (
+    SplitStats,
+    assign_validation,
+    document_hash,
+    pack_split,
+    pack_token_split,
+    record_batches,
+    token_dtype,
+)
 from data.sources import Sources, describe, read_documents
 from data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
-# Part of the cache key: bump when packing or the stored layout changes.
-PIPELINE_VERSION = 1
+# Part of the cache key: bump when packing or the stored layout changes. 2: corpora of too few
+# documents are split in their token stream (`split_by`), which entries of 1 neither did nor record.
+PIPELINE_VERSION = 2
+# How validation was held out (DataStats.split_by): whole documents by hash, or the token stream's tail.
+SPLIT_BY_DOCUMENT = "document"
+SPLIT_BY_TOKEN_STREAM = "token_stream"
 # Below this many documents per worker, starting a pool costs more than it saves (default num_proc only).
 _MIN_DOCS_PER_WORKER = 1000
 _MAP_BATCH = 1000
 # Below this many documents the map steps take well under a second and a progress bar is only noise
 # (on stderr, where it would also bury the one-line error of a corpus that is too small).
 _MIN_DOCS_FOR_PROGRESS = 10_000
-
 Log = Callable[[str], None]
 
 
@@ -53,6 +66,7 @@ class DataStats:
     eot_id: int
     documents_read: int  # rows read from the source, before empty documents were dropped
     documents_empty: int  # dropped because nothing was left after cleaning
+    split_by: str  # SPLIT_BY_DOCUMENT, or SPLIT_BY_TOKEN_STREAM for a corpus of too few documents
     cache_key: str
     cache_hit: bool
     cache_path: str
@@ -71,7 +85,8 @@ class DataStats:
                 f"tokens, {s.tokens_dropped:,} tokens dropped"
             )
 
-        return [line("train", self.train), line("val", self.val)]
+        tail = " (the tail of the token stream)" if self.split_by == SPLIT_BY_TOKEN_STREAM else ""
+        return [line("train", self.train), line("val", self.val) + tail]
 
 
 @dataclass
@@ -201,11 +216,28 @@ def _build(
     doc_hash = table.column("split_hash").to_numpy()
     is_val = assign_validation(doc_hash, lengths, config.val_fraction, config.block_size, sources.description, log)
     dtype = token_dtype(len(tokenizer))
-    splits = {}
     batches = record_batches(table.select(["input_ids"]))
-    for name, mask in (("train", ~is_val), ("val", is_val)):
-        stats = pack_split(batches, mask, tmp / f"{name}.bin", dtype, config.block_size)
-        splits[name] = {**asdict(stats), "bytes": stats.blocks * (config.block_size + 1) * dtype.itemsize}
+    if is_val is None:
+        split_by = SPLIT_BY_TOKEN_STREAM
+        packed = pack_token_split(
+            batches, lengths, tmp / "train.bin", tmp / "val.bin", dtype, config.block_size, config.val_fraction
+        )
+        blocks = packed[0].blocks + packed[1].blocks
+        log(
+            f"data: {len(lengths):,} document(s) cannot be split by document into a training and a validation "
+            f"block of {config.block_size + 1} tokens each; holding out the tail of the token stream instead: "
+            f"the last {packed[1].blocks:,} of {blocks:,} blocks (val_fraction {config.val_fraction})"
+        )
+    else:
+        split_by = SPLIT_BY_DOCUMENT
+        packed = (
+            pack_split(batches, ~is_val, tmp / "train.bin", dtype, config.block_size),
+            pack_split(batches, is_val, tmp / "val.bin", dtype, config.block_size),
+        )
+    splits = {
+        name: {**asdict(stats), "bytes": stats.blocks * (config.block_size + 1) * dtype.itemsize}
+        for name, stats in zip(("train", "val"), packed)
+    }
     documents_read = len(corpus)
     del corpus, cleaned, tokens, table, batches
     shutil.rmtree(work)  # intermediate Arrow files; only the packed blocks are kept
@@ -220,6 +252,7 @@ def _build(
         "eot_id": tokenizer.eos_token_id,
         "documents_read": documents_read,
         "documents_empty": documents_read - len(lengths),
+        "split_by": split_by,
         "splits": splits,
     }
 
@@ -232,7 +265,6 @@ def _key_parts(config: DataConfig, sources: Sources, tokenizer_fp: str) -> dict[
         "tokenizer": tokenizer_fp,
         "block_size": config.block_size,
         "clean": config.clean,
-        "cleaning_version": CLEANING_VERSION if config.clean else None,
         "text_column": config.text_column,
         "prepend_title": config.prepend_title,
         "max_documents": config.max_documents,
@@ -285,6 +317,7 @@ def _load_or_build(config: DataConfig, log: Log) -> PackedData:
         eot_id=meta["eot_id"],
         documents_read=meta["documents_read"],
         documents_empty=meta["documents_empty"],
+        split_by=meta["split_by"],
         cache_key=key,
         cache_hit=cache_hit,
         cache_path=str(folder),

@@ -1,0 +1,110 @@
+"""Untidy corpora, as public ones come: one large file, stray bytes that are not UTF-8, mixed line
+ends, byte-order marks, very long lines, CSVs with quotes and newlines in their values, empty rows."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data import build_datasets, load_tokenizer
+from data.clean import clean_text
+from tests.test_data_support import config, log_sink, write_kaggle_csv
+
+EOT = 50256
+
+
+def book(words: int, seed: int = 0) -> str:
+    """A long text of varied made-up words in sentences and paragraphs, like a book in one file."""
+    rng = random.Random(seed)
+    syllables = ["ka", "lo", "mi", "ren", "tu", "sa", "vel", "or", "an", "thi", "qu", "es", "dor", "pi"]
+    vocab = ["".join(rng.choice(syllables) for _ in range(rng.randint(1, 3))) for _ in range(3000)]
+    parts, n = [], 0
+    while n < words:
+        sentence = " ".join(rng.choice(vocab) for _ in range(rng.randint(5, 18)))
+        parts.append(sentence.capitalize() + rng.choice(".!?.") + ("\n\n" if rng.random() < 0.1 else " "))
+        n += sentence.count(" ") + 1
+    return "".join(parts)
+
+
+def stream(ds) -> np.ndarray:
+    """All tokens of a split, block after block."""
+    return np.concatenate([ds.block(i) for i in range(len(ds))]) if len(ds) else np.zeros(0, np.int64)
+
+
+# ----------------------------------------------------------------------------- one large file
+
+
+@pytest.fixture(scope="module")
+def one_book(tmp_path_factory) -> tuple[Path, str]:
+    text = book(140_000)  # about 300,000 GPT-2 tokens
+    path = tmp_path_factory.mktemp("book") / "book.txt"
+    path.write_text(text, encoding="utf-8")
+    return path, text
+
+
+def test_one_large_file_holds_out_the_tail_of_its_token_stream(tmp_path: Path, one_book):
+    path, text = one_book
+    lines, log = log_sink()
+    data = build_datasets(config(tmp_path, paths=[str(path)], block_size=64), log=log)
+    s = data.stats
+    assert s.split_by == "token_stream"
+    blocks = s.train.blocks + s.val.blocks
+    assert blocks > 4000 and s.val.blocks == int(0.05 * blocks) and len(data.val) == s.val.blocks
+    said = [line for line in lines if "holding out the tail of the token stream" in line]
+    assert len(said) == 1 and f"last {s.val.blocks:,} of {blocks:,} blocks" in said[0]
+    assert any(line.startswith("data: val") and "(the tail of the token stream)" in line for line in lines)
+    # Training is the head of the document's tokens and validation the blocks that follow it.
+    expected = load_tokenizer()(clean_text(text))["input_ids"] + [EOT]
+    assert s.train.tokens + s.val.tokens == len(expected) and s.train.tokens_dropped == 0
+    assert s.val.tokens_dropped == len(expected) % 65
+    assert np.concatenate([stream(data.train), stream(data.val)]).tolist() == expected[: blocks * 65]
+    assert s.train.documents == s.val.documents == 1  # the one document straddles the cut
+
+
+def test_a_few_documents_that_cannot_be_split_by_document_count_the_straddling_one_twice(tmp_path: Path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a_preface.txt").write_text("A short preface of a few words.", encoding="utf-8")
+    (corpus / "b_book.txt").write_text(book(3000), encoding="utf-8")
+    lines, log = log_sink()
+    data = build_datasets(config(tmp_path, paths=[str(corpus)], block_size=64), log=log)
+    assert data.stats.split_by == "token_stream" and len(data.train) >= 1 and len(data.val) >= 1
+    assert data.stats.train.documents == 2 and data.stats.val.documents == 1
+    assert not any("holding out 1 document(s)" in line for line in lines)  # the document split was not used
+
+
+def test_one_document_of_exactly_two_blocks_gives_one_block_each(tmp_path: Path):
+    tok = load_tokenizer()
+    words = book(200).split()
+    n = next(n for n in range(10, len(words)) if len(tok(" ".join(words[:n]))["input_ids"]) + 1 >= 2 * 33)
+    path = tmp_path / "two_blocks.txt"
+    path.write_text(" ".join(words[:n]), encoding="utf-8")
+    _, log = log_sink()
+    data = build_datasets(config(tmp_path, paths=[str(path)], block_size=32), log=log)
+    assert data.stats.split_by == "token_stream" and len(data.train) == len(data.val) == 1
+
+
+def test_split_by_document_is_kept_whenever_it_works(tmp_path: Path):
+    path = write_kaggle_csv(tmp_path / "a.csv", [book(150, seed=i) for i in range(30)])
+    lines, log = log_sink()
+    data = build_datasets(config(tmp_path, paths=[str(path)], block_size=32, val_fraction=0.2), log=log)
+    assert data.stats.split_by == "document" and data.stats.train.documents + data.stats.val.documents == 30
+    assert not any("token stream" in line for line in lines)
+
+
+def test_cache_entries_of_the_two_split_methods_stay_apart(tmp_path: Path):
+    # A long document and a shorter one: at 16 tokens a block either can be validation and the other
+    # training; at 1024 the shorter one is less than a block, so they cannot be split by document.
+    path = write_kaggle_csv(tmp_path / "a.csv", [book(3000), book(300, seed=1)])
+    first = {bs: build_datasets(config(tmp_path, paths=[str(path)], block_size=bs), log=log_sink()[1]) for bs in (16, 1024)}
+    assert first[16].stats.split_by == "document" and first[1024].stats.split_by == "token_stream"
+    assert first[16].stats.cache_key != first[1024].stats.cache_key
+    for bs, before in first.items():
+        lines, log = log_sink()
+        again = build_datasets(config(tmp_path, paths=[str(path)], block_size=bs), log=log)
+        assert again.stats.cache_hit and again.stats.split_by == before.stats.split_by
+        assert np.array_equal(stream(again.val), stream(before.val)) and again.stats.val == before.stats.val
+        assert any(line.startswith("data: val") for line in lines)
