@@ -36,7 +36,7 @@ from data.packing import (
     record_batches,
     token_dtype,
 )
-from data.sources import Sources, describe, read_documents
+from data.sources import Corpus, Sources, describe, read_corpus
 from data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
 # Part of the cache key: bump when packing or the stored layout changes. 2: corpora of too few
@@ -51,6 +51,9 @@ _MAP_BATCH = 1000
 # Below this many documents the map steps take well under a second and a progress bar is only noise
 # (on stderr, where it would also bury the one-line error of a corpus that is too small).
 _MIN_DOCS_FOR_PROGRESS = 10_000
+# Files named in the warning about bytes that are not UTF-8 (and kept in the entry's metadata for it).
+_NOT_UTF8_NAMED = 3
+
 Log = Callable[[str], None]
 
 
@@ -67,6 +70,8 @@ class DataStats:
     documents_read: int  # rows read from the source, before empty documents were dropped
     documents_empty: int  # dropped because nothing was left after cleaning
     split_by: str  # SPLIT_BY_DOCUMENT, or SPLIT_BY_TOKEN_STREAM for a corpus of too few documents
+    not_utf8_files: int  # files with bytes that are not UTF-8, read as U+FFFD
+    not_utf8_bytes: int  # how many such bytes, in all
     cache_key: str
     cache_hit: bool
     cache_path: str
@@ -202,7 +207,8 @@ def _build(
     """Build the packed splits into folder `tmp` and return the entry's metadata."""
     work = tmp / "work"
     work.mkdir()
-    corpus = _write_arrow(read_documents(sources, config), work / "corpus.arrow")
+    read = read_corpus(sources, config)
+    corpus = _write_arrow(read.table, work / "corpus.arrow")
     num_proc = _workers(config, len(corpus))
     log(f"data: {len(corpus):,} documents read; cleaning and tokenizing with {num_proc} process(es)")
     with _progress_bars(len(corpus) >= _MIN_DOCS_FOR_PROGRESS):
@@ -254,7 +260,27 @@ def _build(
         "documents_empty": documents_read - len(lengths),
         "split_by": split_by,
         "splits": splits,
+        "not_utf8": _not_utf8_report(read),
     }
+
+
+def _not_utf8_report(read: Corpus) -> dict[str, Any]:
+    """What the warning about bytes that are not UTF-8 says, kept with the entry so a hit says it too."""
+    return {
+        "files": len(read.not_utf8),
+        "bytes": sum(n for _, n in read.not_utf8),
+        "files_read": read.files_read,
+        "named": [name for name, _ in read.not_utf8[:_NOT_UTF8_NAMED]],
+    }
+
+
+def _not_utf8_warning(report: dict[str, Any]) -> str:
+    more = report["files"] - len(report["named"])
+    named = ", ".join(report["named"]) + (f" and {more:,} more" if more else "")
+    return (
+        f"warning: {report['files']:,} of {report['files_read']:,} files had bytes that are not UTF-8 "
+        f"({report['bytes']:,} bytes, decoded as U+FFFD): {named}; --strict_utf8 refuses such files instead"
+    )
 
 
 def _key_parts(config: DataConfig, sources: Sources, tokenizer_fp: str) -> dict[str, Any]:
@@ -265,6 +291,9 @@ def _key_parts(config: DataConfig, sources: Sources, tokenizer_fp: str) -> dict[
         "tokenizer": tokenizer_fp,
         "block_size": config.block_size,
         "clean": config.clean,
+        # A strict run must fail on a corpus that a lenient run packed with U+FFFD, not reuse its entry.
+        "strict_utf8": config.strict_utf8,
+        "cleaning_version": CLEANING_VERSION if config.clean else None,
         "text_column": config.text_column,
         "prepend_title": config.prepend_title,
         "max_documents": config.max_documents,
@@ -318,11 +347,15 @@ def _load_or_build(config: DataConfig, log: Log) -> PackedData:
         documents_read=meta["documents_read"],
         documents_empty=meta["documents_empty"],
         split_by=meta["split_by"],
+        not_utf8_files=meta["not_utf8"]["files"],
+        not_utf8_bytes=meta["not_utf8"]["bytes"],
         cache_key=key,
         cache_hit=cache_hit,
         cache_path=str(folder),
         build_time_s=time.perf_counter() - start,
     )
+    if stats.not_utf8_files:
+        log(_not_utf8_warning(meta["not_utf8"]))
     for line in stats.summary():
         log(line)
     return PackedData(train=splits["train"], val=splits["val"], stats=stats)

@@ -9,8 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import build_datasets, load_tokenizer
+from data import DataError, build_datasets, load_tokenizer
 from data.clean import clean_text
+from data.prepare import main as prepare_main
+from data.sources import describe, read_corpus
 from tests.test_data_support import config, log_sink, write_kaggle_csv
 
 EOT = 50256
@@ -32,6 +34,15 @@ def book(words: int, seed: int = 0) -> str:
 def stream(ds) -> np.ndarray:
     """All tokens of a split, block after block."""
     return np.concatenate([ds.block(i) for i in range(len(ds))]) if len(ds) else np.zeros(0, np.int64)
+
+
+def corpus_of(tmp_path: Path, **overrides):
+    cfg = config(tmp_path, **overrides)
+    return read_corpus(describe(cfg, tmp_path / "hf"), cfg)
+
+
+def texts_of(tmp_path: Path, **overrides) -> list[str]:
+    return corpus_of(tmp_path, **overrides).table.column("text").to_pylist()
 
 
 # ----------------------------------------------------------------------------- one large file
@@ -108,3 +119,86 @@ def test_cache_entries_of_the_two_split_methods_stay_apart(tmp_path: Path):
         assert again.stats.cache_hit and again.stats.split_by == before.stats.split_by
         assert np.array_equal(stream(again.val), stream(before.val)) and again.stats.val == before.stats.val
         assert any(line.startswith("data: val") for line in lines)
+
+
+# ----------------------------------------------------------------------------- bytes that are not UTF-8
+
+BAD_BYTES = {3: b"\xff\xfe", 50: b"caf\xe9", 120: b"cut \xe2\x82 euro"}  # 2 + 1 + 2 bytes that are not UTF-8
+
+
+@pytest.fixture
+def folder_with_a_few_bad_files(tmp_path: Path) -> Path:
+    folder = tmp_path / "texts"
+    folder.mkdir()
+    for i in range(200):
+        body = f"Text file {i} holds a few words about item {i}. ".encode() * 3
+        (folder / f"f{i:03d}.txt").write_bytes(body + BAD_BYTES.get(i, b""))
+    return folder
+
+
+def test_a_few_files_with_bytes_not_utf8_are_read_and_reported_in_one_line(tmp_path: Path, folder_with_a_few_bad_files):
+    lines, log = log_sink()
+    data = build_datasets(config(tmp_path, paths=[str(folder_with_a_few_bad_files)], block_size=32), log=log)
+    assert data.stats.not_utf8_files == 3 and data.stats.not_utf8_bytes == 5 and len(data.train) > 10
+    warnings = [line for line in lines if line.startswith("warning:")]
+    assert len(warnings) == 1
+    names = ", ".join(str(folder_with_a_few_bad_files / f"f{i:03d}.txt") for i in (3, 50, 120))
+    assert warnings[0] == (
+        f"warning: 3 of 200 files had bytes that are not UTF-8 (5 bytes, decoded as U+FFFD): {names}; "
+        "--strict_utf8 refuses such files instead"
+    )
+    # A cache hit says it again: the run still trains on the replaced text.
+    lines, log = log_sink()
+    again = build_datasets(config(tmp_path, paths=[str(folder_with_a_few_bad_files)], block_size=32), log=log)
+    assert again.stats.cache_hit and again.stats.not_utf8_bytes == 5
+    assert [line for line in lines if line.startswith("warning:")] == warnings
+
+
+def test_bad_bytes_become_replacement_characters(tmp_path: Path, folder_with_a_few_bad_files):
+    corpus = corpus_of(tmp_path, paths=[str(folder_with_a_few_bad_files)])
+    texts = corpus.table.column("text").to_pylist()
+    # Python's errors="replace": one U+FFFD per invalid sequence, so the cut euro sign (2 bytes) is one.
+    assert texts[3].endswith("\ufffd\ufffd") and texts[50].endswith("caf\ufffd") and texts[120].endswith("cut \ufffd euro")
+    assert sum("\ufffd" in t for t in texts) == 3
+    assert corpus.files_read == 200 and [n for _, n in corpus.not_utf8] == [2, 1, 2]
+
+
+def test_more_files_with_bad_bytes_than_named_are_counted(tmp_path: Path):
+    for i in range(5):
+        (tmp_path / f"t{i}.txt").write_bytes(b"Words of a file with a stray byte \x80 in it. " * 4)
+    lines, log = log_sink()
+    build_datasets(config(tmp_path, paths=[str(tmp_path / "*.txt")], block_size=16), log=log)
+    (warning,) = [line for line in lines if line.startswith("warning:")]
+    assert "5 of 5 files" in warning and "(20 bytes," in warning and f"{tmp_path / 't2.txt'} and 2 more;" in warning
+
+
+@pytest.mark.parametrize("suffix", ["csv", "json", "jsonl"])
+def test_bad_bytes_in_structured_files_are_replaced_too(tmp_path: Path, suffix: str):
+    path = tmp_path / f"x.{suffix}"
+    raw = {"csv": b"title,content\nT,caf\xe9 au lait\n", "json": b'[{"text": "caf\xe9 au lait"}]',
+           "jsonl": b'{"text": "caf\xe9 au lait"}\n'}[suffix]
+    path.write_bytes(raw)
+    corpus = corpus_of(tmp_path, paths=[str(path)])
+    assert corpus.table.column("text").to_pylist() == ["caf\ufffd au lait"] and corpus.not_utf8 == [(str(path), 1)]
+
+
+def test_strict_utf8_refuses_what_a_lenient_run_cached(tmp_path: Path, folder_with_a_few_bad_files):
+    _, log = log_sink()
+    build_datasets(config(tmp_path, paths=[str(folder_with_a_few_bad_files)], block_size=32), log=log)
+    with pytest.raises(DataError) as err:
+        build_datasets(config(tmp_path, paths=[str(folder_with_a_few_bad_files)], block_size=32, strict_utf8=True), log=log)
+    first_bad = folder_with_a_few_bad_files / "f003.txt"
+    offset = first_bad.read_bytes().index(BAD_BYTES[3])
+    assert str(err.value).startswith(f"{first_bad}: not UTF-8 text (bad byte at offset {offset})")
+
+
+def test_cli_strict_utf8_is_one_line_and_exit_2(tmp_path: Path, capsys):
+    path = tmp_path / "latin1.txt"
+    path.write_bytes(b"Enough words to fill a few blocks of tokens, caf\xe9 included. " * 10)
+    args = ["--data", str(path), "--block_size", "16", "--cache_dir", str(tmp_path / "c"), "--num_proc", "1"]
+    assert prepare_main(args + ["--strict_utf8"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and str(path) in err and "offset 48" in err
+    assert prepare_main(args) == 0
+    out = capsys.readouterr().out
+    assert "warning: 1 of 1 files had bytes that are not UTF-8 (10 bytes" in out and '"not_utf8_bytes": 10' in out
