@@ -2,7 +2,9 @@
 
 Every reader returns an Arrow table with a single `text` column (one row per document, in file
 order), so the rest of the pipeline never cares where the text came from. Each problem a user can fix
-is a DataError that names the file.
+is a DataError that names the file. Text files (.csv, .txt, .json, .jsonl) are read as UTF-8 without
+a byte-order mark; bytes that are not UTF-8 become U+FFFD and are counted (an error with
+--strict_utf8); .txt files and CSV values get LF line ends.
 """
 
 from __future__ import annotations
@@ -116,6 +118,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+_LINE_END = re.compile(r"\r\n?|\n")
 # Each byte that is not UTF-8 becomes one of these under errors="surrogateescape" (and nothing else does:
 # Python's decoder refuses encoded surrogates), so counting them counts the bad bytes.
 _ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
@@ -145,11 +148,12 @@ def _first_bad_byte(data: bytes) -> int:
 
 
 def read_utf8(path: Path, strict: bool) -> tuple[bytes, int]:
-    """The bytes of text file `path` as valid UTF-8, and how many of its bytes were not UTF-8.
+    """The bytes of text file `path` as valid UTF-8 without a byte-order mark, and how many of its
+    bytes were not UTF-8.
 
     Such bytes become U+FFFD (Python's errors="replace"), so that a stray byte in one file of
     thousands does not cost the whole corpus; the caller reports them. With `strict` they are a
-    DataError giving the offset of the first.
+    DataError giving the offset of the first. A leading BOM marks the encoding; it is not text.
     """
     data = path.read_bytes()
     bad = 0
@@ -161,7 +165,7 @@ def read_utf8(path: Path, strict: bool) -> tuple[bytes, int]:
             )
         bad = len(_ESCAPED_BYTE.findall(data.decode("utf-8", "surrogateescape")))
         data = data.decode("utf-8", "replace").encode("utf-8")
-    return data, bad
+    return data.removeprefix(codecs.BOM_UTF8), bad
 
 
 def describe(config: DataConfig, hf_cache_dir: Path) -> Sources:
@@ -217,33 +221,43 @@ def _text_from_table(table: pa.Table, column: str, prepend_title: bool, where: A
     return pa.table({"text": text})
 
 
+def _unix_newlines(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """CRLF and lone CR line ends as LF: they come from the file's platform (Windows, classic Mac),
+    not from the text, and a file may mix them."""
+    return pc.replace_substring(pc.replace_substring(values, "\r\n", "\n"), "\r", "\n")
+
+
+def _parse_csv(data: bytes, wanted: list[str], block_size: int | None) -> pa.Table:
+    """The `wanted` columns of CSV `data`, as text; block_size None is pyarrow's default."""
+    read_options = pacsv.ReadOptions(block_size=block_size) if block_size else None
+    return pacsv.read_csv(
+        pa.BufferReader(data),
+        read_options=read_options,
+        # Kaggle's All the News has newlines inside quoted `content`; "" escapes a quote (the default).
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(include_columns=wanted, column_types={c: pa.large_string() for c in wanted}),
+    )
+
+
 def _read_csv(path: Path, data: bytes, column: str, prepend_title: bool) -> pa.Table:
     header = next(csv.reader(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="")), [])
-    if header and header[0].startswith("\ufeff"):
-        header[0] = header[0][1:]
     wanted = [column] + (["title"] if prepend_title else [])
     for needed in wanted:
         if needed not in header:
             raise _missing_column(path, needed, header)
     try:
-        table = pacsv.read_csv(
-            pa.BufferReader(data),
-            # Kaggle's All the News has newlines inside quoted `content`; "" escapes a quote (the default).
-            parse_options=pacsv.ParseOptions(newlines_in_values=True),
-            convert_options=pacsv.ConvertOptions(
-                include_columns=wanted, column_types={c: pa.large_string() for c in wanted}
-            ),
-        )
+        try:
+            table = _parse_csv(data, wanted, None)
+        except pa.ArrowInvalid:
+            # pyarrow parses in blocks (1 MiB) that must each hold whole rows, so a longer row (a
+            # book in one cell, a line of several MB) fails; one block of the whole file always fits.
+            table = _parse_csv(data, wanted, min(len(data) + 1, 2**31 - 1))
     except pa.ArrowInvalid as exc:
         raise DataError(f"{path}: not a valid CSV ({str(exc).splitlines()[0]}); check its quoting") from None
     if table.num_rows == 0:
         raise DataError(f"{path}: CSV has a header but no rows; remove it from --data or add documents")
+    table = pa.table({name: _unix_newlines(table.column(name)) for name in wanted})
     return _text_from_table(table, column, prepend_title, path)
-
-
-def _unix_newlines(values: pa.ChunkedArray) -> pa.ChunkedArray:
-    """CRLF and lone CR line ends as LF, as reading in text mode did."""
-    return pc.replace_substring(pc.replace_substring(values, "\r\n", "\n"), "\r", "\n")
 
 
 def _read_txt(data: bytes) -> pa.Table:
@@ -262,7 +276,9 @@ def _json_records(path: Path, raw: str, fmt: str) -> list[Any]:
         if records is not None:
             raise DataError(f"{path}: expected a JSON array of objects or one object per line, got a {type(records).__name__}")
     out = []
-    for lineno, line in enumerate(raw.splitlines(), 1):
+    # Not str.splitlines(): that also splits at U+2028, U+2029 and U+0085, which JSON allows raw
+    # inside strings. A raw CR is not allowed there, so every CR and LF ends a line.
+    for lineno, line in enumerate(_LINE_END.split(raw), 1):
         if line.strip():
             try:
                 out.append(json.loads(line))

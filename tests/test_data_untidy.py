@@ -3,6 +3,7 @@ ends, byte-order marks, very long lines, CSVs with quotes and newlines in their 
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -202,3 +203,76 @@ def test_cli_strict_utf8_is_one_line_and_exit_2(tmp_path: Path, capsys):
     assert prepare_main(args) == 0
     out = capsys.readouterr().out
     assert "warning: 1 of 1 files had bytes that are not UTF-8 (10 bytes" in out and '"not_utf8_bytes": 10' in out
+
+
+# ----------------------------------------------------------------------------- line ends, BOM, long lines, CSV quoting
+
+
+def test_txt_with_mixed_line_ends(tmp_path: Path):
+    (tmp_path / "mixed.txt").write_bytes(b"one\r\ntwo\rthree\nfour\r\n\r\nfive\r")
+    assert texts_of(tmp_path, paths=[str(tmp_path / "mixed.txt")]) == ["one\ntwo\nthree\nfour\n\nfive\n"]
+
+
+def test_csv_with_mixed_line_ends_inside_and_between_rows(tmp_path: Path):
+    path = tmp_path / "mixed.csv"
+    path.write_bytes(b'title,content\r\nA,"windows\r\nlines"\rB,"old mac\rline"\nC,"unix\nline"\r\n')
+    assert texts_of(tmp_path, paths=[str(path)]) == ["windows\nlines", "old mac\nline", "unix\nline"]
+    assert texts_of(tmp_path, paths=[str(path)], prepend_title=True)[0] == "A\n\nwindows\nlines"
+
+
+def test_jsonl_with_crlf_lines_and_unicode_line_separators_in_values(tmp_path: Path):
+    rows = [{"text": "a\u2028b\u2029c\x85d"}, {"text": "second"}]
+    path = tmp_path / "x.jsonl"
+    path.write_bytes("\r\n".join(json.dumps(r, ensure_ascii=False) for r in rows).encode() + b"\r\n")
+    assert texts_of(tmp_path, paths=[str(path)]) == ["a\u2028b\u2029c\x85d", "second"]
+
+
+@pytest.mark.parametrize("suffix", ["txt", "csv", "json", "jsonl"])
+def test_a_byte_order_mark_is_not_text(tmp_path: Path, suffix: str):
+    body = {"txt": "Plain text.", "csv": "content,title\nPlain text.,T\n", "json": '[{"text": "Plain text."}]',
+            "jsonl": '{"text": "Plain text."}\n'}[suffix]
+    path = tmp_path / f"bom.{suffix}"
+    path.write_bytes(b"\xef\xbb\xbf" + body.encode())
+    # The CSV's first header column is "content": it is found, not "\ufeffcontent".
+    assert texts_of(tmp_path, paths=[str(path)]) == ["Plain text."]
+
+
+def test_bom_and_crlf_csv_as_spreadsheets_export_it(tmp_path: Path):
+    path = tmp_path / "export.csv"
+    path.write_bytes(b'\xef\xbb\xbfcontent,id\r\n"First, with ""quotes""\r\nand a line",1\r\nSecond,2\r\n')
+    assert texts_of(tmp_path, paths=[str(path)]) == ['First, with "quotes"\nand a line', "Second"]
+
+
+def test_very_long_lines(tmp_path: Path):
+    line = book(600_000, seed=1).replace("\n", " ")  # one line of several MB
+    assert len(line) > 3_000_000
+    (tmp_path / "long.txt").write_text(line, encoding="utf-8")
+    write_kaggle_csv(tmp_path / "long.csv", ["short one", line, "short two"])
+    (tmp_path / "long.jsonl").write_text(json.dumps({"text": line}) + "\n" + json.dumps({"text": "after"}), encoding="utf-8")
+    assert texts_of(tmp_path, paths=[str(tmp_path / "long.txt")]) == [line]
+    assert texts_of(tmp_path, paths=[str(tmp_path / "long.csv")]) == ["short one", line, "short two"]
+    assert texts_of(tmp_path, paths=[str(tmp_path / "long.jsonl")]) == [line, "after"]
+
+
+def test_csv_with_quotes_newlines_and_empty_rows_as_all_the_news_has(tmp_path: Path):
+    path = tmp_path / "articles1.csv"
+    path.write_text(
+        ",id,title,publication,author,date,year,month,url,content\n"
+        '0,17283,"House Republicans Fret About Winning, Again",New York Times,Carl Hulse,2016-12-31,2016.0,12.0,,'
+        '"WASHINGTON — Congressional Republicans said ""we will win"", then:\n\nA new paragraph, with commas."\n'
+        "\n"  # a blank line between rows
+        "1,17284,Title only,Breitbart,,2017-01-01,2017.0,1.0,,\n"  # a row whose content is empty
+        ",,,,,,,,,\n"  # a row of empty fields
+        '2,17285,Quote at the ends,CNN,,2017-01-02,2017.0,1.0,,"""Quoted,"" she said"\n'
+        "\n\n",  # blank lines at the end
+        encoding="utf-8",
+    )
+    assert texts_of(tmp_path, paths=[str(path)]) == [
+        'WASHINGTON — Congressional Republicans said "we will win", then:\n\nA new paragraph, with commas.',
+        "",
+        "",
+        '"Quoted," she said',
+    ]
+    _, log = log_sink()
+    data = build_datasets(config(tmp_path, paths=[str(path)], block_size=8, val_fraction=0.0), log=log)
+    assert data.stats.documents_read == 4 and data.stats.documents_empty == 2
