@@ -48,6 +48,10 @@ class DataConfig:
         "document = the title column, a blank line, then the text (CSV, JSON, parquet, HF; not .txt)", default=False
     )
     clean: bool = _help("strip HTML tags, decode entities and normalise whitespace", default=True)
+    strict_utf8: bool = _help(
+        "refuse a .csv/.txt/.json/.jsonl file with bytes that are not UTF-8 (off: they are read as U+FFFD and counted)",
+        default=False,
+    )
     tokenizer: str | None = _help(
         "tokenizer hub name or folder (none: GPT-2's BPE, bundled and verified, offline)", default=None
     )

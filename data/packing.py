@@ -2,12 +2,14 @@
 
 A split is decided per document from a keyed hash of its (cleaned) text, so it is stable across
 runs, machines and ranks, needs no shared random state, and identical documents always land on the
-same side: no text is trained on and then validated on.
+same side: no text is trained on and then validated on. A corpus of too few documents for that (one
+large file) is split inside its token stream instead: validation is the tail.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -47,43 +49,46 @@ def assign_validation(
     block_size: int,
     where: str,
     log: Callable[[str], None],
-) -> np.ndarray:
-    """Boolean mask of the documents held out for validation.
+) -> np.ndarray | None:
+    """Boolean mask of the documents held out for validation, or None to split the token stream.
 
     A document goes to validation when its hash falls in the lowest `val_fraction` of the hash space.
     Choice for small corpora: when that gives fewer tokens than one block, the threshold is raised to
     take the documents with the lowest hashes until validation holds one block, and this is logged;
-    an empty validation split only ever comes from `val_fraction == 0`. A corpus too small for one
-    training block besides is a DataError.
+    an empty validation split only ever comes from `val_fraction == 0`.
+
+    When no such set of whole documents leaves a training block besides (too few documents: one book,
+    a play, a dump), None tells the caller to hold out the tail of the token stream instead
+    (`pack_token_split`). Only a corpus with fewer tokens than the blocks it needs is a DataError.
     """
     need = block_size + 1
     total = int(lengths.sum())
     if val_fraction == 0:
-        mask = np.zeros(len(lengths), dtype=bool)
-    else:
-        mask = doc_hash < np.int64(min(int(val_fraction * _HASH_SPACE), _HASH_SPACE - 1))
-        if int(lengths[mask].sum()) < need:
-            order = np.argsort(doc_hash, kind="stable")
-            k = int(np.searchsorted(np.cumsum(lengths[order]), need))
-            if k < len(order):
-                # Compare on the hash value, not the rank, so duplicate documents stay together.
-                mask = doc_hash <= doc_hash[order[k]]
-                log(
-                    f"data: val_fraction {val_fraction} gives less than one validation block of {need} tokens; "
-                    f"holding out {int(mask.sum())} document(s) ({int(lengths[mask].sum())} tokens) instead"
-                )
-            else:
-                mask = np.ones(len(lengths), dtype=bool)
-    train_tokens = total - int(lengths[mask].sum())
-    if train_tokens < need:
-        if val_fraction == 0:
+        if total < need:
             raise DataError(
                 f"{where}: corpus has {total} tokens, fewer than one block of {need}; "
                 "give more data or a smaller --block_size"
             )
+        return np.zeros(len(lengths), dtype=bool)
+    if total < 2 * need:
         raise DataError(
             f"{where}: corpus has {total} tokens, too few for one training and one validation block of {need} "
             "each; give more data, a smaller --block_size, or --val_fraction 0"
+        )
+    mask = doc_hash < np.int64(min(int(val_fraction * _HASH_SPACE), _HASH_SPACE - 1))
+    raised = int(lengths[mask].sum()) < need
+    if raised:
+        order = np.argsort(doc_hash, kind="stable")
+        # total >= need, so some prefix of the documents by hash holds a block: k < len(order).
+        k = int(np.searchsorted(np.cumsum(lengths[order]), need))
+        # Compare on the hash value, not the rank, so duplicate documents stay together.
+        mask = doc_hash <= doc_hash[order[k]]
+    if total - int(lengths[mask].sum()) < need:
+        return None
+    if raised:
+        log(
+            f"data: val_fraction {val_fraction} gives less than one validation block of {need} tokens; "
+            f"holding out {int(mask.sum())} document(s) ({int(lengths[mask].sum())} tokens) instead"
         )
     return mask
 
@@ -111,6 +116,44 @@ def pack_split(token_batches: list[pa.RecordBatch], mask: np.ndarray, path: Path
         stats.tokens_dropped = stats.tokens - stats.blocks * per_block
         f.truncate(stats.blocks * per_block * np.dtype(dtype).itemsize)
     return stats
+
+
+def pack_token_split(
+    token_batches: list[pa.RecordBatch],
+    lengths: np.ndarray,
+    train_path: Path,
+    val_path: Path,
+    dtype: np.dtype,
+    block_size: int,
+    val_fraction: float,
+) -> tuple[SplitStats, SplitStats]:
+    """Pack every document into one stream and hold out its last `val_fraction` of blocks (at least
+    one) for validation, as nanoGPT holds out the tail of its token stream.
+
+    For corpora of too few documents to split by document. The cut falls on a block boundary, so
+    no block mixes the splits, but a document may straddle it: such a document counts in both
+    splits' `documents`. The remainder after the last full block lies in validation's part and is
+    counted there as dropped.
+    """
+    stream = pack_split(token_batches, np.ones(len(lengths), dtype=bool), train_path, dtype, block_size)
+    assert stream.blocks >= 2, "assign_validation lets only corpora of two blocks or more through"
+    val_blocks = max(1, int(val_fraction * stream.blocks))  # val_fraction < 1: at most blocks - 1
+    cut = (stream.blocks - val_blocks) * (block_size + 1)  # first token of validation
+    itemsize = np.dtype(dtype).itemsize
+    with open(train_path, "r+b") as train, open(val_path, "wb") as val:
+        train.seek(cut * itemsize)
+        shutil.copyfileobj(train, val)
+        train.truncate(cut * itemsize)
+    ends = np.cumsum(lengths)
+    starts = ends - lengths
+    train_stats = SplitStats(documents=int((starts < cut).sum()), tokens=cut, blocks=stream.blocks - val_blocks)
+    val_stats = SplitStats(
+        documents=int((ends > cut).sum()),
+        tokens=stream.tokens - cut,
+        blocks=val_blocks,
+        tokens_dropped=stream.tokens_dropped,
+    )
+    return train_stats, val_stats
 
 
 def token_dtype(vocab_size: int) -> np.dtype:

@@ -1,5 +1,7 @@
 """build_datasets: corpus -> clean -> tokenize -> split by document -> pack into blocks -> cache.
 
+A corpus of too few documents to split by document (one large file) is split in its token stream.
+
 Only the packed token files are cached; everything before them is rebuilt on a miss. The cache key
 covers every input that changes the packed result, so a hit is always safe to use.
 """
@@ -25,18 +27,32 @@ from data.clean import CLEANING_VERSION, clean_text, is_empty
 from data.config import DataConfig
 from data.dataset import PackedDataset
 from data.errors import DataError
-from data.packing import SplitStats, assign_validation, document_hash, pack_split, record_batches, token_dtype
-from data.sources import Sources, describe, read_documents
+from data.packing import (
+    SplitStats,
+    assign_validation,
+    document_hash,
+    pack_split,
+    pack_token_split,
+    record_batches,
+    token_dtype,
+)
+from data.sources import Corpus, Sources, describe, read_corpus
 from data.tokenizer import load_tokenizer, tokenizer_fingerprint
 
-# Part of the cache key: bump when packing or the stored layout changes.
-PIPELINE_VERSION = 1
+# Part of the cache key: bump when packing or the stored layout changes. 2: corpora of too few
+# documents are split in their token stream (`split_by`), which entries of 1 neither did nor record.
+PIPELINE_VERSION = 2
+# How validation was held out (DataStats.split_by): whole documents by hash, or the token stream's tail.
+SPLIT_BY_DOCUMENT = "document"
+SPLIT_BY_TOKEN_STREAM = "token_stream"
 # Below this many documents per worker, starting a pool costs more than it saves (default num_proc only).
 _MIN_DOCS_PER_WORKER = 1000
 _MAP_BATCH = 1000
 # Below this many documents the map steps take well under a second and a progress bar is only noise
 # (on stderr, where it would also bury the one-line error of a corpus that is too small).
 _MIN_DOCS_FOR_PROGRESS = 10_000
+# Files named in the warning about bytes that are not UTF-8 (and kept in the entry's metadata for it).
+_NOT_UTF8_NAMED = 3
 
 Log = Callable[[str], None]
 
@@ -53,6 +69,9 @@ class DataStats:
     eot_id: int
     documents_read: int  # rows read from the source, before empty documents were dropped
     documents_empty: int  # dropped because nothing was left after cleaning
+    split_by: str  # SPLIT_BY_DOCUMENT, or SPLIT_BY_TOKEN_STREAM for a corpus of too few documents
+    not_utf8_files: int  # files with bytes that are not UTF-8, read as U+FFFD
+    not_utf8_bytes: int  # how many such bytes, in all
     cache_key: str
     cache_hit: bool
     cache_path: str
@@ -71,7 +90,8 @@ class DataStats:
                 f"tokens, {s.tokens_dropped:,} tokens dropped"
             )
 
-        return [line("train", self.train), line("val", self.val)]
+        tail = " (the tail of the token stream)" if self.split_by == SPLIT_BY_TOKEN_STREAM else ""
+        return [line("train", self.train), line("val", self.val) + tail]
 
 
 @dataclass
@@ -187,7 +207,8 @@ def _build(
     """Build the packed splits into folder `tmp` and return the entry's metadata."""
     work = tmp / "work"
     work.mkdir()
-    corpus = _write_arrow(read_documents(sources, config), work / "corpus.arrow")
+    read = read_corpus(sources, config)
+    corpus = _write_arrow(read.table, work / "corpus.arrow")
     num_proc = _workers(config, len(corpus))
     log(f"data: {len(corpus):,} documents read; cleaning and tokenizing with {num_proc} process(es)")
     with _progress_bars(len(corpus) >= _MIN_DOCS_FOR_PROGRESS):
@@ -201,11 +222,28 @@ def _build(
     doc_hash = table.column("split_hash").to_numpy()
     is_val = assign_validation(doc_hash, lengths, config.val_fraction, config.block_size, sources.description, log)
     dtype = token_dtype(len(tokenizer))
-    splits = {}
     batches = record_batches(table.select(["input_ids"]))
-    for name, mask in (("train", ~is_val), ("val", is_val)):
-        stats = pack_split(batches, mask, tmp / f"{name}.bin", dtype, config.block_size)
-        splits[name] = {**asdict(stats), "bytes": stats.blocks * (config.block_size + 1) * dtype.itemsize}
+    if is_val is None:
+        split_by = SPLIT_BY_TOKEN_STREAM
+        packed = pack_token_split(
+            batches, lengths, tmp / "train.bin", tmp / "val.bin", dtype, config.block_size, config.val_fraction
+        )
+        blocks = packed[0].blocks + packed[1].blocks
+        log(
+            f"data: {len(lengths):,} document(s) cannot be split by document into a training and a validation "
+            f"block of {config.block_size + 1} tokens each; holding out the tail of the token stream instead: "
+            f"the last {packed[1].blocks:,} of {blocks:,} blocks (val_fraction {config.val_fraction})"
+        )
+    else:
+        split_by = SPLIT_BY_DOCUMENT
+        packed = (
+            pack_split(batches, ~is_val, tmp / "train.bin", dtype, config.block_size),
+            pack_split(batches, is_val, tmp / "val.bin", dtype, config.block_size),
+        )
+    splits = {
+        name: {**asdict(stats), "bytes": stats.blocks * (config.block_size + 1) * dtype.itemsize}
+        for name, stats in zip(("train", "val"), packed)
+    }
     documents_read = len(corpus)
     del corpus, cleaned, tokens, table, batches
     shutil.rmtree(work)  # intermediate Arrow files; only the packed blocks are kept
@@ -220,8 +258,29 @@ def _build(
         "eot_id": tokenizer.eos_token_id,
         "documents_read": documents_read,
         "documents_empty": documents_read - len(lengths),
+        "split_by": split_by,
         "splits": splits,
+        "not_utf8": _not_utf8_report(read),
     }
+
+
+def _not_utf8_report(read: Corpus) -> dict[str, Any]:
+    """What the warning about bytes that are not UTF-8 says, kept with the entry so a hit says it too."""
+    return {
+        "files": len(read.not_utf8),
+        "bytes": sum(n for _, n in read.not_utf8),
+        "files_read": read.files_read,
+        "named": [name for name, _ in read.not_utf8[:_NOT_UTF8_NAMED]],
+    }
+
+
+def _not_utf8_warning(report: dict[str, Any]) -> str:
+    more = report["files"] - len(report["named"])
+    named = ", ".join(report["named"]) + (f" and {more:,} more" if more else "")
+    return (
+        f"warning: {report['files']:,} of {report['files_read']:,} files had bytes that are not UTF-8 "
+        f"({report['bytes']:,} bytes, decoded as U+FFFD): {named}; --strict_utf8 refuses such files instead"
+    )
 
 
 def _key_parts(config: DataConfig, sources: Sources, tokenizer_fp: str) -> dict[str, Any]:
@@ -232,6 +291,8 @@ def _key_parts(config: DataConfig, sources: Sources, tokenizer_fp: str) -> dict[
         "tokenizer": tokenizer_fp,
         "block_size": config.block_size,
         "clean": config.clean,
+        # A strict run must fail on a corpus that a lenient run packed with U+FFFD, not reuse its entry.
+        "strict_utf8": config.strict_utf8,
         "cleaning_version": CLEANING_VERSION if config.clean else None,
         "text_column": config.text_column,
         "prepend_title": config.prepend_title,
@@ -285,11 +346,16 @@ def _load_or_build(config: DataConfig, log: Log) -> PackedData:
         eot_id=meta["eot_id"],
         documents_read=meta["documents_read"],
         documents_empty=meta["documents_empty"],
+        split_by=meta["split_by"],
+        not_utf8_files=meta["not_utf8"]["files"],
+        not_utf8_bytes=meta["not_utf8"]["bytes"],
         cache_key=key,
         cache_hit=cache_hit,
         cache_path=str(folder),
         build_time_s=time.perf_counter() - start,
     )
+    if stats.not_utf8_files:
+        log(_not_utf8_warning(meta["not_utf8"]))
     for line in stats.summary():
         log(line)
     return PackedData(train=splits["train"], val=splits["val"], stats=stats)

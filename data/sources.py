@@ -2,7 +2,9 @@
 
 Every reader returns an Arrow table with a single `text` column (one row per document, in file
 order), so the rest of the pipeline never cares where the text came from. Each problem a user can fix
-is a DataError that names the file.
+is a DataError that names the file. Text files (.csv, .txt, .json, .jsonl) are read as UTF-8 without
+a byte-order mark; bytes that are not UTF-8 become U+FFFD and are counted (an error with
+--strict_utf8); .txt files and CSV values get LF line ends.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import codecs
 import csv
 import glob
 import hashlib
+import io
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -114,24 +118,54 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
-def check_utf8(path: Path) -> None:
-    """Raise a DataError giving the byte offset of the first byte that is not valid UTF-8."""
+_LINE_END = re.compile(r"\r\n?|\n")
+# Each byte that is not UTF-8 becomes one of these under errors="surrogateescape" (and nothing else does:
+# Python's decoder refuses encoded surrogates), so counting them counts the bad bytes.
+_ESCAPED_BYTE = re.compile("[\udc80-\udcff]")
+
+
+def _is_utf8(data: bytes) -> bool:
+    """Whether `data` is all valid UTF-8, decoded in chunks so that a large valid file (the common
+    case) never becomes one large str."""
     decoder = codecs.getincrementaldecoder("utf-8")()
-    offset = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            try:
-                decoder.decode(chunk)
-            except UnicodeDecodeError as exc:
-                raise DataError(
-                    f"{path}: not UTF-8 text (bad byte at offset {offset + exc.start}); "
-                    "re-encode it, e.g. `iconv -f latin1 -t utf-8`"
-                ) from None
-            offset += len(chunk)
-        try:
-            decoder.decode(b"", final=True)
-        except UnicodeDecodeError:
-            raise DataError(f"{path}: not UTF-8 text (truncated character at the end); re-encode it as UTF-8") from None
+    view = memoryview(data)
+    try:
+        for start in range(0, len(view), _CHUNK):
+            decoder.decode(view[start : start + _CHUNK])
+        decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def _first_bad_byte(data: bytes) -> int:
+    """Offset of the first byte that is not UTF-8, in `data` known to hold one."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return exc.start
+    raise ValueError("the data is valid UTF-8")
+
+
+def read_utf8(path: Path, strict: bool) -> tuple[bytes, int]:
+    """The bytes of text file `path` as valid UTF-8 without a byte-order mark, and how many of its
+    bytes were not UTF-8.
+
+    Such bytes become U+FFFD (Python's errors="replace"), so that a stray byte in one file of
+    thousands does not cost the whole corpus; the caller reports them. With `strict` they are a
+    DataError giving the offset of the first. A leading BOM marks the encoding; it is not text.
+    """
+    data = path.read_bytes()
+    bad = 0
+    if not _is_utf8(data):
+        if strict:
+            raise DataError(
+                f"{path}: not UTF-8 text (bad byte at offset {_first_bad_byte(data)}); re-encode it, e.g. "
+                "`iconv -f latin1 -t utf-8`, or leave out --strict_utf8 to read such bytes as U+FFFD"
+            )
+        bad = len(_ESCAPED_BYTE.findall(data.decode("utf-8", "surrogateescape")))
+        data = data.decode("utf-8", "replace").encode("utf-8")
+    return data.removeprefix(codecs.BOM_UTF8), bad
 
 
 def describe(config: DataConfig, hf_cache_dir: Path) -> Sources:
@@ -187,38 +221,51 @@ def _text_from_table(table: pa.Table, column: str, prepend_title: bool, where: A
     return pa.table({"text": text})
 
 
-def _read_csv(path: Path, column: str, prepend_title: bool) -> pa.Table:
-    with open(path, newline="", encoding="utf-8") as f:
-        header = next(csv.reader(f), [])
-    if header and header[0].startswith("\ufeff"):
-        header[0] = header[0][1:]
+def _unix_newlines(values: pa.ChunkedArray) -> pa.ChunkedArray:
+    """CRLF and lone CR line ends as LF: they come from the file's platform (Windows, classic Mac),
+    not from the text, and a file may mix them."""
+    return pc.replace_substring(pc.replace_substring(values, "\r\n", "\n"), "\r", "\n")
+
+
+def _parse_csv(data: bytes, wanted: list[str], block_size: int | None) -> pa.Table:
+    """The `wanted` columns of CSV `data`, as text; block_size None is pyarrow's default."""
+    read_options = pacsv.ReadOptions(block_size=block_size) if block_size else None
+    return pacsv.read_csv(
+        pa.BufferReader(data),
+        read_options=read_options,
+        # Kaggle's All the News has newlines inside quoted `content`; "" escapes a quote (the default).
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(include_columns=wanted, column_types={c: pa.large_string() for c in wanted}),
+    )
+
+
+def _read_csv(path: Path, data: bytes, column: str, prepend_title: bool) -> pa.Table:
+    header = next(csv.reader(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="")), [])
     wanted = [column] + (["title"] if prepend_title else [])
     for needed in wanted:
         if needed not in header:
             raise _missing_column(path, needed, header)
     try:
-        table = pacsv.read_csv(
-            path,
-            # Kaggle's All the News has newlines inside quoted `content`; "" escapes a quote (the default).
-            parse_options=pacsv.ParseOptions(newlines_in_values=True),
-            convert_options=pacsv.ConvertOptions(
-                include_columns=wanted, column_types={c: pa.large_string() for c in wanted}
-            ),
-        )
+        try:
+            table = _parse_csv(data, wanted, None)
+        except pa.ArrowInvalid:
+            # pyarrow parses in blocks (1 MiB) that must each hold whole rows, so a longer row (a
+            # book in one cell, a line of several MB) fails; one block of the whole file always fits.
+            table = _parse_csv(data, wanted, min(len(data) + 1, 2**31 - 1))
     except pa.ArrowInvalid as exc:
         raise DataError(f"{path}: not a valid CSV ({str(exc).splitlines()[0]}); check its quoting") from None
     if table.num_rows == 0:
         raise DataError(f"{path}: CSV has a header but no rows; remove it from --data or add documents")
+    table = pa.table({name: _unix_newlines(table.column(name)) for name in wanted})
     return _text_from_table(table, column, prepend_title, path)
 
 
-def _read_txt(path: Path) -> pa.Table:
+def _read_txt(data: bytes) -> pa.Table:
     # One document per file: the whole file is the text.
-    return pa.table({"text": pa.array([path.read_text(encoding="utf-8")], pa.large_string())})
+    return pa.table({"text": _unix_newlines(pa.chunked_array([[data.decode("utf-8")]], pa.large_string()))})
 
 
-def _json_records(path: Path, fmt: str) -> list[Any]:
-    raw = path.read_text(encoding="utf-8")
+def _json_records(path: Path, raw: str, fmt: str) -> list[Any]:
     if fmt == "json":
         try:
             records = json.loads(raw)
@@ -229,7 +276,9 @@ def _json_records(path: Path, fmt: str) -> list[Any]:
         if records is not None:
             raise DataError(f"{path}: expected a JSON array of objects or one object per line, got a {type(records).__name__}")
     out = []
-    for lineno, line in enumerate(raw.splitlines(), 1):
+    # Not str.splitlines(): that also splits at U+2028, U+2029 and U+0085, which JSON allows raw
+    # inside strings. A raw CR is not allowed there, so every CR and LF ends a line.
+    for lineno, line in enumerate(_LINE_END.split(raw), 1):
         if line.strip():
             try:
                 out.append(json.loads(line))
@@ -238,8 +287,8 @@ def _json_records(path: Path, fmt: str) -> list[Any]:
     return out
 
 
-def _read_json(path: Path, fmt: str, column: str, prepend_title: bool) -> pa.Table:
-    records = _json_records(path, fmt)
+def _read_json(path: Path, data: bytes, fmt: str, column: str, prepend_title: bool) -> pa.Table:
+    records = _json_records(path, data.decode("utf-8"), fmt)
     if not records:
         raise DataError(f"{path}: no JSON records; remove it from --data or add documents")
     if not all(isinstance(r, dict) for r in records):
@@ -273,37 +322,53 @@ def _read_parquet(path: Path, column: str, prepend_title: bool) -> pa.Table:
     return _text_from_table(table, column, prepend_title, path)
 
 
-def read_file(src: SourceFile, text_column: str | None, prepend_title: bool) -> pa.Table:
-    """Read one file into a `text` table (one row per document)."""
-    if src.fmt != "parquet":
-        check_utf8(src.path)
+def read_file(src: SourceFile, text_column: str | None, prepend_title: bool, strict_utf8: bool) -> tuple[pa.Table, int]:
+    """Read one file into a `text` table (one row per document), and count its bytes that were not
+    UTF-8 (read as U+FFFD; with `strict_utf8` they are a DataError)."""
     column = text_column or DEFAULT_TEXT_COLUMN.get(src.fmt, "text")
-    if src.fmt == "csv":
-        return _read_csv(src.path, column, prepend_title)
-    if src.fmt == "txt":
-        return _read_txt(src.path)
-    if src.fmt in ("json", "jsonl"):
-        return _read_json(src.path, src.fmt, column, prepend_title)
     if src.fmt == "parquet":
-        return _read_parquet(src.path, column, prepend_title)
+        return _read_parquet(src.path, column, prepend_title), 0  # pyarrow decodes parquet's strings itself
+    data, bad_bytes = read_utf8(src.path, strict_utf8)
+    if src.fmt == "csv":
+        return _read_csv(src.path, data, column, prepend_title), bad_bytes
+    if src.fmt == "txt":
+        return _read_txt(data), bad_bytes
+    if src.fmt in ("json", "jsonl"):
+        return _read_json(src.path, data, src.fmt, column, prepend_title), bad_bytes
     raise AssertionError(f"no reader for {src.fmt}")
+
+
+@dataclass
+class Corpus:
+    """The documents read, and which of the files read held bytes that are not UTF-8."""
+
+    table: pa.Table  # one `text` column, one row per document, in order
+    files_read: int
+    not_utf8: list[tuple[str, int]] = field(default_factory=list)  # (file, bytes read as U+FFFD), in order
+
+
+def read_corpus(sources: Sources, config: DataConfig) -> Corpus:
+    """All documents of the corpus, in order; at most `max_documents` rows."""
+    limit = config.max_documents
+    if sources.hf_dataset is not None:
+        table = _hf_text_table(sources.hf_dataset, config)
+        return Corpus(table.slice(0, limit) if limit else table, files_read=0)
+    tables, rows, not_utf8 = [], 0, []
+    for src in sources.files:
+        if limit is not None and rows >= limit:
+            break  # a quick run need not parse the rest of a large corpus
+        t, bad_bytes = read_file(src, config.text_column, config.prepend_title, config.strict_utf8)
+        tables.append(t)
+        rows += t.num_rows
+        if bad_bytes:
+            not_utf8.append((str(src.path), bad_bytes))
+    table = pa.concat_tables(tables)
+    return Corpus(table.slice(0, limit) if limit else table, files_read=len(tables), not_utf8=not_utf8)
 
 
 def read_documents(sources: Sources, config: DataConfig) -> pa.Table:
     """All documents of the corpus, in order, as one `text` table; at most `max_documents` rows."""
-    limit = config.max_documents
-    if sources.hf_dataset is not None:
-        table = _hf_text_table(sources.hf_dataset, config)
-        return table.slice(0, limit) if limit else table
-    tables, rows = [], 0
-    for src in sources.files:
-        if limit is not None and rows >= limit:
-            break  # a quick run need not parse the rest of a large corpus
-        t = read_file(src, config.text_column, config.prepend_title)
-        tables.append(t)
-        rows += t.num_rows
-    table = pa.concat_tables(tables)
-    return table.slice(0, limit) if limit else table
+    return read_corpus(sources, config).table
 
 
 # ----------------------------------------------------------------------------- Hugging Face datasets

@@ -57,11 +57,27 @@ def test_jsonl_without_the_text_field(tmp_path: Path):
     assert str(path) in error_of(tmp_path, paths=[str(path)])
 
 
-def test_bytes_that_are_not_utf8(tmp_path: Path):
-    path = tmp_path / "latin1.csv"
-    path.write_bytes(",id,title,content\n0,1,T,caf\xe9 au lait\n".encode("latin-1"))
-    message = error_of(tmp_path, paths=[str(path)])
-    assert str(path) in message and "UTF-8" in message and "offset 27" in message
+@pytest.mark.parametrize("suffix", ["csv", "txt", "jsonl"])
+def test_bytes_that_are_not_utf8_with_strict_utf8(tmp_path: Path, suffix: str):
+    path = tmp_path / f"latin1.{suffix}"
+    text = {"csv": ",id,title,content\n0,1,T,caf\xe9 au lait\n", "txt": "Ceci n'est pas un caf\xe9 au lait.",
+            "jsonl": '{"text": "un caf\xe9 au lait, please"}\n'}[suffix]
+    offset = text.encode("latin-1").index(b"\xe9")
+    path.write_bytes(text.encode("latin-1"))
+    message = error_of(tmp_path, paths=[str(path)], strict_utf8=True)
+    assert str(path) in message and "UTF-8" in message and f"offset {offset}" in message and "--strict_utf8" in message
+
+
+def test_strict_utf8_gives_the_file_offset_after_a_byte_order_mark(tmp_path: Path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbfabc\xff")
+    assert "offset 6" in error_of(tmp_path, paths=[str(path)], strict_utf8=True)
+
+
+def test_strict_utf8_names_a_truncated_character_at_the_end(tmp_path: Path):
+    path = tmp_path / "cut.txt"
+    path.write_bytes("enough text, then a cut euro sign \u20ac".encode()[:-1])
+    assert "offset 34" in error_of(tmp_path, paths=[str(path)], strict_utf8=True)
 
 
 def test_corpus_shorter_than_one_block(tmp_path: Path):
