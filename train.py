@@ -26,13 +26,18 @@ def main(argv: list[str] | None = None) -> int:
     from training.strategy import StrategyMismatch
 
     try:
-        run_training(config)
+        summary = run_training(config)
     except (DataError, RunError, StrategyMismatch, ValueError, FileNotFoundError) as exc:
         # Every rank fails the same way; one line from the first is enough.
         if os.environ.get("RANK", "0") == "0":
             print(f"error: {exc}", file=sys.stderr)
         return 3 if isinstance(exc, StrategyMismatch) else 2
-    return 0
+    stop = summary.get("stop")
+    if stop is None:
+        return 0
+    if os.environ.get("RANK", "0") == "0":
+        print(f"{'error' if stop['reason'] == 'nonfinite' else 'stopped'}: {stop['message']}", file=sys.stderr)
+    return int(stop["exit_status"])
 
 
 if __name__ == "__main__":

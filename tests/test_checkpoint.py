@@ -121,3 +121,84 @@ def test_loading_a_folder_without_a_complete_checkpoint_says_so(tmp_path: Path) 
     fake_checkpoint(tmp_path, 3, complete=False)
     with pytest.raises(FileNotFoundError, match="not a complete checkpoint"):
         load_model_from_checkpoint(tmp_path)
+
+
+# -- damaged checkpoints: resume takes the newest intact one -------------------------------------------------
+
+
+def test_a_truncated_or_corrupted_checkpoint_is_skipped_for_the_newest_intact_one(
+        prepared, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from training.checkpoint import checkpoint_problem, newest_good_checkpoint
+
+    for step in (2, 4, 6):
+        save(prepared, tmp_path, step)
+    weights = checkpoint_path(tmp_path, 6) / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-100])  # a copy cut short
+    optimizer = checkpoint_path(tmp_path, 4) / "optimizer.bin"
+    data = bytearray(optimizer.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
+    optimizer.write_bytes(bytes(data))
+    assert "model.safetensors has" in checkpoint_problem(checkpoint_path(tmp_path, 6))
+    assert "optimizer.bin is corrupted" in checkpoint_problem(checkpoint_path(tmp_path, 4))
+    assert newest_good_checkpoint(tmp_path) == checkpoint_path(tmp_path, 2)
+    warnings = capsys.readouterr().err.strip().splitlines()
+    assert [w.split(":")[1].strip() for w in warnings] == ["skipping checkpoint step_0000006",
+                                                          "skipping checkpoint step_0000004"]
+
+
+def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path: Path) -> None:
+    from training.checkpoint import newest_good_checkpoint
+    from training.errors import RunError
+
+    save(prepared, tmp_path, 3)
+    (checkpoint_path(tmp_path, 3) / "model.safetensors").unlink()
+    with pytest.raises(RunError, match=r"no intact checkpoint .* \(1 complete, all damaged\)") as error:
+        newest_good_checkpoint(tmp_path)
+    assert "\n" not in str(error.value)
+    with pytest.raises(RunError, match="no complete checkpoint"):
+        newest_good_checkpoint(tmp_path / "elsewhere")
+
+
+def test_resuming_unpickles_nothing(prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every file a resume or an export reads is safetensors, JSON or torch.load(weights_only=True)."""
+    accelerator, model = prepared
+    path = save(prepared, tmp_path, 5)
+    calls = []
+    real_load = torch.load
+
+    def recording_load(*args, **kwargs):
+        calls.append(kwargs.get("weights_only"))
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording_load)
+    accelerator.load_state(str(path))
+    load_model_from_checkpoint(path)
+    assert calls and all(weights_only is True for weights_only in calls), calls
+
+
+def test_the_grad_scaler_state_is_checkpointed(tmp_path: Path) -> None:
+    """An fp16 run resumes with the loss scale it had reached, not the initial one."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        scales = []
+        for attempt in range(2):
+            AcceleratorState._reset_state(reset_partial_state=True)
+            accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+            # accelerate makes no grad scaler on CPU: the GPU's GradScaler class is handed to it.
+            accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+            accelerator.native_amp = True
+            model = GPT2(CONFIG)
+            model, optimizer = accelerator.prepare(model, torch.optim.AdamW(model.parameters(), lr=1e-3))
+            if attempt == 0:
+                accelerator.scaler.scale(torch.ones(()))  # the scale tensor exists from the first scaled loss
+                accelerator.scaler.update(new_scale=2.0**7)  # where a few overflows would have brought it
+                save_checkpoint(accelerator, tmp_path, 1, CONFIG.to_dict(), keep=1)
+            else:
+                accelerator.load_state(str(checkpoint_path(tmp_path, 1)))
+            scales.append(accelerator.scaler.get_scale())
+        assert scales == [2.0**7, 2.0**7]
+        assert (checkpoint_path(tmp_path, 1) / "scaler.pt").is_file()
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)

@@ -171,3 +171,20 @@ def test_help_lists_every_config_section() -> None:
     for flag in ("--preset", "--data", "--max_steps", "--epochs", "--output_dir", "--seed", "--resume",
                  "--global_batch_tokens", "--micro_batch_size", "--block_size", "--experiment"):
         assert flag in result.stdout
+
+
+def test_no_secret_from_the_environment_reaches_the_run_files_or_the_output(tmp_path: Path, cache_dir: Path) -> None:
+    secrets = {"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567", "HF_TOKEN": "hf_notarealtokenXYZ123",
+               "GITHUB_TOKEN": "ghp_notarealtokenXYZ123456"}
+    # Offline: with a key W&B's auto mode would go online, and this machine has no network.
+    env = {**launch_env(), **secrets, "WANDB_MODE": "offline"}
+    out = tmp_path / "run"
+    result = _train(["--preset", "tiny", "--max_steps", "3", "--output_dir", str(out), "--cache_dir", str(cache_dir),
+                     "--checkpoint_interval", "1"], env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.name.endswith(".wandb") for p in files) and any(p.name == "config.json" for p in files)
+    for secret in secrets.values():
+        assert secret not in result.stdout + result.stderr
+        leaks = [p for p in files if secret.encode() in p.read_bytes()]
+        assert not leaks, f"{secret[:6]}... found in {leaks}"

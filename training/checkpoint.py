@@ -1,25 +1,34 @@
 """Checkpoints that work under every strategy, and loading one back into a single process.
 
-A checkpoint is an `accelerator.save_state` folder (model, optimizer, grad scaler, RNG states and the
-registered scheduler and training state), sharded through torch.distributed.checkpoint under FSDP.
+A checkpoint is an `accelerator.save_state` folder (model, optimizer, grad scaler and RNG states;
+sharded through torch.distributed.checkpoint under FSDP) plus `train_state.json`, the loop's position
+and measurements and the learning-rate schedule, kept as JSON so that resuming unpickles nothing of ours.
 It counts as complete only once `complete.json` is written, after every rank has finished writing:
-an interrupted save is never resumed from.
+an interrupted save is never resumed from. `complete.json` lists every file with its size and CRC-32,
+so a checkpoint truncated or corrupted later (a full disk, a copy cut short) is recognised and skipped.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
+import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from accelerate import Accelerator
 
+from training.errors import RunError
+
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "complete.json"
 MODEL_CONFIG = "model_config.json"
+TRAIN_STATE = "train_state.json"
 _FSDP_MODEL_DIR = "pytorch_model_fsdp_0"
+_CRC_CHUNK = 1 << 22
 
 
 @dataclass
@@ -60,8 +69,12 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
 
 
 def save_checkpoint(accelerator: Accelerator, output_dir: Path, step: int, model_config: dict[str, Any],
-                    keep: int) -> Path:
-    """Write a checkpoint on every rank, mark it complete, keep the newest `keep` complete ones."""
+                    keep: int, train_state: dict[str, Any] | None = None) -> Path:
+    """Write a checkpoint on every rank, mark it complete, keep the newest `keep` complete ones.
+
+    `train_state`: what the loop needs besides accelerate's states (position, measurements, schedule),
+    written as JSON by the main process.
+    """
     path = checkpoint_path(output_dir, step)
     if accelerator.is_main_process and path.exists():
         shutil.rmtree(path)  # a leftover of an interrupted save at the same step
@@ -70,7 +83,10 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, step: int, model
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (path / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))
-        (path / COMPLETE_MARKER).write_text(json.dumps({"step": step}))
+        if train_state is not None:
+            (path / TRAIN_STATE).write_text(json.dumps(train_state))
+        # Last, after every file: the marker that makes the checkpoint count, with what it must hold.
+        (path / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": _manifest(path)}))
         for old in complete_checkpoints(output_dir)[:-keep]:
             shutil.rmtree(old, ignore_errors=True)
         for partial in (output_dir / CHECKPOINTS_DIR).glob("step_*"):
@@ -82,6 +98,61 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, step: int, model
 
 def checkpoint_step(path: Path) -> int:
     return int(json.loads((path / COMPLETE_MARKER).read_text())["step"])
+
+
+def _manifest(folder: Path) -> dict[str, list[int]]:
+    return {str(p.relative_to(folder)): [p.stat().st_size, _crc32(p)]
+            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER}
+
+
+def _crc32(path: Path) -> int:
+    crc = 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CRC_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+    return crc
+
+
+def checkpoint_problem(path: Path) -> str | None:
+    """Why a complete checkpoint cannot be trusted (a file missing, truncated or changed), or None."""
+    try:
+        marker = json.loads((path / COMPLETE_MARKER).read_text())
+    except (OSError, ValueError):
+        return f"{COMPLETE_MARKER} is unreadable"
+    listed = marker.get("files") if isinstance(marker, dict) else None
+    if not isinstance(listed, dict):
+        return "written by an earlier version of this project (no file list to verify); resuming it is not supported"
+    for name, (size, crc) in listed.items():
+        file = path / name
+        if not file.is_file():
+            return f"{name} is missing"
+        if file.stat().st_size != size:
+            return f"{name} has {file.stat().st_size} bytes, {size} were written"
+        if _crc32(file) != crc:
+            return f"{name} is corrupted (checksum differs from the one written)"
+    return None
+
+
+def newest_good_checkpoint(output_dir: Path) -> Path:
+    """The newest complete checkpoint whose files are intact; one warning line per one skipped.
+
+    Raises RunError (one line) when there is none.
+    """
+    found = complete_checkpoints(output_dir)
+    for path in reversed(found):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        if os.environ.get("RANK", "0") == "0":  # every rank checks; one says so
+            print(f"warning: skipping checkpoint {path.name}: {problem}", file=sys.stderr, flush=True)
+    if found:
+        raise RunError(f"--resume: no intact checkpoint in {output_dir / CHECKPOINTS_DIR} "
+                       f"({len(found)} complete, all damaged); run without --resume or with --overwrite")
+    raise RunError(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS_DIR}; run without --resume")
+
+
+def read_train_state(path: Path) -> dict[str, Any]:
+    return json.loads((path / TRAIN_STATE).read_text())
 
 
 def is_checkpoint_or_run(path: Path) -> bool:

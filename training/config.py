@@ -104,6 +104,15 @@ class RunConfig:
     perf_warmup_steps: int = _help(
         "first optimizer steps reported separately and left out of throughput/MFU averages", default=3
     )
+    max_nonfinite_steps: int = _help(
+        "stop after this many steps in a row with a non-finite loss or grad norm (a step the fp16 grad scaler "
+        "skips does not count); no checkpoint is written during such a streak (0 = never stop)",
+        default=5,
+    )
+    collective_timeout_s: int = _help(
+        "seconds a rank waits in a collective for the others before the job fails (a rank that died or hangs)",
+        default=600,
+    )
     export_hf: bool = _help("write the final model as a Hugging Face folder to OUTPUT_DIR/hf", default=True)
     dataloader_workers: int = _help("DataLoader worker processes per training process", default=0)
     experiment: str | None = _help("experiment name: the W&B group that puts strategies side by side", default=None)
@@ -121,10 +130,11 @@ class RunConfig:
             raise ValueError(f"--wandb_mode must be one of {', '.join(WANDB_MODES)}, got {self.wandb_mode!r}")
         _positive("log_interval", self.log_interval)
         for name in ("eval_interval", "eval_blocks", "checkpoint_interval", "perf_warmup_steps",
-                     "dataloader_workers"):
+                     "dataloader_workers", "max_nonfinite_steps"):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         _positive("keep_checkpoints", self.keep_checkpoints)
+        _positive("collective_timeout_s", self.collective_timeout_s)
         if self.stop_after_steps is not None:
             _positive("stop_after_steps", self.stop_after_steps)
         if self.resume and self.overwrite:

@@ -17,14 +17,22 @@ from training.rundir import write_atomic
 from training.session import Session, set_up
 from training.sinks import wandb_summary_key
 from training.step import evaluate, train_step
+from training.stopping import RunStopped, StepHealth, diverged, preempted, step_health
 
 __all__ = ["RunError", "run_training"]
 
 
 def run_training(cfg: Any) -> dict[str, Any]:
-    """Train as configured (a training.config.TrainConfig); returns the summary, also in summary.json."""
+    """Train as configured (a training.config.TrainConfig); returns the summary, also in summary.json.
+
+    A run stopped early on purpose (a signal, a non-finite streak) still finishes: its summary's "stop"
+    says why and with which exit status train.py ends.
+    """
     session = set_up(cfg)
-    train(session)
+    try:
+        train(session)
+    except RunStopped as stop:
+        return finish(session, stop)
     return finish(session)
 
 
@@ -51,8 +59,8 @@ def _train_epoch(s: Session, progress: Any) -> None:
     loader = s.accelerator.skip_first_batches(s.train_loader, skip) if skip else s.train_loader
     clock = _StepClock(s)
     for micro_batches in chunks(loader, s.geometry.grad_accum_steps):
-        _optimizer_step(s, micro_batches, clock)
-        paused = _after_step(s, progress)
+        health = _optimizer_step(s, micro_batches, clock)
+        paused = _after_step(s, progress, health)
         if state.steps_in_epoch == 0 or state.step >= s.schedule.stop_at:  # the epoch closed, or we stop
             return
         if paused:
@@ -77,40 +85,66 @@ class _StepClock:
         return seconds
 
 
-def _optimizer_step(s: Session, micro_batches: list[Any], clock: _StepClock) -> None:
+def _optimizer_step(s: Session, micro_batches: list[Any], clock: _StepClock) -> StepHealth:
     state = s.state
     lr = s.scheduler.get_last_lr()[0]
     result = train_step(s.accelerator, s.model, s.optimizer, s.scheduler, micro_batches, s.tracker,
                         s.cfg.optim.grad_clip)
+    health = step_health(s.accelerator, s.signals, s.tracker.step_loss_sum, result.grad_norm, result.skipped)
     seconds = clock.lap()
     s.times.train_s += seconds
     state.step += 1
     state.steps_in_epoch += 1
     s.tracker.end_step(state.step, state.epoch, state.step * s.geometry.tokens_per_step, result.grad_norm, lr,
                        seconds, result.skipped)
+    return health
 
 
-def _after_step(s: Session, progress: Any) -> bool:
-    """Log, validate, close the epoch and checkpoint as due; True when any of them paused training."""
+def _after_step(s: Session, progress: Any, health: StepHealth) -> bool:
+    """Log, validate, close the epoch and checkpoint as due, or stop; True when any of them paused training.
+
+    On a signal the step in flight is finished, logged and checkpointed, and the run stops (RunStopped).
+    During a streak of non-finite steps nothing is checkpointed, so the newest checkpoint stays a good one.
+    """
     state, run_cfg = s.state, s.cfg.run
+    _track_nonfinite(s, health)
     epoch_done = state.steps_in_epoch == s.schedule.steps_per_epoch
-    stopping = state.step >= s.schedule.stop_at
-    if state.step % run_cfg.log_interval == 0 or epoch_done or stopping:
+    stopping = state.step >= s.schedule.stop_at or health.signal != 0
+    if state.step % run_cfg.log_interval == 0 or epoch_done or stopping or health.nonfinite:
         _log_interval(s, progress)
     paused = False
     final_eval_follows = stopping and state.step >= s.schedule.total_steps  # the end validates anyway
-    if run_cfg.eval_interval and state.step % run_cfg.eval_interval == 0 and not epoch_done and not final_eval_follows:
+    if (run_cfg.eval_interval and state.step % run_cfg.eval_interval == 0 and not epoch_done
+            and not final_eval_follows and not health.signal):
         evaluate_now(s)
         paused = True
     if epoch_done:
         _close_epoch(s, partial=False)
         paused = True
-    if (run_cfg.checkpoint_interval and state.step % run_cfg.checkpoint_interval == 0) or stopping:
+    due = (run_cfg.checkpoint_interval and state.step % run_cfg.checkpoint_interval == 0) or stopping
+    if due and s.nonfinite_since is None:
         checkpoint_now(s)
         paused = True
     if epoch_done or stopping:
         _write_summary(s, complete=False)
+    if s.nonfinite_since is not None and run_cfg.max_nonfinite_steps and \
+            state.step - s.nonfinite_since + 1 >= run_cfg.max_nonfinite_steps:
+        raise diverged(s.nonfinite_since, state.step, s.last_checkpoint)
+    if health.signal:
+        raise preempted(health.signal, state.step)
     return paused
+
+
+def _track_nonfinite(s: Session, health: StepHealth) -> None:
+    if not health.nonfinite:
+        s.nonfinite_since = None
+        return
+    if s.nonfinite_since is None:
+        s.nonfinite_since = s.state.step
+    streak = s.state.step - s.nonfinite_since + 1
+    limit = s.cfg.run.max_nonfinite_steps
+    s.log(f"warning: step {s.state.step}: non-finite loss or grad norm ({streak} in a row"
+          f"{f' of {limit} allowed' if limit else ''}); no checkpoint until a finite step")
 
 
 def _log_interval(s: Session, progress: Any) -> None:
@@ -151,22 +185,29 @@ def checkpoint_now(s: Session) -> None:
     state = s.state
     state.records = [vars(r) for r in s.tracker.records]
     state.times = {"train_s": s.times.train_s, "eval_s": s.times.eval_s, "checkpoint_s": s.times.checkpoint_s}
-    save_checkpoint(s.accelerator, s.out, state.step, s.model_config.to_dict(), s.cfg.run.keep_checkpoints)
+    train_state = {"state": state.state_dict(), "scheduler": s.scheduler.state_dict()}
+    save_checkpoint(s.accelerator, s.out, state.step, s.model_config.to_dict(), s.cfg.run.keep_checkpoints,
+                    train_state)
     s.times.checkpoint_s += time.perf_counter() - start
+    s.last_checkpoint = state.step
 
 
 # ---------------------------------------------------------------------------------------------
 # Finishing
 
 
-def finish(s: Session) -> dict[str, Any]:
+def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
     """Close a partial last epoch, export, write the summary, close the sinks, then the process group."""
-    complete = s.state.step >= s.schedule.total_steps
+    complete = s.state.step >= s.schedule.total_steps and stop is None
     if complete and s.state.steps_in_epoch:
         _close_epoch(s, partial=True)  # the step budget ended inside an epoch
     if complete and s.cfg.run.export_hf:
         _export_hf(s)
-    summary = _write_summary(s, complete=complete)
+    summary = _summary(s, complete=complete)
+    if stop is not None:
+        summary["stop"] = {"reason": stop.reason, "exit_status": stop.exit_status, "message": str(stop)}
+    if s.is_main:
+        write_atomic(s.out / "summary.json", json.dumps(summary, indent=2))
     s.wandb.summary({wandb_summary_key(k): v for k, v in summary["total"].items() if v is not None})
     s.wandb.finish()
     s.log(_closing_line(s, summary))

@@ -66,6 +66,11 @@ class MetricsTracker:
         self.records: list[StepRecord] = []
         self.memory = EpochMemory()
 
+    @property
+    def step_loss_sum(self) -> torch.Tensor:
+        """This rank's token-weighted loss sum of the step in progress (on the device)."""
+        return self._step_loss_sum
+
     def add_micro_batch(self, mean_loss: torch.Tensor, num_tokens: int) -> None:
         """A micro-step's mean token loss; weighted by its tokens so the step loss is token-weighted."""
         self._step_loss_sum += mean_loss.detach().double() * num_tokens

@@ -8,7 +8,7 @@ import shutil
 import uuid
 from pathlib import Path
 
-from training.checkpoint import newest_checkpoint
+from training.checkpoint import newest_good_checkpoint
 from training.errors import RunError
 
 _RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "wandb_run_id")
@@ -19,10 +19,7 @@ def check_output_dir(out: Path, resume: bool, overwrite: bool) -> Path | None:
     """Refuse to mix two runs in one directory; return the checkpoint to resume from, if any."""
     holds_run = any((out / f).exists() for f in _RUN_FILES + _RUN_DIRS)
     if resume:
-        ckpt = newest_checkpoint(out)
-        if ckpt is None:
-            raise RunError(f"--resume: no complete checkpoint in {out / 'checkpoints'}; run without --resume")
-        return ckpt
+        return newest_good_checkpoint(out)
     if holds_run and not overwrite:
         raise RunError(f"{out} already holds a run; pass --resume to continue it or --overwrite to replace it")
     return None

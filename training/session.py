@@ -16,11 +16,11 @@ from typing import Any
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, set_seed
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
 from torch.utils.data import DataLoader
 
 from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry
-from training.checkpoint import TrainState, checkpoint_step
+from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
 from training.hardware import peak_flops
@@ -28,6 +28,7 @@ from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFac
 from training.rundir import check_output_dir, clear_run_files, truncate_metrics, wandb_run_id, write_atomic
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode
 from training.step import eval_subset, lr_factor, make_optimizer
+from training.stopping import SignalFlag
 from training.strategy import (
     EffectiveStrategy,
     RequestedLaunch,
@@ -68,8 +69,11 @@ class Session:
     layout: dict[str, Any]  # the launch record: config.json's "launch"
     jsonl: JsonlSink
     wandb: WandbSink
+    signals: SignalFlag
     wall_start: float
     last_val: dict[str, float] | None = None
+    nonfinite_since: int | None = None  # first step of the current streak of non-finite steps
+    last_checkpoint: int | None = None  # step of the newest checkpoint this run wrote or resumed from
 
     @property
     def is_main(self) -> bool:
@@ -102,7 +106,9 @@ def set_up(cfg: TrainConfig) -> Session:
 
     requested = requested_from_env(os.environ, cfg.run.strategy)
     wandb_mode = resolve_wandb_mode(cfg.run.wandb_mode)
-    accelerator = _start_accelerator(requested, wandb_mode, out)
+    signals = SignalFlag()
+    signals.install()  # from here on a signal waits for a step boundary
+    accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
     _prepare_output_dir(accelerator, out, cfg.run.overwrite)
     set_seed(cfg.run.seed)
 
@@ -124,6 +130,10 @@ def set_up(cfg: TrainConfig) -> Session:
     train_loader = accelerator.prepare_data_loader(DataLoader(
         data.train, batch_size=geometry.micro_batch_size, sampler=sampler, drop_last=True,
         num_workers=cfg.run.dataloader_workers,
+        # Its own generator: starting an iterator (every epoch, and after a resume) would otherwise draw
+        # from the global RNG that dropout uses, and a resumed run would draw at a step the
+        # uninterrupted one did not.
+        generator=torch.Generator().manual_seed(cfg.run.seed),
     ))
     val_loader = accelerator.prepare_data_loader(DataLoader(
         eval_subset(data.val, cfg.run.eval_blocks), batch_size=geometry.micro_batch_size, shuffle=False,
@@ -133,19 +143,8 @@ def set_up(cfg: TrainConfig) -> Session:
     # so every run of an experiment divides by the same peak; read before a resume restores the RNG.
     peak = peak_flops(accelerator.device, effective.precision, cfg.data.resolved_cache_dir())
 
-    state = TrainState()
-    accelerator.register_for_checkpointing(scheduler, state)
-    if resume_from is not None:
-        accelerator.load_state(str(resume_from))
-        if accelerator.is_main_process:
-            truncate_metrics(out / "metrics.jsonl", checkpoint_step(resume_from))
-        log(f"resumed from {resume_from} at step {state.step}")
-
     facts = ThroughputFacts(geometry.tokens_per_step, geometry.samples_per_step, accelerator.num_processes,
                             flops_per_token, peak.flops_per_s)
-    tracker = MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps)
-    tracker.records = [StepRecord(**r) for r in state.records]
-    times = RunTimes(**{k: v for k, v in state.times.items() if k in ("train_s", "eval_s", "checkpoint_s")})
 
     layout = {
         "requested": {"strategy": requested.strategy, "world_size": requested.world_size,
@@ -179,9 +178,9 @@ def set_up(cfg: TrainConfig) -> Session:
     session = Session(
         cfg=cfg, out=out, accelerator=accelerator, model=model, model_config=model_config, optimizer=optimizer,
         scheduler=scheduler, sampler=sampler, train_loader=train_loader, val_loader=val_loader, geometry=geometry,
-        schedule=schedule, state=state, tracker=tracker, times=times, layout=layout,
-        jsonl=JsonlSink(out / "metrics.jsonl"), wandb=WandbSink(accelerator, enabled=wandb_mode != "disabled"),
-        wall_start=wall_start,
+        schedule=schedule, state=TrainState(), tracker=MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps),
+        times=RunTimes(), layout=layout, jsonl=JsonlSink(out / "metrics.jsonl"),
+        wandb=WandbSink(accelerator, enabled=wandb_mode != "disabled"), signals=signals, wall_start=wall_start,
     )
     session.wandb.start(cfg.run.wandb_project, resolved, {
         "name": layout["run_name"], "group": cfg.run.experiment, "job_type": effective.strategy, "mode": wandb_mode,
@@ -191,12 +190,31 @@ def set_up(cfg: TrainConfig) -> Session:
         # everything, and the closing line says where the offline run is.
         "settings": {"quiet": True},
     })
+    if resume_from is not None:
+        _resume(session, resume_from)  # last: nothing after it draws from the random state it restores
     return session
 
 
-def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path) -> Accelerator:
+def _resume(s: Session, checkpoint: Path) -> None:
+    s.accelerator.load_state(str(checkpoint))  # weights, optimizer, grad scaler, every rank's RNG states
+    saved = read_train_state(checkpoint)
+    s.state.load_state_dict(saved["state"])
+    s.scheduler.load_state_dict(saved["scheduler"])
+    s.tracker.records = [StepRecord(**r) for r in s.state.records]
+    s.times = RunTimes(**s.state.times)
+    s.last_checkpoint = s.state.step
+    if s.is_main:
+        truncate_metrics(s.out / "metrics.jsonl", checkpoint_step(checkpoint))
+    s.log(f"resumed from {checkpoint} at step {s.state.step}")
+
+
+def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path, timeout_s: int) -> Accelerator:
+    import datetime
+
     accelerator, precision_warning = create_accelerator(
         requested, log_with="wandb" if wandb_mode != "disabled" else None, project_dir=str(out),
+        # A rank that died or hangs makes the others fail after this long instead of waiting for ever.
+        kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=timeout_s))],
         # Steps are whole groups of micro-batches (every epoch is cut to whole steps), and a step's
         # micro-batches are fetched before it runs; syncing "at the end of the dataloader" would then
         # fire on the last step's first micro-batch and step the optimizer twice.

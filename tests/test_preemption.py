@@ -1,0 +1,184 @@
+"""Pre-emption and crashes with real launches: a signal stops every rank at a step boundary with a checkpoint,
+the resumed run equals the uninterrupted one bit for bit (dropout on), and a killed rank ends the job.
+
+Launches keep W&B at its default (offline without a login), so the W&B side of stopping is exercised too.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.launch import CONFIGS, REPO, accelerate_command, launch_env, summary, train_lines, write_news_csv
+from training.checkpoint import checkpoint_problem, complete_checkpoints, load_model_from_checkpoint
+
+pytestmark = pytest.mark.multiprocess
+
+STEPS = 10
+STOP_WHEN_LOGGED = 3  # the signal goes out once this step is in metrics.jsonl
+STOP_DEADLINE_S = 60  # from the signal to the launcher's exit
+CONFIG = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("preemption")
+
+
+@pytest.fixture(scope="module")
+def args(workdir: Path) -> list[str]:
+    corpus = workdir / "news.csv"
+    write_news_csv(corpus, articles=40, words=200)
+    # Dropout on: exact resume must restore every rank's random state, not only the weights.
+    return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(workdir / "cache"), "--max_steps",
+            str(STEPS), "--log_interval", "1", "--seed", "5", "--dropout", "0.1", "--no-export_hf"]
+
+
+def _launch(strategy: str, out: Path, args: list[str]) -> psutil.Popen:
+    command = accelerate_command(CONFIGS / CONFIG[strategy], "train.py", [*args, "--output_dir", str(out)])
+    return psutil.Popen(command, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        text=True)
+
+
+def _wait_for_step(out: Path, step: int, process: psutil.Popen, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise AssertionError(f"the run ended before step {step}:\n{process.stdout.read()[-3000:]}")
+        if (out / "metrics.jsonl").exists() and max(train_lines(out), default=0) >= step:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout_s} s")
+
+
+def _training_ranks(launcher: psutil.Popen) -> list[psutil.Process]:
+    return [p for p in launcher.children(recursive=True) if "train.py" in " ".join(p.cmdline())]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(workdir: Path, args: list[str]) -> dict[str, Path]:
+    out = {}
+    for strategy in CONFIG:
+        out[strategy] = workdir / f"{strategy}-whole"
+        process = _launch(strategy, out[strategy], args)
+        output, _ = process.communicate(timeout=600)
+        assert process.returncode == 0, output[-3000:]
+    return out
+
+
+# Who gets the signal: the launcher (what a scheduler or Ctrl-C in a terminal reaches), or one rank only.
+TARGETS = {"single": ("launcher", signal.SIGTERM), "ddp": ("launcher", signal.SIGTERM), "fsdp": ("rank 1", signal.SIGTERM)}
+
+
+@pytest.fixture(scope="module")
+def interrupted(workdir: Path, args: list[str]) -> dict[str, tuple[Path, int, float, str]]:
+    """Each strategy signalled mid-run: (run dir, launcher exit status, seconds from signal to exit, output)."""
+    out = {}
+    for strategy, (target, signum) in TARGETS.items():
+        run_dir = workdir / f"{strategy}-stopped"
+        process = _launch(strategy, run_dir, args)
+        _wait_for_step(run_dir, STOP_WHEN_LOGGED, process)
+        victim = process if target == "launcher" else _training_ranks(process)[1]
+        sent = time.monotonic()
+        victim.send_signal(signum)
+        output, _ = process.communicate(timeout=300)
+        out[strategy] = (run_dir, process.returncode, time.monotonic() - sent, output)
+    return out
+
+
+@pytest.mark.parametrize("strategy", list(CONFIG))
+def test_a_signal_stops_every_rank_with_a_checkpoint_of_the_last_step(interrupted, strategy: str) -> None:
+    run_dir, status, seconds, output = interrupted[strategy]
+    assert seconds < STOP_DEADLINE_S
+    # 143 = 128 + SIGTERM from train.py (and accelerate's launcher when it was signalled itself);
+    # torchrun reports workers that stopped on their own with its exit 1.
+    assert status == (1 if TARGETS[strategy][0] == "rank 1" else 143), output[-3000:]
+    s = summary(run_dir)
+    assert s["stop"]["reason"] == "signal" and s["stop"]["exit_status"] == 143 and not s["complete"]
+    stopped_at = s["steps"]
+    assert STOP_WHEN_LOGGED <= stopped_at < STEPS
+    assert sorted(train_lines(run_dir)) == list(range(1, stopped_at + 1))  # the step in flight was logged
+    (checkpoint,) = complete_checkpoints(run_dir)
+    assert checkpoint.name == f"step_{stopped_at:07d}" and checkpoint_problem(checkpoint) is None
+    # The loop's own state is JSON: resuming unpickles nothing the project wrote.
+    assert (checkpoint / "train_state.json").is_file() and not list(checkpoint.glob("custom_checkpoint_*"))
+    assert f"stopped by SIGTERM after step {stopped_at}" in output
+    assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+@pytest.mark.parametrize("strategy", list(CONFIG))
+def test_the_resumed_run_equals_the_uninterrupted_one_bit_for_bit(interrupted, uninterrupted, args: list[str],
+                                                                  strategy: str) -> None:
+    run_dir = interrupted[strategy][0]
+    stopped_at = summary(run_dir)["steps"]
+    process = _launch(strategy, run_dir, [*args, "--resume"])
+    output, _ = process.communicate(timeout=600)
+    assert process.returncode == 0, output[-3000:]
+    assert summary(run_dir)["complete"] and "stop" not in summary(run_dir)
+    got, want = train_lines(run_dir), train_lines(uninterrupted[strategy])
+    assert sorted(got) == list(range(1, STEPS + 1))
+    for step in range(stopped_at + 1, STEPS + 1):
+        assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
+
+
+def test_a_killed_rank_ends_the_job_and_leaves_the_checkpoints_intact(workdir: Path, args: list[str]) -> None:
+    run_dir = workdir / "ddp-killed"
+    process = _launch("ddp", run_dir, [*args, "--max_steps", "200", "--checkpoint_interval", "2"])
+    _wait_for_step(run_dir, 5, process)
+    _training_ranks(process)[1].kill()
+    start = time.monotonic()
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode != 0 and time.monotonic() - start < STOP_DEADLINE_S, output[-3000:]
+    checkpoints = complete_checkpoints(run_dir)
+    assert checkpoints and all(checkpoint_problem(c) is None for c in checkpoints)
+    model = load_model_from_checkpoint(run_dir)  # the newest complete one loads into one process
+    assert model.config.n_layer == 2
+
+
+_NAN_FROM_STEP = """
+import model.gpt2 as gpt2
+
+_forward, _calls = gpt2.GPT2.forward, [0]
+
+def forward(self, idx, targets=None):
+    logits, loss = _forward(self, idx, targets)
+    if self.training and loss is not None:
+        _calls[0] += 1
+        if _calls[0] > {micro_batches_before}:
+            loss = loss * float("nan")
+    return logits, loss
+
+gpt2.GPT2.forward = forward
+"""
+
+
+def test_a_streak_of_non_finite_steps_stops_the_run_and_keeps_the_last_good_checkpoint(workdir: Path,
+                                                                                         args: list[str]) -> None:
+    import sys
+
+    hook = workdir / "nan-hook"
+    hook.mkdir()
+    # The tiny preset accumulates 2 micro-batches per step in one process: steps 5, 6, ... are non-finite.
+    (hook / "sitecustomize.py").write_text(_NAN_FROM_STEP.format(micro_batches_before=8))
+    env = {**launch_env(), "PYTHONPATH": str(hook)}
+    run_dir = workdir / "nan"
+    result = subprocess.run([sys.executable, "train.py", *args, "--max_steps", "20", "--checkpoint_interval", "2",
+                             "--max_nonfinite_steps", "3", "--output_dir", str(run_dir)],
+                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 4, result.stderr[-3000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "steps 5-7" in errors[0] and "step 4, is the last good one" in errors[0]
+    warnings = [line for line in result.stdout.splitlines() if "non-finite loss or grad norm" in line]
+    assert [w.split(":")[1].strip() for w in warnings] == ["step 5", "step 6", "step 7"]
+    lines = train_lines(run_dir)
+    assert [lines[s]["loss"] for s in (5, 6, 7)] == [None, None, None] and lines[4]["loss"] is not None
+    assert [c.name for c in complete_checkpoints(run_dir)][-1] == "step_0000004"  # step 6 was due, not written
+    s = summary(run_dir)
+    assert s["stop"]["reason"] == "nonfinite" and s["stop"]["exit_status"] == 4 and s["steps"] == 7
+    assert json.loads((run_dir / "config.json").read_text())["run"]["max_nonfinite_steps"] == 3
