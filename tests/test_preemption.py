@@ -7,6 +7,7 @@ Launches keep W&B at its default (offline without a login), so the W&B side of s
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -166,7 +167,7 @@ def test_a_streak_of_non_finite_steps_stops_the_run_and_keeps_the_last_good_chec
     hook.mkdir()
     # The tiny preset accumulates 2 micro-batches per step in one process: steps 5, 6, ... are non-finite.
     (hook / "sitecustomize.py").write_text(_NAN_FROM_STEP.format(micro_batches_before=8))
-    env = {**launch_env(), "PYTHONPATH": str(hook)}
+    env = {**launch_env(), "PYTHONPATH": os.pathsep.join([str(hook), str(REPO)])}  # the hook imports model/
     run_dir = workdir / "nan"
     result = subprocess.run([sys.executable, "train.py", *args, "--max_steps", "20", "--checkpoint_interval", "2",
                              "--max_nonfinite_steps", "3", "--output_dir", str(run_dir)],

@@ -228,11 +228,16 @@ def _write_summary(s: Session, complete: bool) -> dict[str, Any]:
 
 def _closing_line(s: Session, summary: dict[str, Any]) -> str:
     t = summary["total"]
-    val = "n/a" if t["final_val_loss"] is None else f"{t['final_val_loss']:.4f}"
     skipped = f", {t['skipped_steps']} skipped (fp16 overflow)" if t["skipped_steps"] else ""
     return (f"{'done' if summary['complete'] else 'stopped'}: {s.state.step} of {s.schedule.total_steps} steps"
-            f"{skipped}, loss {t['final_loss']:.4f}, val loss {val}, {t['tokens_per_s']:,.0f} tokens/s, "
-            f"peak allocated {t['peak_mem_allocated_mib_max']:.0f} MiB, train time {t['train_time_s']:.1f} s -> {s.out}")
+            f"{skipped}, loss {_shown(t['final_loss'], '.4f')}, val loss {_shown(t['final_val_loss'], '.4f')}, "
+            f"{_shown(t['tokens_per_s'], ',.0f')} tokens/s, peak allocated {_shown(t['peak_mem_allocated_mib_max'], '.0f')} "
+            f"MiB, train time {t['train_time_s']:.1f} s -> {s.out}")
+
+
+def _shown(value: float | None, spec: str) -> str:
+    """A figure of the closing line; a non-finite one (null in summary.json) shows as n/a."""
+    return "n/a" if value is None else format(value, spec)
 
 
 def _summary(s: Session, complete: bool) -> dict[str, Any]:
