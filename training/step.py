@@ -16,14 +16,19 @@ from training.config import OptimConfig
 from training.metrics import MetricsTracker
 
 
-def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with decoupled weight decay on matrices (dim >= 2) only; biases and LayerNorms are not decayed."""
+def make_optimizer(model: nn.Module, optim: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW with decoupled weight decay on matrices (dim >= 2) only; biases and LayerNorms are not decayed.
+
+    `fused`: one fused kernel for the whole update (training/levers.py decides where); otherwise PyTorch's
+    default, the multi-tensor (foreach) implementation.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                             fused=True if fused else None)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -62,6 +67,9 @@ def global_grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
             local_sq = local_sq.to(grad.device) + torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
     if mesh is not None:
         # Every element lives in exactly one shard: the sum of the ranks' local squares is the global one.
+        # Reduced on the mesh's device: with parameters offloaded, gradients (and so this sum) are on the
+        # CPU, which NCCL cannot reduce.
+        sharded_sq = sharded_sq.to(mesh.device_type)
         torch.distributed.all_reduce(sharded_sq, group=mesh.get_group())
     return torch.sqrt(local_sq.to(sharded_sq.device) + sharded_sq)
 
