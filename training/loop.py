@@ -218,6 +218,7 @@ def _summary(s: Session, complete: bool) -> dict[str, Any]:
         "fsdp_reshard_after_forward": effective["fsdp_reshard_after_forward"],
         "fsdp_offload_params": effective["fsdp_offload_params"],
         "param_devices": list(effective["param_devices"]),
+        "checkpoint_wrapped_blocks": effective["checkpoint_wrapped_blocks"],
         "sharding_observed": s.sharding_observed,
         "levers": layout["levers"],
         "peak_flops_per_device": layout["peak_flops_per_device"],

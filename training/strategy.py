@@ -90,6 +90,7 @@ class EffectiveStrategy:
     fsdp_reshard_after_forward: bool | None = None
     fsdp_offload_params: bool | None = None
     param_devices: tuple[str, ...] = ()
+    checkpoint_wrapped_blocks: int = 0  # blocks wrapped by accelerate's FSDP activation checkpointing
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -292,6 +293,7 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
         fsdp_reshard_after_forward=reshard,
         fsdp_offload_params=offload,
         param_devices=parameter_devices(prepared_model),
+        checkpoint_wrapped_blocks=sum(type(m).__name__.endswith("CheckpointWrapper") for m in prepared_model.modules()),
     )
 
 
