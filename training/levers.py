@@ -119,12 +119,13 @@ def apply_tf32(enabled: bool) -> None:
     torch.set_float32_matmul_precision("high" if enabled else "highest")
 
 
-def compile_blocks(blocks: nn.ModuleList) -> None:
+def compile_blocks(blocks: nn.ModuleList, **compile_kwargs: Any) -> None:
     """Compile each transformer block's forward in place.
 
     Only `forward` is compiled, so module hooks (FSDP's all-gathers, checkpoint wrappers) run around the
     compiled code rather than being traced into it, and the module tree, its class names and parameter
     names stay as they are (auto-wrap, checkpoints and the Hugging Face export see the same model).
+    The blocks are alike, so one graph serves them all (compiled once, not once per block).
     """
     for block in blocks:
-        block.forward = torch.compile(block.forward)
+        block.forward = torch.compile(block.forward, **compile_kwargs)
