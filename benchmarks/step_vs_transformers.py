@@ -8,7 +8,8 @@ fused where training/levers.py would choose it), and go through the same step fu
 autocast, the loss in fp32 from the logits, backward (scaled in fp16), the float64 global grad norm
 and clipping of training/step.py, the optimizer step. Only the model differs. The two are timed
 alternately, the same number of steps each per round (about `--round_s` seconds' worth, or `--steps`),
-after `--warmup` steps each; tokens/s is the median over rounds, and each round swaps who goes first. MFU divides by the peak that train.py uses (training/hardware.py). With `--compile` each size
+after `--warmup` steps each; tokens/s is the median over rounds, and each round swaps who goes first.
+MFU divides by the peak that train.py uses (training/hardware.py). With `--compile` each size
 is measured eager and then compiled, both models' blocks compiled the way train.py compiles them.
 
 A benchmark, not a test: it prints one line per measurement and a table; docs/performance.md keeps the
@@ -164,14 +165,16 @@ def measure(case: Case, device: torch.device, rounds: int, steps: int | None, ro
         for name, stepper in order:
             seconds, losses[name] = time_steps(stepper, batches, device)
             rates[name].append(tokens / seconds)
-        log(f"  round {r + 1}/{rounds}, {steps} step(s) each: ours {rates['ours'][-1]:,.0f} tok/s, transformers {rates['hf'][-1]:,.0f} tok/s")
+        log(f"  round {r + 1}/{rounds}, {steps} step(s) each: ours {rates['ours'][-1]:,.0f} tok/s, "
+            f"transformers {rates['hf'][-1]:,.0f} tok/s")
     ours_rate, hf_rate = statistics.median(rates["ours"]), statistics.median(rates["hf"])
     return Result(case, ours_rate, hf_rate, ours_rate * flops_per_token / peak, hf_rate * flops_per_token / peak,
                   losses["ours"], losses["hf"])
 
 
 def table(results: list[Result]) -> str:
-    lines = ["| size | precision | mode | block x batch | ours tok/s | transformers tok/s | ratio | MFU ours | MFU transformers |",
+    lines = ["| size | precision | mode | block x batch | ours tok/s | transformers tok/s | ratio | MFU ours "
+             "| MFU transformers |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         c = r.case
@@ -182,9 +185,12 @@ def table(results: list[Result]) -> str:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_vs_transformers", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--sizes", help="comma-separated: tiny, mid (6 x 384), 124m (default: cpu all three, cuda 124m)")
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_vs_transformers",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", choices=("cpu", "cuda"),
+                        default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--sizes",
+                        help="comma-separated: tiny, mid (6 x 384), 124m (default: cpu all three, cuda 124m)")
     parser.add_argument("--precision", help="comma-separated: fp32, fp16, bf16 (default: cpu fp32, cuda bf16,fp16)")
     parser.add_argument("--compile", action="store_true", help="also measure both models compiled")
     parser.add_argument("--block_size", type=int, help="tokens per sequence (default: per size and device)")

@@ -67,7 +67,8 @@ def decide_compile(value: str, device: DeviceInfo) -> tuple[bool, str]:
     if device.type == "cpu":
         return False, "auto: off on CPU, where the compiled step measured slower than eager"
     if not device.at_least(COMPILE_MIN_CAPABILITY):
-        return False, f"auto: off below compute capability 8.0 (this device: {device.capability}), slower or failing there"
+        return False, (f"auto: off below compute capability 8.0 (this device: {device.capability}), "
+                       "slower or failing there")
     return True, f"auto: on for compute capability {device.capability}"
 
 
