@@ -28,7 +28,10 @@ REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "accelerate_configs"
 TRAIN_SCRIPT = REPO / "train.py"
 # The launch layout of each strategy; the number of processes is read from the file, not assumed.
-CONFIG_FILES = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}
+CONFIG_FILES = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml",
+                "fsdp_zero2": "fsdp_zero2.yaml", "fsdp_offload": "fsdp_offload.yaml"}
+# The reference's three; the two other FSDP modes are trained when --strategies names them.
+DEFAULT_STRATEGIES = ("single", "ddp", "fsdp")
 LOG_TAIL_LINES = 20
 
 EXIT_OK, EXIT_FAILED, EXIT_SETUP = 0, 1, 2
@@ -46,7 +49,7 @@ class ExperimentSpec:
     out: Path
     max_steps: int | None = None
     epochs: int | None = None
-    strategies: tuple[str, ...] = ("single", "ddp", "fsdp")
+    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
     data: tuple[str, ...] = ()
     seed: int = 1337
     global_batch_tokens: int | None = None  # None: the preset's, raised to fit every world size
@@ -121,7 +124,7 @@ def read_num_processes(config_file: Path) -> int:
 
 
 # The strategies whose number of processes --num_processes sets; single is one process by definition.
-MULTI_PROCESS = ("ddp", "fsdp")
+MULTI_PROCESS = ("ddp", "fsdp", "fsdp_zero2", "fsdp_offload")
 
 
 def world_sizes(strategies: Sequence[str], config_dir: Path = CONFIG_DIR,
@@ -305,7 +308,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     budget.add_argument("--max_steps", type=int, help="optimizer steps per strategy")
     budget.add_argument("--epochs", type=int, help="epochs per strategy")
     parser.add_argument("--out", type=Path, required=True, help="experiment folder: runs/<strategy>/ and the report")
-    parser.add_argument("--strategies", nargs="+", default=list(CONFIG_FILES), choices=list(CONFIG_FILES))
+    parser.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), choices=list(CONFIG_FILES),
+                        help="strategies to train (default: %(default)s; fsdp_zero2 and fsdp_offload on request)")
     parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--global_batch_tokens", type=int, help="tokens per optimizer step (default: the preset's, "

@@ -18,9 +18,10 @@ from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 from analysis.runs import Run, number
 
 # One colour per strategy in every figure (matplotlib's tab10 order), so a reader learns it once.
-STRATEGY_COLOURS = {"single": "#1f77b4", "ddp": "#ff7f0e", "fsdp": "#2ca02c"}
-SPARE_COLOURS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-MARKERS = {"single": "o", "ddp": "s", "fsdp": "^"}
+STRATEGY_COLOURS = {"single": "#1f77b4", "ddp": "#ff7f0e", "fsdp": "#2ca02c", "fsdp_zero2": "#9467bd",
+                    "fsdp_offload": "#8c564b"}
+SPARE_COLOURS = ("#d62728", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+MARKERS = {"single": "o", "ddp": "s", "fsdp": "^", "fsdp_zero2": "v", "fsdp_offload": "P"}
 # DDP and FSDP can train bit-identical curves: drawn one over the other, the first vanished. Each
 # later line is thinner and broken, so a curve underneath still shows at its edges and in the gaps.
 LINE_STYLES = (("-", 2.6), ("--", 1.9), (":", 1.6), ("-.", 1.3))

@@ -16,7 +16,7 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 
 # Canonical order of strategies in tables and legends: the reference's baseline first.
-STRATEGY_ORDER = ("single", "ddp", "fsdp")
+STRATEGY_ORDER = ("single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload")
 
 
 @dataclass

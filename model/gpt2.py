@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from model.config import GPT2Config
 
@@ -104,6 +105,9 @@ class GPT2(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         # Weight tying: the output projection is the token embedding, one tensor under two names.
         self.lm_head.weight = self.transformer.wte.weight
+        # Recompute each block's activations in backward instead of keeping them (training only); off by
+        # default. A training setting, not part of the architecture, so it is not in the config.
+        self.activation_checkpointing = False
 
         self.apply(self._init_weights)
         # GPT-2's scaled init: each block adds two outputs to the residual stream, so the variance of the
@@ -137,8 +141,10 @@ class GPT2(nn.Module):
         pos = torch.arange(T, dtype=torch.long, device=input_ids.device)  # (T,)
         x = self.transformer.wte(input_ids) + self.transformer.wpe(pos)  # (B, T, C)
         x = self.transformer.drop(x)
+        checkpointing = self.activation_checkpointing and self.training and torch.is_grad_enabled()
         for block in self.transformer.h:
-            x = block(x)
+            # Non-reentrant checkpointing restores the RNG state for the recompute, so dropout masks match.
+            x = checkpoint(block, x, use_reentrant=False) if checkpointing else block(x)
         x = self.transformer.ln_f(x)
         logits = self.lm_head(x)  # (B, T, vocab_size)
         loss = None

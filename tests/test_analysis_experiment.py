@@ -246,3 +246,21 @@ def test_the_cause_of_a_failure_without_an_error_line_is_its_last_meaningful_lin
     assert failure_cause(log) == "error: --block_size 2048 exceeds the model's 1024 positions"
     log.write_text("")
     assert failure_cause(log) == "(no output)"
+
+
+def test_the_other_fsdp_modes_are_strategies_of_their_own(tmp_path: Path, capsys) -> None:
+    # The project's own config files: both modes launch 2 processes, --num_processes sets them as for fsdp.
+    assert world_sizes(("fsdp_zero2", "fsdp_offload"), REPO / "accelerate_configs") == {"fsdp_zero2": 2,
+                                                                                         "fsdp_offload": 2}
+    assert world_sizes(("fsdp_zero2", "fsdp_offload"), REPO / "accelerate_configs", 1) == {"fsdp_zero2": 1,
+                                                                                            "fsdp_offload": 1}
+    batch = Batch(micro_batch_size=8, block_size=64, global_batch_tokens=2048)
+    launches = build_launches(spec(tmp_path, strategies=("single", "fsdp_zero2", "fsdp_offload")),
+                              {"single": 1, "fsdp_zero2": 2, "fsdp_offload": 2}, batch, ("accelerate", "launch"),
+                              cwd=REPO, config_dir=REPO / "accelerate_configs")
+    assert [flag(launch.argv, "--config_file") for launch in launches] == [
+        "accelerate_configs/single_gpu.yaml", "accelerate_configs/fsdp_zero2.yaml",
+        "accelerate_configs/fsdp_offload.yaml"]
+    assert [flag(launch.argv, "--strategy") for launch in launches] == ["single", "fsdp_zero2", "fsdp_offload"]
+    assert [launch.run_dir.name for launch in launches] == ["single", "fsdp_zero2", "fsdp_offload"]
+    assert ExperimentSpec(preset="tiny", out=tmp_path, max_steps=1).strategies == ("single", "ddp", "fsdp")

@@ -72,3 +72,38 @@ def test_fp16_on_cpu_falls_back_to_fp32_with_a_warning() -> None:
     assert choose_precision("bf16", "cpu", "cpu") == ("bf16", None)
     assert choose_precision("fp16", "cuda", "Tesla T4") == ("fp16", None)
     assert "T4" in choose_precision("bf16", "cuda", "Tesla T4")[1]
+
+
+ZERO2_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "false"}
+OFFLOAD_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true"}
+
+
+def test_fsdp_mode_is_read_from_the_launch_variables() -> None:
+    assert requested_from_env(ZERO2_LAUNCH).strategy == "fsdp_zero2"
+    assert requested_from_env(OFFLOAD_LAUNCH).strategy == "fsdp_offload"
+    assert requested_from_env({**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "true"}).strategy == "fsdp"
+    assert requested_from_env({**ZERO2_LAUNCH, "FSDP_OFFLOAD_PARAMS": "true"}).strategy == "fsdp_zero2_offload"
+
+
+def test_fsdp_mode_in_effect_must_be_the_launched_one() -> None:
+    check_strategy(requested_from_env(ZERO2_LAUNCH), _effective("fsdp_zero2", 2, "FSDPModule", sharded=True))
+    with pytest.raises(StrategyMismatch, match="requested fsdp_zero2 with 2 .* strategy fsdp "):
+        check_strategy(requested_from_env(ZERO2_LAUNCH), _effective("fsdp", 2, "FSDPModule", sharded=True))
+    with pytest.raises(StrategyMismatch, match="requested fsdp_offload .* unsharded parameters"):
+        check_strategy(requested_from_env(OFFLOAD_LAUNCH), _effective("fsdp_offload", 2, "FSDPModule"))
+    with pytest.raises(StrategyMismatch, match="--strategy fsdp was requested but the launch config gives fsdp_zero2"):
+        requested_from_env(ZERO2_LAUNCH, expected="fsdp")
+    with pytest.raises(StrategyMismatch, match="launch with accelerate_configs/fsdp_offload.yaml"):
+        requested_from_env(FSDP_LAUNCH, expected="fsdp_offload")
+
+
+def test_every_strategy_has_its_config_file() -> None:
+    from analysis.experiment import CONFIG_FILES as EXPERIMENT_CONFIGS
+    from tests.launch import CONFIGS
+    from training.config import STRATEGIES
+    from training.strategy import CONFIG_FILES
+
+    assert set(CONFIG_FILES) == set(STRATEGIES) - {"auto"} == set(EXPERIMENT_CONFIGS)
+    for strategy, name in CONFIG_FILES.items():
+        assert (CONFIGS / name).is_file(), strategy
+        assert EXPERIMENT_CONFIGS[strategy] == name

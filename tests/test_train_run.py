@@ -55,6 +55,20 @@ def test_run_writes_every_output(run_dir: Path) -> None:
     assert len(summary(run_dir)["data_key"]) == 32
 
 
+def test_every_lever_is_recorded_as_asked_and_as_in_effect(run_dir: Path) -> None:
+    config = json.loads((run_dir / "config.json").read_text())
+    asked = {"compile": "auto", "activation_checkpointing": False, "fused_adamw": "auto", "tf32": "auto",
+             "pin_memory": True}
+    assert config["speed"] == asked
+    in_effect = config["launch"]["levers"]
+    assert in_effect == summary(run_dir)["levers"]
+    assert (in_effect["compile"], in_effect["activation_checkpointing"], in_effect["fused_adamw"], in_effect["tf32"],
+            in_effect["pin_memory"], in_effect["dataloader_workers"]) == (False, "off", False, False, False, 0)
+    assert "slower than eager" in in_effect["compile_reason"]  # the CPU default, with its reason
+    (wandb_config,) = [r["config"]["update"] for r in _wandb_records(run_dir) if r["type"] == "config"]
+    assert wandb_config["speed"] == asked and wandb_config["launch"]["levers"] == in_effect
+
+
 def test_wandb_offline_run_holds_the_same_losses_as_metrics_jsonl(run_dir: Path) -> None:
     records = _wandb_records(run_dir)
     history = {r["history"]["item"]["_step"]: r["history"]["item"] for r in records if r["type"] == "history"}

@@ -188,3 +188,31 @@ def test_a_step_the_fp16_grad_scaler_skips_holds_the_schedule_and_is_counted(fp1
     assert means["skipped_steps"] == 1 and means["grad_norm_nonfinite_steps"] == 1
     finite = [r.grad_norm for r in tracker.records if math.isfinite(r.grad_norm)]
     assert len(finite) == 2 and means["grad_norm_mean"] == pytest.approx(sum(finite) / 2)
+
+
+def test_grad_norm_copies_nothing_from_the_host() -> None:
+    # On a GPU a blocking host-to-device copy inside the step waits for the backward: a host sync. The
+    # meta device stands in for the GPU here; any copy from the CPU to it shows up as a device change.
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from training.step import global_grad_norm
+
+    class CrossDeviceCopies(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.copies: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            devices = {a.device.type for a in args if isinstance(a, torch.Tensor)}
+            target = kwargs.get("device")
+            if target is not None and {torch.device(target).type} != devices:
+                self.copies.append(str(func))
+            return func(*args, **kwargs)
+
+    params = [torch.nn.Parameter(torch.ones(3, 4, device="meta")) for _ in range(3)]
+    for p in params:
+        p.grad = torch.ones_like(p)
+    with CrossDeviceCopies() as mode:
+        norm = global_grad_norm(params)
+    assert norm.device.type == "meta" and mode.copies == []

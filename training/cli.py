@@ -12,7 +12,7 @@ import types
 import typing
 from typing import Any, Sequence
 
-from training.config import ModelChoice, OptimConfig, RunConfig, TrainConfig
+from training.config import ModelChoice, OptimConfig, RunConfig, SpeedConfig, TrainConfig
 from training.presets import PRESETS, preset_overrides
 
 # Fields whose flag is not the field name.
@@ -69,7 +69,7 @@ def _config_classes() -> dict[str, type]:
         DataConfig,  # the data stack (datasets, transformers) is imported only when needed
     )
 
-    return {"model": ModelChoice, "data": DataConfig, "optim": OptimConfig, "run": RunConfig}
+    return {"model": ModelChoice, "data": DataConfig, "optim": OptimConfig, "run": RunConfig, "speed": SpeedConfig}
 
 
 DEFAULT_PRESET = "tiny"

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STRATEGIES = ("auto", "single", "ddp", "fsdp")
+STRATEGIES = ("auto", "single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload")
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -83,7 +83,8 @@ class RunConfig:
     resume: bool = _help("continue from the newest complete checkpoint in --output_dir", default=False)
     overwrite: bool = _help("start afresh in an --output_dir that already holds a run (its files are replaced)", default=False)
     strategy: str = _help(
-        "strategy this run must use: auto (whatever the launch config gives), single, ddp, fsdp; "
+        "strategy this run must use: auto (whatever the launch config gives), single, ddp, fsdp (full sharding), "
+        "fsdp_zero2 (parameters kept whole between forward and backward), fsdp_offload (parameters on the CPU); "
         "a mismatch with what is in effect stops the run at start-up",
         default="auto",
     )
@@ -141,6 +142,38 @@ class RunConfig:
             raise ValueError("--resume and --overwrite contradict each other: choose one")
 
 
+@dataclass
+class SpeedConfig:
+    """Speed and memory levers; `auto` picks what helps on the device (see docs/performance.md)."""
+
+    compile: str = _help(
+        "torch.compile each transformer block: auto (on for CUDA GPUs of compute capability 8.0+; off on CPU, "
+        "where the compiled step measured slower than eager, and on T4/sm75 and older, where inductor's "
+        "kernels are slower or fail to build), on, off",
+        default="auto",
+    )
+    activation_checkpointing: bool = _help(
+        "recompute each block's activations in backward instead of keeping them (less memory, about a third "
+        "more compute): in the model for single/DDP, through accelerate's FSDP option under FSDP",
+        default=False,
+    )
+    fused_adamw: str = _help(
+        "fused AdamW (one kernel for the whole update): auto (on for CUDA), on (where torch has the kernel), off",
+        default="auto",
+    )
+    tf32: str = _help(
+        "fp32 matmuls on TF32 tensor cores: auto (on for compute capability 8.0+, Ampere and newer), on, off",
+        default="auto",
+    )
+    pin_memory: bool = _help("pinned host memory for the DataLoader's batches (CUDA only; no effect on CPU)",
+                             default=True)
+
+    def __post_init__(self) -> None:
+        for name in ("compile", "fused_adamw", "tf32"):
+            if getattr(self, name) not in ("auto", "on", "off"):
+                raise ValueError(f"--{name} must be auto, on or off, got {getattr(self, name)!r}")
+
+
 def _positive(name: str, value: float) -> None:
     if value <= 0:
         raise ValueError(f"--{name} must be > 0, got {value}")
@@ -155,6 +188,7 @@ class TrainConfig:
     data: Any  # data.DataConfig (kept untyped here so this module imports without the data stack)
     optim: OptimConfig
     run: RunConfig
+    speed: SpeedConfig = field(default_factory=SpeedConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -163,4 +197,5 @@ class TrainConfig:
             "data": asdict(self.data),
             "optim": asdict(self.optim),
             "run": asdict(self.run),
+            "speed": asdict(self.speed),
         }

@@ -9,7 +9,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
 from training.hardware import peak_flops
+from training.levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
 from training.rundir import check_output_dir, clear_run_files, truncate_metrics, wandb_run_id, write_atomic
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode
@@ -32,6 +33,7 @@ from training.stopping import SignalFlag
 from training.strategy import (
     EffectiveStrategy,
     RequestedLaunch,
+    ShardingObserver,
     check_strategy,
     create_accelerator,
     effective_strategy,
@@ -74,6 +76,8 @@ class Session:
     last_val: dict[str, float] | None = None
     nonfinite_since: int | None = None  # first step of the current streak of non-finite steps
     last_checkpoint: int | None = None  # step of the newest checkpoint this run wrote or resumed from
+    # What is sharded when, read from the live tensors in the first step (summary.json's "sharding_observed").
+    sharding_observed: dict[str, Any] = field(default_factory=dict)
 
     @property
     def is_main(self) -> bool:
@@ -113,23 +117,26 @@ def set_up(cfg: TrainConfig) -> Session:
     set_seed(cfg.run.seed)
 
     log = _main_process_printer(accelerator)
+    levers = _levers(cfg, accelerator, requested.strategy)
+    log(_levers_line(levers))
     data = build_datasets(cfg.data, main_process_first=accelerator.main_process_first, log=log)
     geometry = batch_geometry(cfg.optim, cfg.data.block_size, accelerator.num_processes)
     accelerator.gradient_accumulation_steps = geometry.grad_accum_steps
     schedule = _schedule(cfg, len(data.train), geometry)
 
-    model, optimizer, scheduler = _model_and_optimizer(cfg, model_config, schedule.total_steps)
+    model, optimizer, scheduler = _model_and_optimizer(cfg, model_config, schedule.total_steps, levers)
     n_params = model.num_parameters()
     n_params_non_embedding = model.num_parameters(exclude_position_embeddings=True)
     flops_per_token = model.flops_per_token(cfg.data.block_size)
     model, optimizer = accelerator.prepare(model, optimizer)  # FSDP2 needs both in one call
     effective = effective_strategy(accelerator, model)
     check_strategy(requested, effective)
+    observer = ShardingObserver(model, getattr(optimizer, "optimizer", optimizer))
 
     sampler = EpochOrderSampler(len(data.train), schedule.steps_per_epoch * geometry.samples_per_step, cfg.run.seed)
     train_loader = accelerator.prepare_data_loader(DataLoader(
         data.train, batch_size=geometry.micro_batch_size, sampler=sampler, drop_last=True,
-        num_workers=cfg.run.dataloader_workers,
+        num_workers=cfg.run.dataloader_workers, pin_memory=levers.pin_memory,
         # Its own generator: starting an iterator (every epoch, and after a resume) would otherwise draw
         # from the global RNG that dropout uses, and a resumed run would draw at a step the
         # uninterrupted one did not.
@@ -137,7 +144,7 @@ def set_up(cfg: TrainConfig) -> Session:
     ))
     val_loader = accelerator.prepare_data_loader(DataLoader(
         eval_subset(data.val, cfg.run.eval_blocks), batch_size=geometry.micro_batch_size, shuffle=False,
-        num_workers=cfg.run.dataloader_workers,
+        num_workers=cfg.run.dataloader_workers, pin_memory=levers.pin_memory,
     ))
     # Measured once per machine and thread count and cached (the ranks take turns through a file lock),
     # so every run of an experiment divides by the same peak; read before a resume restores the RNG.
@@ -169,6 +176,7 @@ def set_up(cfg: TrainConfig) -> Session:
         "peak_flops_source": peak.source,
         "data_stats": data.stats.to_dict(),
         "wandb_mode": wandb_mode,
+        "levers": levers.to_dict(),
     }
     resolved = {**cfg.to_dict(), "launch": layout}
     if accelerator.is_main_process:
@@ -181,6 +189,7 @@ def set_up(cfg: TrainConfig) -> Session:
         schedule=schedule, state=TrainState(), tracker=MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps),
         times=RunTimes(), layout=layout, jsonl=JsonlSink(out / "metrics.jsonl"),
         wandb=WandbSink(accelerator, enabled=wandb_mode != "disabled"), signals=signals, wall_start=wall_start,
+        sharding_observed=observer.result,
     )
     session.wandb.start(cfg.run.wandb_project, resolved, {
         "name": layout["run_name"], "group": cfg.run.experiment, "job_type": effective.strategy, "mode": wandb_mode,
@@ -253,11 +262,39 @@ def _schedule(cfg: TrainConfig, train_blocks: int, geometry: BatchGeometry) -> S
                     math.ceil(total_steps / steps_per_epoch))
 
 
-def _model_and_optimizer(cfg: TrainConfig, model_config: Any, total_steps: int) -> tuple[Any, Any, Any]:
+def _levers(cfg: TrainConfig, accelerator: Accelerator, strategy: str) -> Levers:
+    """Resolve the speed flags for this device and put the process-wide ones (TF32, FSDP's checkpointing) in effect."""
+    try:
+        levers = decide_levers(cfg.speed, cfg.run.dataloader_workers, DeviceInfo.of(accelerator.device), strategy)
+    except ValueError as exc:
+        raise RunError(str(exc)) from None
+    if levers.activation_checkpointing == "fsdp":
+        if cfg.model.dropout > 0:
+            # accelerate's FSDP checkpoint wrapper does not restore the RNG state for the recompute, so the
+            # recomputed dropout masks would differ from the forward's and the gradients would be wrong.
+            raise RunError("--activation_checkpointing under FSDP needs --dropout 0: accelerate's FSDP checkpoint "
+                           "wrapper recomputes with other dropout masks")
+        accelerator.state.fsdp_plugin.activation_checkpointing = True
+    apply_tf32(levers.tf32)
+    return levers
+
+
+def _levers_line(levers: Levers) -> str:
+    return (f"levers: compile {'on' if levers.compile else 'off'} ({levers.compile_reason}); activation "
+            f"checkpointing {levers.activation_checkpointing}; fused AdamW {'on' if levers.fused_adamw else 'off'}; "
+            f"TF32 {'on' if levers.tf32 else 'off'}; pinned memory {'on' if levers.pin_memory else 'off'}; "
+            f"{levers.dataloader_workers} DataLoader worker(s)")
+
+
+def _model_and_optimizer(cfg: TrainConfig, model_config: Any, total_steps: int,
+                         levers: Levers) -> tuple[Any, Any, Any]:
     from model import GPT2
 
     model = GPT2(model_config)  # same seed on every rank: identical initial weights
-    optimizer = make_optimizer(model, cfg.optim)
+    model.activation_checkpointing = levers.activation_checkpointing == "model"
+    if levers.compile:
+        compile_blocks(model.transformer.h)
+    optimizer = make_optimizer(model, cfg.optim, fused=levers.fused_adamw)
     # The schedule is stepped once per optimizer step by the loop; handing it to prepare() would make
     # accelerate step it once per process, which changes the schedule with the world size.
     scheduler = torch.optim.lr_scheduler.LambdaLR(

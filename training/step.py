@@ -16,14 +16,19 @@ from training.config import OptimConfig
 from training.metrics import MetricsTracker
 
 
-def make_optimizer(model: nn.Module, optim: OptimConfig) -> torch.optim.AdamW:
-    """AdamW with decoupled weight decay on matrices (dim >= 2) only; biases and LayerNorms are not decayed."""
+def make_optimizer(model: nn.Module, optim: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
+    """AdamW with decoupled weight decay on matrices (dim >= 2) only; biases and LayerNorms are not decayed.
+
+    `fused`: one fused kernel for the whole update (training/levers.py decides where); otherwise PyTorch's
+    default, the multi-tensor (foreach) implementation.
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps)
+    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
+                             fused=True if fused else None)
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -46,8 +51,10 @@ def global_grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
     """
     from torch.distributed.tensor import DTensor
 
-    local_sq = torch.zeros((), dtype=torch.float64)
-    sharded_sq = torch.zeros((), dtype=torch.float64)
+    # The sums start from the first gradient's term, on its device: starting from a host zero would copy
+    # it to the GPU, and a blocking host-to-device copy waits for the whole backward (a host sync).
+    local_sq: torch.Tensor | None = None
+    sharded_sq: torch.Tensor | None = None
     mesh = None
     for p in parameters:
         if p.grad is None:
@@ -57,13 +64,20 @@ def global_grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
             if any(not placement.is_shard() for placement in grad.placements):
                 raise RuntimeError(f"unexpected gradient placement {grad.placements}: only sharded DTensors are summed")
             mesh = grad.device_mesh
-            sharded_sq = sharded_sq.to(grad.device) + torch.linalg.vector_norm(grad.to_local(), dtype=torch.float64) ** 2
+            term = torch.linalg.vector_norm(grad.to_local(), dtype=torch.float64) ** 2
+            sharded_sq = term if sharded_sq is None else sharded_sq + term.to(sharded_sq.device)
         else:
-            local_sq = local_sq.to(grad.device) + torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
-    if mesh is not None:
+            term = torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
+            local_sq = term if local_sq is None else local_sq + term.to(local_sq.device)
+    if sharded_sq is not None and mesh is not None:
         # Every element lives in exactly one shard: the sum of the ranks' local squares is the global one.
+        # Reduced on the mesh's device: with parameters offloaded, gradients (and so this sum) are on the
+        # CPU, which NCCL cannot reduce.
+        sharded_sq = sharded_sq.to(mesh.device_type)
         torch.distributed.all_reduce(sharded_sq, group=mesh.get_group())
-    return torch.sqrt(local_sq.to(sharded_sq.device) + sharded_sq)
+    if sharded_sq is None:
+        return torch.sqrt(local_sq) if local_sq is not None else torch.zeros((), dtype=torch.float64)
+    return torch.sqrt(sharded_sq if local_sq is None else local_sq.to(sharded_sq.device) + sharded_sq)
 
 
 def clip_gradients(accelerator: Accelerator, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -24,6 +24,32 @@ from accelerate.utils import DistributedType
 # accelerate versions with which `_enable_fsdp_on_cpu` was verified to take effect.
 _FSDP_ON_CPU_TESTED_ACCELERATE = ("1.16.",)
 
+# The FSDP2 modes, named by (reshard the blocks' parameters after forward, offload parameters to CPU):
+#   fsdp         full sharding (ZeRO-3): parameters gathered for each block's forward, freed, gathered again
+#                for its backward; gradients and optimizer state sharded;
+#   fsdp_zero2   parameters kept whole from a block's forward to its backward (one all-gather per step
+#                instead of two, more memory); gradients and optimizer state sharded, as ZeRO-2;
+#   fsdp_offload full sharding with the parameter shards, their gradients and the optimizer step on the CPU.
+FSDP_MODES = {"fsdp": (True, False), "fsdp_zero2": (False, False), "fsdp_offload": (True, True)}
+CONFIG_FILES = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml",
+                "fsdp_zero2": "fsdp_zero2.yaml", "fsdp_offload": "fsdp_offload.yaml"}
+
+
+def fsdp_mode_name(reshard_after_forward: bool, offload_params: bool) -> str:
+    """The strategy name of an FSDP mode; the one combination without a config of its own is spelled out."""
+    for name, mode in FSDP_MODES.items():
+        if mode == (reshard_after_forward, offload_params):
+            return name
+    return "fsdp_zero2_offload"
+
+
+def _env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
+    # accelerate writes these as str(bool).lower(); FSDP1 spellings of the sharding strategy are accepted too.
+    value = env.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in ("true", "1", "yes", "full_shard")
+
 
 class StrategyMismatch(RuntimeError):
     """The strategy in effect is not the one requested; the message is one line naming both."""
@@ -33,7 +59,7 @@ class StrategyMismatch(RuntimeError):
 class RequestedLaunch:
     """What the launch (accelerate config + command line) asked for."""
 
-    strategy: str  # single | ddp | fsdp
+    strategy: str  # single | ddp | fsdp | fsdp_zero2 | fsdp_offload
     world_size: int | None  # None: the config asked for several processes, how many is not visible
     num_machines: int
     mixed_precision: str  # no | fp16 | bf16
@@ -47,7 +73,7 @@ class RequestedLaunch:
 class EffectiveStrategy:
     """What is really running, read off the process group and the prepared model."""
 
-    strategy: str  # single | ddp | fsdp
+    strategy: str  # single | ddp | fsdp | fsdp_zero2 | fsdp_offload
     world_size: int
     num_machines: int
     backend: str
@@ -59,6 +85,12 @@ class EffectiveStrategy:
     precision: str  # fp32 | fp16 | bf16
     device_type: str
     block_shard_fractions: tuple[float, ...] = ()  # local/global parameter share of each FSDP-wrapped block
+    # Read from the blocks' FSDP units (None when not FSDP): their reshard-after-forward setting, whether
+    # their offload policy is CPUOffloadPolicy, and the device types the parameter shards live on.
+    fsdp_reshard_after_forward: bool | None = None
+    fsdp_offload_params: bool | None = None
+    param_devices: tuple[str, ...] = ()
+    checkpoint_wrapped_blocks: int = 0  # blocks wrapped by accelerate's FSDP activation checkpointing
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,11 +104,15 @@ def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> Reques
     # A MULTI_CPU config sets ACCELERATE_USE_CPU and a rendezvous address, yet without an MPI host
     # file accelerate starts a single process and no WORLD_SIZE: the config asked for several.
     multi_cpu_config = env.get("ACCELERATE_USE_CPU", "").lower() == "true" and "MASTER_ADDR" in env
-    launched = "fsdp" if use_fsdp else ("ddp" if world_size > 1 or multi_cpu_config else "single")
+    if use_fsdp:
+        launched = fsdp_mode_name(_env_flag(env, "FSDP_RESHARD_AFTER_FORWARD", True),
+                                  _env_flag(env, "FSDP_OFFLOAD_PARAMS", False))
+    else:
+        launched = "ddp" if world_size > 1 or multi_cpu_config else "single"
     if expected != "auto" and expected != launched:
         raise StrategyMismatch(
             f"--strategy {expected} was requested but the launch config gives {launched} "
-            f"({world_size} process(es)); launch with accelerate_configs/{_config_file(expected)}"
+            f"({world_size} process(es)); launch with accelerate_configs/{CONFIG_FILES[expected]}"
         )
     return RequestedLaunch(
         strategy=launched,
@@ -84,10 +120,6 @@ def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> Reques
         num_machines=group_world,
         mixed_precision=env.get("ACCELERATE_MIXED_PRECISION", "no"),
     )
-
-
-def _config_file(strategy: str) -> str:
-    return {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}[strategy]
 
 
 def choose_precision(requested: str, device_type: str, device_name: str) -> tuple[str, str | None]:
@@ -116,7 +148,7 @@ def create_accelerator(requested: RequestedLaunch, **accelerator_kwargs: Any) ->
     mixed_precision, warning = choose_precision(requested.mixed_precision, "cuda" if has_gpu else "cpu", device_name)
     # Without cpu=True on a GPU-less machine accelerate leaves every process unconnected (type NO).
     accelerator = Accelerator(cpu=not has_gpu, mixed_precision=mixed_precision, **accelerator_kwargs)
-    if requested.strategy == "fsdp" and not has_gpu:
+    if requested.strategy.startswith("fsdp") and not has_gpu:
         _enable_fsdp_on_cpu(accelerator, mixed_precision)
     return accelerator, warning
 
@@ -130,10 +162,16 @@ def _enable_fsdp_on_cpu(accelerator: Accelerator, mixed_precision: str) -> None:
     undone) and handing AcceleratorState the FSDP plugin built from the launch's FSDP_* variables, as
     accelerate itself would, makes `prepare()` shard parameters as DTensors on the CPU mesh. This touches
     accelerate's private state, so it is verified right away and fails loudly if it did not take.
+
+    The plugin reads FSDP_RESHARD_AFTER_FORWARD and FSDP_OFFLOAD_PARAMS itself, so the zero2 and offload
+    modes take effect as on a GPU. Offloading "to the CPU" from the CPU moves nothing, but runs FSDP2's
+    offload path (shards copied to the compute device for the all-gather, gradients copied back, the
+    optimizer stepping the CPU shards); only pinned memory, which needs an accelerator, is turned off.
     """
     import accelerate
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import FullyShardedDataParallelPlugin
+    from torch.distributed.fsdp import CPUOffloadPolicy
 
     if not accelerate.__version__.startswith(_FSDP_ON_CPU_TESTED_ACCELERATE):
         warnings.warn(
@@ -142,6 +180,8 @@ def _enable_fsdp_on_cpu(accelerator: Accelerator, mixed_precision: str) -> None:
             stacklevel=2,
         )
     plugin = FullyShardedDataParallelPlugin()
+    if isinstance(plugin.cpu_offload, CPUOffloadPolicy):
+        plugin.cpu_offload = CPUOffloadPolicy(pin_memory=False)
     if mixed_precision != "no":
         plugin.set_mixed_precision(mixed_precision)
     AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
@@ -192,11 +232,43 @@ def block_shard_fractions(model: nn.Module) -> tuple[float, ...]:
     return tuple(fractions)
 
 
+def block_units(model: nn.Module) -> list[nn.Module]:
+    """The FSDP units of the transformer blocks (`transformer.h.N`, with or without a checkpoint wrapper)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return [m for name, m in model.named_modules()
+            if isinstance(m, FSDPModule) and name.split(".")[-2:-1] == ["h"] and name.split(".")[-1].isdigit()]
+
+
+def fsdp_mode(model: nn.Module) -> tuple[bool | None, bool | None]:
+    """(reshard after forward, offload to CPU) as the blocks' FSDP units hold them; None when not one value.
+
+    Read from FSDP2's parameter group, the object that acts on them: it reshards after forward exactly
+    when it has a post-forward mesh, and offloads when its offload policy is a CPUOffloadPolicy.
+    """
+    from torch.distributed.fsdp import CPUOffloadPolicy
+
+    groups = [unit._get_fsdp_state()._fsdp_param_group for unit in block_units(model)]
+    groups = [g for g in groups if g is not None]
+    reshard = {g.post_forward_mesh_info is not None for g in groups}
+    offload = {isinstance(g.offload_policy, CPUOffloadPolicy) for g in groups}
+    return (reshard.pop() if len(reshard) == 1 else None), (offload.pop() if len(offload) == 1 else None)
+
+
+def parameter_devices(model: nn.Module) -> tuple[str, ...]:
+    """The device types the parameters (their local shards, for DTensors) are stored on."""
+    from torch.distributed.tensor import DTensor
+
+    return tuple(sorted({(p.to_local() if isinstance(p, DTensor) else p).device.type for p in model.parameters()}))
+
+
 def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> EffectiveStrategy:
     wrapper = _wrapper_name(prepared_model)
     sharded, local, total = parameter_sizes(prepared_model)
+    reshard, offload = fsdp_mode(prepared_model) if wrapper == "FSDPModule" else (None, None)
     if wrapper == "FSDPModule" and sharded:
-        strategy = "fsdp"
+        known = reshard is not None and offload is not None
+        strategy = fsdp_mode_name(reshard, offload) if known else "fsdp (blocks in mixed or unknown modes)"
     elif wrapper == "DistributedDataParallel":
         strategy = "ddp"
     elif accelerator.num_processes == 1:
@@ -218,6 +290,10 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
         precision=precision_name(accelerator.mixed_precision),
         device_type=accelerator.device.type,
         block_shard_fractions=block_shard_fractions(prepared_model),
+        fsdp_reshard_after_forward=reshard,
+        fsdp_offload_params=offload,
+        param_devices=parameter_devices(prepared_model),
+        checkpoint_wrapped_blocks=sum(type(m).__name__.endswith("CheckpointWrapper") for m in prepared_model.modules()),
     )
 
 
@@ -231,7 +307,7 @@ def check_strategy(requested: RequestedLaunch, effective: EffectiveStrategy) -> 
             problems.append(f"{effective.world_size} connected process")
     elif effective.world_size != requested.world_size:
         problems.append(f"{effective.world_size} connected process(es)")
-    if requested.strategy == "fsdp" and effective.world_size > 1 and not effective.params_sharded:
+    if requested.strategy.startswith("fsdp") and effective.world_size > 1 and not effective.params_sharded:
         problems.append("unsharded parameters")
     if problems:
         raise StrategyMismatch(
@@ -239,3 +315,71 @@ def check_strategy(requested: RequestedLaunch, effective: EffectiveStrategy) -> 
             f"(distributed type {effective.distributed_type}); "
             "refusing to record one strategy's figures under another's name"
         )
+
+
+class ShardingObserver:
+    """What is sharded when, read once from the live tensors during the first training step.
+
+    A forward hook on the prepared model, registered after FSDP's own, sees the state between forward
+    and backward: whether the first block's parameters are then whole tensors (FSDP kept them gathered:
+    zero2) or DTensor shards (resharded: full sharding), and how much of the block this rank holds. A
+    post-step hook on the optimizer sees the gradients and optimizer state: their share and devices.
+    Both remove themselves after their first call, so later steps pay nothing.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.result: dict[str, Any] = {}
+        units = block_units(model)
+        self._block = units[0] if units else _first_block(model)
+        self._handles = [model.register_forward_hook(self._after_forward),
+                         optimizer.register_step_post_hook(self._after_optimizer_step)]
+
+    def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+        if not (module.training and torch.is_grad_enabled()) or self._block is None:
+            return
+        params = list(self._block.parameters())
+        whole_numel = sum(_global_numel(p) for p in params)
+        held = sum(_local(p).numel() for p in params)
+        self.result["block_params_between_forward_and_backward"] = (
+            "sharded" if all(_is_dtensor(p) for p in params) else "whole")
+        self.result["block_param_fraction_held_between_forward_and_backward"] = held / whole_numel
+        self._handles[0].remove()
+
+    def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        grads = [p.grad for p in params if p.grad is not None]
+        states = [t for p in params for t in optimizer.state.get(p, {}).values()
+                  if isinstance(t, torch.Tensor) and t.dim() > 0]
+        self.result["grads"] = "sharded" if grads and all(_is_dtensor(g) for g in grads) else "whole"
+        self.result["grad_fraction_held"] = _fraction(grads)
+        self.result["grad_devices"] = sorted({_local(g).device.type for g in grads})
+        self.result["optimizer_state_fraction_held"] = _fraction(states)
+        self.result["optimizer_state_devices"] = sorted({_local(t).device.type for t in states})
+        self.result["param_devices_after_step"] = sorted({_local(p).device.type for p in params})
+        self._handles[1].remove()
+
+
+def _is_dtensor(t: torch.Tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(t, DTensor)
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    return t.to_local() if _is_dtensor(t) else t
+
+
+def _global_numel(t: torch.Tensor) -> int:
+    return t.numel()  # a DTensor's numel is its global one
+
+
+def _fraction(tensors: list[torch.Tensor]) -> float | None:
+    total = sum(_global_numel(t) for t in tensors)
+    return sum(_local(t).numel() for t in tensors) / total if total else None
+
+
+def _first_block(model: nn.Module) -> nn.Module | None:
+    for name, module in model.named_modules():
+        if name.split(".")[-2:] == ["h", "0"]:
+            return module
+    return None
