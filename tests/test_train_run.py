@@ -202,3 +202,22 @@ def test_no_secret_from_the_environment_reaches_the_run_files_or_the_output(tmp_
         assert secret not in result.stdout + result.stderr
         leaks = [p for p in files if secret.encode() in p.read_bytes()]
         assert not leaks, f"{secret[:6]}... found in {leaks}"
+
+
+def test_epochs_cut_short_by_the_step_budget_are_marked_partial(run_dir: Path) -> None:
+    s = summary(run_dir)
+    per_epoch = json.loads((run_dir / "config.json").read_text())["launch"]["schedule"]["steps_per_epoch"]
+    assert 12 % per_epoch, "the run must end inside an epoch for this test to mean anything"
+    assert [e["partial"] for e in s["epochs"]] == [e["steps"] < per_epoch for e in s["epochs"]]
+    assert s["epochs"][-1]["partial"] and not s["epochs"][0]["partial"]
+
+
+def test_the_export_is_as_readable_as_the_rest_of_the_run_directory(run_dir: Path) -> None:
+    import os
+
+    umask = os.umask(0)
+    os.umask(umask)
+    assert (run_dir / "hf").stat().st_mode & 0o777 == 0o777 & ~umask
+    for path in (run_dir / "hf").iterdir():
+        assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path.name
+    assert (run_dir / "hf" / "model.safetensors").stat().st_mode & 0o777 == (run_dir / "summary.json").stat().st_mode & 0o777
