@@ -203,11 +203,7 @@ def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
         _close_epoch(s, partial=True)  # the step budget ended inside an epoch
     if complete and s.cfg.run.export_hf:
         _export_hf(s)
-    summary = _summary(s, complete=complete)
-    if stop is not None:
-        summary["stop"] = {"reason": stop.reason, "exit_status": stop.exit_status, "message": str(stop)}
-    if s.is_main:
-        write_atomic(s.out / "summary.json", json.dumps(summary, indent=2))
+    summary = _write_summary(s, complete, stop)
     s.wandb.summary({wandb_summary_key(k): v for k, v in summary["total"].items() if v is not None})
     s.wandb.finish()
     s.log(_closing_line(s, summary))
@@ -219,8 +215,10 @@ def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
     return summary
 
 
-def _write_summary(s: Session, complete: bool) -> dict[str, Any]:
+def _write_summary(s: Session, complete: bool, stop: RunStopped | None = None) -> dict[str, Any]:
     summary = _summary(s, complete)
+    if stop is not None:
+        summary["stop"] = {"reason": stop.reason, "exit_status": stop.exit_status, "message": str(stop)}
     if s.is_main:
         write_atomic(s.out / "summary.json", json.dumps(summary, indent=2))
     return summary

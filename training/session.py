@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -84,8 +85,7 @@ class Session:
         return self.accelerator.is_main_process
 
     def log(self, message: str) -> None:
-        if self.is_main:
-            print(message, flush=True)
+        log_on_main(self.accelerator, message)
 
     def emit(self, record: dict[str, Any]) -> None:
         """One metrics record to every sink (the main process writes for all)."""
@@ -116,7 +116,7 @@ def set_up(cfg: TrainConfig) -> Session:
     _prepare_output_dir(accelerator, out, cfg.run.overwrite)
     set_seed(cfg.run.seed)
 
-    log = _main_process_printer(accelerator)
+    log = functools.partial(log_on_main, accelerator)
     levers = _levers(cfg, accelerator, requested.strategy)
     log(_levers_line(levers))
     data = build_datasets(cfg.data, main_process_first=accelerator.main_process_first, log=log)
@@ -230,16 +230,14 @@ def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path, t
         gradient_accumulation_plugin=GradientAccumulationPlugin(num_steps=1, sync_with_dataloader=False),
     )
     if precision_warning:
-        _main_process_printer(accelerator)(f"warning: {precision_warning}")
+        log_on_main(accelerator, f"warning: {precision_warning}")
     return accelerator
 
 
-def _main_process_printer(accelerator: Accelerator) -> Any:
-    def log(message: str) -> None:
-        if accelerator.is_main_process:
-            print(message, flush=True)
-
-    return log
+def log_on_main(accelerator: Accelerator, message: str) -> None:
+    """A console line, printed once for all processes."""
+    if accelerator.is_main_process:
+        print(message, flush=True)
 
 
 def _prepare_output_dir(accelerator: Accelerator, out: Path, overwrite: bool) -> None:
