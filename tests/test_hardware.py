@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import hardware
+from training import gpus, hardware
 from training.hardware import PeakFlops, cpu_peak_flops, gpu_peak_flops, peak_flops
 
 # --- GPUs -------------------------------------------------------------------------------------------
@@ -63,7 +63,7 @@ def test_unknown_name_or_precision_gives_nan_and_says_so(name: str, precision: s
     peak = gpu_peak_flops(name, precision)
     assert math.isnan(peak.flops_per_s)
     assert peak.source == (f"no peak-FLOP/s entry for {name!r} at {precision}: MFU not computed "
-                           "(add it to training/hardware.py)")
+                           "(add it to training/gpus.py)")
     assert "\n" not in peak.source
 
 
@@ -73,8 +73,8 @@ def test_names_are_normalised_for_case_and_surrounding_whitespace(spelling: str)
 
 
 def test_every_table_entry_is_complete_and_plausible() -> None:
-    names = [name for _, parts in hardware._GPU_FAMILIES for name in parts]
-    assert len(names) == len(set(n.strip().casefold() for n in names)) == len(hardware._GPU_PEAK_TFLOPS)
+    names = [name for _, parts in gpus._GPU_FAMILIES for name in parts]
+    assert len(names) == len(set(n.strip().casefold() for n in names)) == len(gpus._GPU_PEAK_TFLOPS)
     for name in names:
         figures = {p: gpu_peak_flops(name, p).flops_per_s for p in ("fp32", "fp16", "bf16")}
         assert all(math.isfinite(v) and v > 0 for v in figures.values()), name
