@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -99,7 +100,8 @@ class StepResult:
 
 def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer,
                scheduler: LRScheduler | None, micro_batches: list[dict[str, torch.Tensor]],
-               tracker: MetricsTracker | None, grad_clip: float) -> StepResult:
+               tracker: MetricsTracker | None, grad_clip: float,
+               after_backward: Callable[[], None] | None = None) -> StepResult:
     """One optimizer step over `micro_batches` (one per accumulation micro-step), then one schedule step.
 
     A step that the fp16 grad scaler skips (inf/nan gradients) did not train, so the schedule waits
@@ -108,12 +110,18 @@ def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.opti
     The grad norm is the global L2 norm of all gradients before clipping, measured even when clipping
     is off, and the same number under every strategy. Whether the step was skipped costs no extra host
     sync: accelerate reads the grad scaler's scale on the host anyway, and without fp16 nothing is read.
+
+    `after_backward`, if given, is called after each micro-batch's backward (training/memory.py's probe).
     """
     grad_norm = torch.zeros((), device=accelerator.device)
     for batch in micro_batches:
         with accelerator.accumulate(model):
-            _, loss = model(batch["input_ids"], batch["labels"])
+            # Only the loss is kept: holding the returned logits would keep a (B, T, vocab) tensor alive
+            # through the whole backward, the largest activation of the step.
+            loss = model(batch["input_ids"], batch["labels"])[1]
             accelerator.backward(loss)
+            if after_backward is not None:
+                after_backward()
             if tracker is not None:
                 tracker.add_micro_batch(loss, batch["labels"].numel())
             if accelerator.sync_gradients:
