@@ -88,8 +88,9 @@ class _StepClock:
 def _optimizer_step(s: Session, micro_batches: list[Any], clock: _StepClock) -> StepHealth:
     state = s.state
     lr = s.scheduler.get_last_lr()[0]
-    result = train_step(s.accelerator, s.model, s.optimizer, s.scheduler, micro_batches, s.tracker,
-                        s.cfg.optim.grad_clip)
+    with s.memory.around(state.step + 1) as after_backward:
+        result = train_step(s.accelerator, s.model, s.optimizer, s.scheduler, micro_batches, s.tracker,
+                            s.cfg.optim.grad_clip, after_backward)
     health = step_health(s.accelerator, s.signals, s.tracker.step_loss_sum, result.grad_norm, result.skipped)
     seconds = clock.lap()
     s.times.train_s += seconds
@@ -264,6 +265,7 @@ def _summary(s: Session, complete: bool) -> dict[str, Any]:
         "param_devices": list(effective["param_devices"]),
         "checkpoint_wrapped_blocks": effective["checkpoint_wrapped_blocks"],
         "sharding_observed": s.sharding_observed,
+        "memory": s.memory.result,
         "levers": layout["levers"],
         "peak_flops_per_device": layout["peak_flops_per_device"],
         "peak_flops_source": layout["peak_flops_source"],

@@ -26,6 +26,7 @@ from training.config import TrainConfig
 from training.errors import RunError
 from training.hardware import peak_flops
 from training.levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
+from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
 from training.rundir import check_output_dir, clear_run_files, truncate_metrics, wandb_run_id, write_atomic
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode
@@ -79,6 +80,7 @@ class Session:
     last_checkpoint: int | None = None  # step of the newest checkpoint this run wrote or resumed from
     # What is sharded when, read from the live tensors in the first step (summary.json's "sharding_observed").
     sharding_observed: dict[str, Any] = field(default_factory=dict)
+    memory: MemoryProbe | None = None  # the measured memory (summary.json's "memory"); set last
 
     @property
     def is_main(self) -> bool:
@@ -201,7 +203,21 @@ def set_up(cfg: TrainConfig) -> Session:
     })
     if resume_from is not None:
         _resume(session, resume_from)  # last: nothing after it draws from the random state it restores
+    session.memory = MemoryProbe(accelerator.device, _probe_step(cfg, session.state.step, schedule), model,
+                                 getattr(optimizer, "optimizer", optimizer))
     return session
+
+
+def _probe_step(cfg: TrainConfig, resumed_at: int, schedule: Schedule) -> int:
+    """The step whose memory peak is measured: one that the steady throughput figures leave out.
+
+    The second step is the first to start with optimizer state, as every later step does; on the CPU
+    its tracking slows it, so it must be a warm-up step: with one warm-up step the first is measured,
+    with none, no step (0). A resumed run measures its first step.
+    """
+    if resumed_at:
+        return resumed_at + 1 if cfg.run.perf_warmup_steps > resumed_at else 0
+    return min(2, cfg.run.perf_warmup_steps, schedule.stop_at)
 
 
 def _resume(s: Session, checkpoint: Path) -> None:

@@ -324,7 +324,9 @@ class ShardingObserver:
     and backward: whether the first block's parameters are then whole tensors (FSDP kept them gathered:
     zero2) or DTensor shards (resharded: full sharding), and how much of the block this rank holds. A
     post-step hook on the optimizer sees the gradients and optimizer state: their share and devices.
-    Both remove themselves after their first call, so later steps pay nothing.
+    The forward hook removes itself after its first call; the optimizer hook cannot (torch iterates over
+    the live dict of step hooks, which another hook's removal would change under it), so it returns at
+    once from the second step on.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -346,6 +348,8 @@ class ShardingObserver:
         self._handles[0].remove()
 
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if "grads" in self.result:
+            return
         params = [p for group in optimizer.param_groups for p in group["params"]]
         grads = [p.grad for p in params if p.grad is not None]
         states = [t for p in params for t in optimizer.state.get(p, {}).values()
@@ -356,7 +360,6 @@ class ShardingObserver:
         self.result["optimizer_state_fraction_held"] = _fraction(states)
         self.result["optimizer_state_devices"] = sorted({_local(t).device.type for t in states})
         self.result["param_devices_after_step"] = sorted({_local(p).device.type for p in params})
-        self._handles[1].remove()
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
