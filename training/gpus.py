@@ -101,3 +101,43 @@ _GPU_PEAK_TFLOPS: dict[str, tuple[str, str, dict[str, float]]] = {
 def datasheet_entry(device_name: str) -> tuple[str, str, dict[str, float]] | None:
     """(exact name, datasheet, TFLOP/s by precision) of the GPU named device_name, up to case and spaces."""
     return _GPU_PEAK_TFLOPS.get(_normalise_name(device_name))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The planner's GPUs: memory and the link between two of them
+
+
+@dataclass(frozen=True)
+class PlannerGpu:
+    key: str  # what --gpu takes
+    device_name: str  # exact torch.cuda.get_device_name(), for the datasheet peak
+    memory_gib: float  # what torch.cuda.get_device_properties().total_memory reports, in GiB
+    link: str  # how two of them in one machine usually talk
+    link_gb_s: float  # assumed all-reduce bus bandwidth between two of them, GB/s (10^9 bytes)
+
+
+# memory_gib: the usable memory CUDA reports (nvidia-smi's MiB less what ECC and the driver keep), not the
+# marketing figure: a T4 "16 GB" shows 15,360 MiB, an A100 "40GB" 40,960 MiB, an H200 "141GB" 143,771 MiB.
+# link_gb_s: the bus bandwidth NCCL's all_reduce_perf reaches between two GPUs, which is about 70-80% of
+# the link's one-way peak: PCIe 3.0 x16 peaks at 15.75 GB/s; cloud T4 pairs (Kaggle, Colab, AWS g4dn)
+# have no peer-to-peer path and go through host memory, which NCCL users measure at 5-8 GB/s, so 6 is
+# assumed; PCIe 4.0 x16 peaks at 31.5 GB/s (L4, A10G: 20 assumed); NVLink 3 (A100 SXM) 300 GB/s one way
+# per GPU (230 assumed), NVLink 4 (H100/H200 SXM) 450 (360 assumed). These are assumptions stated, not
+# measurements: pass --link_gb_s with a figure measured on your machines.
+PLANNER_GPUS: dict[str, PlannerGpu] = {gpu.key: gpu for gpu in (
+    PlannerGpu("T4", "Tesla T4", 15.0, "PCIe 3.0 through host memory (no peer-to-peer)", 6.0),
+    PlannerGpu("L4", "NVIDIA L4", 22.5, "PCIe 4.0", 20.0),
+    PlannerGpu("A10G", "NVIDIA A10G", 22.5, "PCIe 4.0", 20.0),
+    PlannerGpu("A100-40GB", "NVIDIA A100-SXM4-40GB", 40.0, "NVLink 3", 230.0),
+    PlannerGpu("A100-80GB", "NVIDIA A100-SXM4-80GB", 80.0, "NVLink 3", 230.0),
+    PlannerGpu("H100", "NVIDIA H100 80GB HBM3", 79.6, "NVLink 4", 360.0),
+    PlannerGpu("H200", "NVIDIA H200", 140.4, "NVLink 4", 360.0),
+)}
+
+
+def planner_gpu(key: str) -> PlannerGpu:
+    """The planner GPU named `key` (case-insensitive); ValueError naming the known ones."""
+    for gpu in PLANNER_GPUS.values():
+        if gpu.key.casefold() == key.strip().casefold():
+            return gpu
+    raise ValueError(f"unknown --gpu {key!r}; known: {', '.join(PLANNER_GPUS)} (or give --gpu_memory_gib)")

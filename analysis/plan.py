@@ -1,0 +1,350 @@
+"""Plan a run before it starts, and put finished runs beside their plan.
+
+  python -m analysis.plan --preset gpt2 --gpu T4 --num_gpus 2 [--micro_batch_size N] [--block_size T]
+                          [--precision fp16|bf16|fp32] [--global_batch_tokens N] [--activation_checkpointing]
+                          [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F] [--link_gb_s X] [--json]
+  python -m analysis.plan --run RUN_DIR... [--json]
+
+The first form prints, for every strategy, the predicted bytes per device by kind, whether the step
+fits the GPU, the largest micro-batch that fits, the predicted step time and tokens/s, and a
+recommendation. The second reads finished runs and puts each prediction beside what the run measured
+(summary.json's "memory"), with the error in percent. The model behind both: analysis/plan_model.py;
+its formulas and their sources: docs/planning.md. Exit status 0, or 2 with one error line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.plan_model import (
+    STRATEGIES,
+    Link,
+    Workload,
+    max_micro_batch_size,
+    model_state,
+    step_memory,
+    step_time,
+)
+from model.config import GPT2Config, preset_names
+from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu
+from training.presets import PRESETS, preset_overrides
+
+GIB = 2**30
+# A step "fits" when its predicted peak of allocated bytes, grown by the caching allocator's slack (it
+# reserves more than is allocated: 5-15% in PyTorch's own measurements), plus what CUDA itself takes
+# outside any tensor (the context, cuBLAS/cuDNN workspaces: about half a GiB), is within the memory.
+ALLOCATOR_SLACK = 1.10
+CUDA_RESERVE_GIB = 0.5
+DEFAULT_MFU = 0.30  # an assumption: eager PyTorch GPT-2 124M reaches 25-40% of the tensor-core peak
+
+
+class PlanError(ValueError):
+    """Bad input to the planner: one line for the user."""
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    memory_gib: float
+    peak_flops: float  # per device, at the plan's precision
+    link: Link
+    link_name: str
+
+    @property
+    def budget_bytes(self) -> float:
+        """The predicted peak that still fits: memory less CUDA's own, divided by the allocator's slack."""
+        return (self.memory_gib - CUDA_RESERVE_GIB) * GIB / ALLOCATOR_SLACK
+
+
+def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None) -> Hardware:
+    if gpu is None and memory_gib is None:
+        raise PlanError("give --gpu (one of " + ", ".join(PLANNER_GPUS) + ") or --gpu_memory_gib")
+    if gpu is None:
+        return Hardware("custom GPU", float(memory_gib), float("nan"), Link(link_gb_s or 6.0),
+                        "assumed" if link_gb_s is None else "given")
+    try:
+        spec = planner_gpu(gpu)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    entry = datasheet_entry(spec.device_name)
+    peak = entry[2][precision] * 1e12 if entry and precision in entry[2] else float("nan")
+    return Hardware(spec.key, memory_gib or spec.memory_gib, peak, Link(link_gb_s or spec.link_gb_s),
+                    spec.link if link_gb_s is None else f"{link_gb_s:g} GB/s given")
+
+
+def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
+    """The preset's workload for `strategy`: the same global batch on every strategy, accumulation making up the rest."""
+    values = preset_overrides(args.preset)
+    model_preset = values.get("model_preset", "gpt2")
+    cfg = GPT2Config.from_preset(model_preset, attn_impl=args.attn_impl)
+    block = args.block_size or values.get("block_size", 1024)
+    micro = args.micro_batch_size or values.get("micro_batch_size", 4)
+    world = 1 if strategy == "single" else args.num_gpus
+    per_micro_step = micro * block * world
+    global_tokens = args.global_batch_tokens or values.get("global_batch_tokens") or micro * block * args.num_gpus
+    if global_tokens % per_micro_step:
+        raise PlanError(f"--global_batch_tokens {global_tokens} is not a multiple of micro_batch_size x block_size x "
+                        f"devices = {micro} x {block} x {world} = {per_micro_step} ({strategy})")
+    try:
+        return Workload(cfg, micro, block, args.precision, world, global_tokens // per_micro_step,
+                        args.activation_checkpointing, fused_adamw=True, device="cuda")
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+
+
+def plan_strategy(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap: str) -> dict[str, Any]:
+    memory = step_memory(w, strategy)
+    largest = max_micro_batch_size(w, strategy, hw.budget_bytes)
+    time = step_time(w, strategy, hw.peak_flops, mfu, hw.link)
+    tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps * w.world_size
+    step_s = time.step_s if overlap == "full" else time.step_s_no_overlap
+    return {
+        "strategy": strategy,
+        "world_size": w.world_size,
+        "grad_accum_steps": w.grad_accum_steps,
+        "per_device_bytes": memory.to_dict(),
+        "fits": memory.total <= hw.budget_bytes,
+        "max_micro_batch_size": largest,
+        "predicted_step_s": step_s,
+        "predicted_tokens_per_s": tokens / step_s if step_s > 0 else None,
+        "predicted_tokens_per_s_no_overlap": tokens / time.step_s_no_overlap if time.step_s_no_overlap > 0 else None,
+        "predicted_tokens_per_s_full_overlap": tokens / time.step_s if time.step_s > 0 else None,
+        "compute_s": time.compute_s,
+        "communication_s": time.communication_s,
+        "communication_bytes_per_device": time.communication_bytes,
+    }
+
+
+def recommend(plans: list[dict[str, Any]], hw: Hardware, micro: int) -> dict[str, str]:
+    fitting = [p for p in plans if p["fits"]]
+    if fitting:
+        speed = [p for p in fitting if p["predicted_tokens_per_s"] is not None]
+        if not speed:  # no peak FLOP/s for this GPU: the least memory wins
+            best = min(fitting, key=lambda p: p["per_device_bytes"]["total"])
+            return {"strategy": best["strategy"], "reason": f"fits with the least memory "
+                    f"({_gib(best['per_device_bytes']['total'])} GiB); no speed prediction without the GPU's peak"}
+        # The fastest; among equally fast ones, the one that leaves the most memory free.
+        best = max(speed, key=lambda p: (round(p["predicted_tokens_per_s"]), -p["per_device_bytes"]["total"]))
+        others = sorted((p for p in speed if p is not best), key=lambda p: -p["predicted_tokens_per_s"])
+        runner_up = f", ahead of {others[0]['strategy']} ({others[0]['predicted_tokens_per_s']:,.0f})" if others else ""
+        return {"strategy": best["strategy"], "reason": (
+            f"fits ({_gib(best['per_device_bytes']['total'])} of {hw.memory_gib:g} GiB) and is predicted fastest: "
+            f"{best['predicted_tokens_per_s']:,.0f} tokens/s{runner_up}")}
+    roomiest = max(plans, key=lambda p: p["max_micro_batch_size"])
+    if roomiest["max_micro_batch_size"] > 0:
+        return {"strategy": roomiest["strategy"], "reason": (
+            f"nothing fits micro-batch {micro}; {roomiest['strategy']} fits up to "
+            f"{roomiest['max_micro_batch_size']}: pass --micro_batch_size {roomiest['max_micro_batch_size']} "
+            "(accumulation keeps the global batch)")}
+    return {"strategy": "none", "reason": "nothing fits even micro-batch 1: add --activation_checkpointing, "
+            "a shorter --block_size, or GPUs with more memory"}
+
+
+def plan(args: argparse.Namespace) -> dict[str, Any]:
+    hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
+    strategies = ["single"] if args.num_gpus == 1 else list(STRATEGIES)
+    plans = [plan_strategy(workload_for(args, s), s, hw, args.mfu, args.overlap) for s in strategies]
+    first = workload_for(args, strategies[0])
+    return {
+        "workload": {"preset": args.preset, "model": first.model.to_dict(), "micro_batch_size": first.micro_batch_size,
+                     "block_size": first.block_size, "precision": args.precision, "num_gpus": args.num_gpus,
+                     "global_batch_tokens": first.micro_batch_size * first.block_size * first.grad_accum_steps,
+                     "activation_checkpointing": args.activation_checkpointing, "mfu_assumed": args.mfu,
+                     "overlap": args.overlap},
+        "gpu": {"name": hw.name, "memory_gib": hw.memory_gib, "peak_flops": hw.peak_flops, "link": hw.link_name,
+                "link_gb_s": hw.link.gb_s, "budget_bytes": hw.budget_bytes},
+        "strategies": plans,
+        "recommendation": recommend(plans, hw, first.micro_batch_size),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Finished runs beside their plan
+
+
+def run_workload(config: dict[str, Any], summary: dict[str, Any]) -> tuple[Workload, str, bool]:
+    """(the run's workload, its strategy, whether its device is the CPU) from config.json and summary.json."""
+    launch = config["launch"]
+    levers = launch.get("levers", {})
+    memory = summary.get("memory") or {}
+    model = GPT2Config.from_dict(launch["model_config"])
+    on_cpu = summary.get("device_type") == "cpu"
+    w = Workload(model, summary["micro_batch_size"], summary["block_size"], summary["precision"],
+                 summary["world_size"], summary["grad_accum_steps"],
+                 levers.get("activation_checkpointing", "off") != "off", bool(levers.get("fused_adamw")),
+                 first_step=memory.get("probe_step") == 1, device="cpu" if on_cpu else "cuda")
+    return w, summary["strategy"], on_cpu
+
+
+def compare_run(run_dir: Path) -> dict[str, Any]:
+    config = _read_json(run_dir / "config.json")
+    summary = _read_json(run_dir / "summary.json")
+    try:
+        w, strategy, on_cpu = run_workload(config, summary)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise PlanError(f"{run_dir}: not a run this planner can read ({type(exc).__name__}: {exc})") from None
+    if strategy not in STRATEGIES:
+        raise PlanError(f"{run_dir}: strategy {strategy!r} has no plan")
+    memory = summary.get("memory") or {}
+    entry: dict[str, Any] = {"run": str(run_dir), "strategy": strategy, "world_size": w.world_size,
+                             "device": summary.get("device_name"), "probe_step": memory.get("probe_step"),
+                             "ranks": []}
+    states = memory.get("model_state_bytes") or []
+    peaks = memory.get("step_peak_bytes") or []
+    for rank in range(w.world_size):
+        predicted_state = model_state(w, strategy, rank)
+        predicted_peak = step_memory(w, strategy, rank, host_is_device=on_cpu)
+        measured = {**(states[rank] if rank < len(states) and states[rank] else {}),
+                    **({"step_peak": peaks[rank]} if rank < len(peaks) and peaks[rank] is not None else {})}
+        predicted = {"parameters": predicted_state.parameters, "gradients": predicted_state.gradients,
+                     "optimizer": predicted_state.optimizer, "step_peak": predicted_peak.total}
+        entry["ranks"].append({
+            "rank": rank, "predicted": predicted, "measured": measured, "peak_phase": predicted_peak.peak_phase,
+            "error_pct": {k: _error_pct(predicted[k], measured[k]) for k in predicted if measured.get(k)},
+        })
+    entry["predicted"], entry["measured"], entry["error_pct"] = (entry["ranks"][0][k] for k in
+                                                                  ("predicted", "measured", "error_pct"))
+    entry["notes"] = _run_notes(config, summary, on_cpu)
+    return entry
+
+
+def _run_notes(config: dict[str, Any], summary: dict[str, Any], on_cpu: bool) -> list[str]:
+    notes = []
+    memory = summary.get("memory") or {}
+    if not memory.get("step_peak_bytes"):
+        notes.append("no step peak measured (no warm-up step to measure it in, or a run from before it was recorded)")
+    dropout = config.get("model", {}).get("dropout") or 0
+    if dropout:
+        notes.append(f"dropout {dropout}: its masks (1 byte per element per dropout) are not in the plan")
+    if not on_cpu:
+        notes.append("GPU peak: torch.cuda.max_memory_allocated over the first steps")
+    return notes
+
+
+def _error_pct(predicted: float, measured: float) -> float:
+    return (predicted - measured) / measured * 100
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise PlanError(f"{path} is missing: not a finished run directory") from None
+    except (OSError, json.JSONDecodeError) as exc:
+        raise PlanError(f"{path}: cannot be read ({exc})") from None
+    if not isinstance(value, dict):
+        raise PlanError(f"{path}: not a JSON object")
+    return value
+
+
+# ---------------------------------------------------------------------------------------------------
+# Text output
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def plan_text(result: dict[str, Any]) -> str:
+    w, gpu = result["workload"], result["gpu"]
+    lines = [
+        f"GPT-2 {w['preset']} ({w['model']['n_layer']} layers, {w['model']['n_embd']} wide), {w['precision']}, "
+        f"micro-batch {w['micro_batch_size']} x {w['block_size']} tokens, global batch {w['global_batch_tokens']} "
+        f"tokens, on {w['num_gpus']} x {gpu['name']} ({gpu['memory_gib']:g} GiB, link: {gpu['link']}, "
+        f"{gpu['link_gb_s']:g} GB/s); speed at MFU {w['mfu_assumed']:g} (assumed), communication overlap: "
+        f"{w['overlap']}",
+        "",
+        "GiB per device      params  grads  optim  activ  logits  comm   temp  | peak (at)          fits  "
+        "max micro  step s   tokens/s",
+    ]
+    for p in result["strategies"]:
+        b = p["per_device_bytes"]
+        tokens = "n/a" if p["predicted_tokens_per_s"] is None else f"{p['predicted_tokens_per_s']:,.0f}"
+        step = "n/a" if p["predicted_tokens_per_s"] is None else f"{p['predicted_step_s']:.3f}"
+        host = f"  + {_gib(b['host'])} GiB in host memory" if b["host"] else ""
+        lines.append(
+            f"{p['strategy']:<18} {_gib(b['parameters']):>7} {_gib(b['gradients']):>6} {_gib(b['optimizer']):>6} "
+            f"{_gib(b['activations']):>6} {_gib(b['logits']):>7} {_gib(b['communication']):>5} "
+            f"{_gib(b['temporaries']):>6}  | {_gib(b['total']):>6} ({b['peak_phase']:<9}) "
+            f"{'yes' if p['fits'] else 'NO':>4}  {p['max_micro_batch_size']:>9}  {step:>6}  {tokens:>9}{host}")
+    rec = result["recommendation"]
+    lines += ["", f"recommendation: {rec['strategy']}: {rec['reason']}",
+              "(fits: peak x {:.2f} + {:g} GiB for CUDA itself within the GPU's memory; formulas: docs/planning.md)"
+              .format(ALLOCATOR_SLACK, CUDA_RESERVE_GIB)]
+    return "\n".join(lines)
+
+
+def runs_text(entries: list[dict[str, Any]]) -> str:
+    lines = ["run                                   strategy      rank  what          predicted    measured   error"]
+    for e in entries:
+        for r in e["ranks"]:
+            for key in ("parameters", "gradients", "optimizer", "step_peak"):
+                measured = r["measured"].get(key)
+                error = r["error_pct"].get(key)
+                lines.append(f"{Path(e['run']).name[:36]:<37} {e['strategy']:<13} {r['rank']:>4}  {key:<12} "
+                             f"{r['predicted'][key] / 2**20:>9.1f} MiB "
+                             f"{'n/a' if measured is None else f'{measured / 2**20:9.1f} MiB':>13} "
+                             f"{'' if error is None else f'{error:+.2f}%':>8}")
+        lines += [f"  note: {note}" for note in e["notes"]]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--run", nargs="+", type=Path, metavar="RUN_DIR", help="finished runs to put beside their plan")
+    parser.add_argument("--preset", default="gpt2", choices=sorted(PRESETS), help="training preset (default gpt2)")
+    parser.add_argument("--gpu", help=f"one of {', '.join(PLANNER_GPUS)}")
+    parser.add_argument("--gpu_memory_gib", type=float, help="memory per GPU, instead of (or overriding) --gpu's")
+    parser.add_argument("--num_gpus", type=int, default=1)
+    parser.add_argument("--micro_batch_size", type=int, help="default: the preset's")
+    parser.add_argument("--block_size", type=int, help="default: the preset's")
+    parser.add_argument("--global_batch_tokens", type=int, help="default: the preset's")
+    parser.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"])
+    parser.add_argument("--attn_impl", default="sdpa", choices=["sdpa", "math"])
+    parser.add_argument("--activation_checkpointing", action="store_true")
+    parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed model FLOPs utilisation (0-1]")
+    parser.add_argument("--link_gb_s", type=float, help="all-reduce bus bandwidth between GPUs, GB/s")
+    parser.add_argument("--overlap", default="none", choices=["none", "full"],
+                        help="communication hidden behind compute: none (default; an upper bound on step time, "
+                        "and close to what PCIe GPUs without peer-to-peer show) or full (as far as each strategy can)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    args = parser.parse_args(argv)
+    for name in ("num_gpus", "micro_batch_size", "block_size", "global_batch_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be at least 1, got {value}")
+    if not 0 < args.mfu <= 1:
+        parser.error(f"--mfu must lie in (0, 1], got {args.mfu}")
+    for name in ("gpu_memory_gib", "link_gb_s"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            parser.error(f"--{name} must be positive, got {value}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        if args.run:
+            entries = [compare_run(path) for path in args.run]
+            print(json.dumps({"runs": entries}, indent=2) if args.json else runs_text(entries))
+        else:
+            result = plan(args)
+            print(json.dumps(result, indent=2) if args.json else plan_text(result))
+    except PlanError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

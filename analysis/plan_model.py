@@ -1,0 +1,417 @@
+"""Per-device memory and step time of each strategy, predicted from the model's shape alone.
+
+Every formula follows what this project's code allocates (model/gpt2.py, training/step.py, accelerate's
+DDP and FSDP2 wrapping), checked tensor by tensor against PyTorch's MemTracker on the CPU; the
+derivation and sources of each term are in docs/planning.md. Arithmetic only: nothing is allocated.
+
+Bytes are per device (per process). "Device" memory is where the step computes; with FSDP's CPU offload
+the sharded model state lives in host memory instead, and is reported as `host`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from model.config import GPT2Config
+
+STRATEGIES = ("single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload")
+DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+ADAMW_STATE_BYTES = 8  # exp_avg and exp_avg_sq in fp32, whatever the training precision
+ADAMW_STEP_BYTES = 4  # torch's AdamW keeps one float32 `step` tensor per parameter tensor
+FP32 = 4
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One training configuration, as the planner sees it."""
+
+    model: GPT2Config
+    micro_batch_size: int
+    block_size: int
+    precision: str = "fp32"  # fp32 | fp16 | bf16 (mixed precision through autocast; FSDP also casts parameters)
+    world_size: int = 1  # devices taking part (1 for "single")
+    grad_accum_steps: int = 1
+    activation_checkpointing: bool = False
+    fused_adamw: bool = False  # one fused update kernel: no step-sized temporary
+    device: str = "cuda"  # cuda | cpu: the CPU's multi-tensor ops loop over tensors, with a temporary each
+    first_step: bool = False  # the optimizer state is created during this step (a run's first step)
+
+    def __post_init__(self) -> None:
+        if self.precision not in DTYPE_BYTES:
+            raise ValueError(f"precision must be one of {', '.join(DTYPE_BYTES)}, got {self.precision!r}")
+        for name in ("micro_batch_size", "block_size", "world_size", "grad_accum_steps"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.block_size > self.model.n_positions:
+            raise ValueError(f"block_size {self.block_size} exceeds the model's {self.model.n_positions} positions")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Parameters
+
+
+def parameter_shapes(cfg: GPT2Config) -> dict[str, tuple[int, ...]]:
+    """Every parameter tensor of model/gpt2.py by name; the tied lm_head.weight is transformer.wte.weight."""
+    C, H = cfg.n_embd, cfg.mlp_size
+    shapes: dict[str, tuple[int, ...]] = {
+        "transformer.wte.weight": (cfg.vocab_size, C),
+        "transformer.wpe.weight": (cfg.n_positions, C),
+    }
+    for i in range(cfg.n_layer):
+        block = {
+            "ln_1.weight": (C,), "ln_1.bias": (C,),
+            "attn.c_attn.weight": (3 * C, C), "attn.c_attn.bias": (3 * C,),
+            "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
+            "ln_2.weight": (C,), "ln_2.bias": (C,),
+            "mlp.c_fc.weight": (H, C), "mlp.c_fc.bias": (H,),
+            "mlp.c_proj.weight": (C, H), "mlp.c_proj.bias": (C,),
+        }
+        shapes.update({f"transformer.h.{i}.{name}": shape for name, shape in block.items()})
+    shapes["transformer.ln_f.weight"] = (C,)
+    shapes["transformer.ln_f.bias"] = (C,)
+    return shapes
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def shard_numel(shape: tuple[int, ...], world_size: int, rank: int) -> int:
+    """Elements of `rank`'s FSDP2 shard: dim 0 cut as torch.chunk cuts it (ceil-sized pieces, the last short)."""
+    rows = math.ceil(shape[0] / world_size)
+    held = max(0, min(rows, shape[0] - rank * rows))
+    return held * numel(shape[1:])
+
+
+def _root_names(cfg: GPT2Config) -> list[str]:
+    """The parameters of FSDP's root unit: everything outside the blocks (each block is a unit of its own)."""
+    return [name for name in parameter_shapes(cfg) if ".h." not in name]
+
+
+def _block_numel(cfg: GPT2Config) -> int:
+    shapes = parameter_shapes(cfg)
+    return sum(numel(s) for name, s in shapes.items() if name.startswith("transformer.h.0."))
+
+
+def _linear_weight_numel(cfg: GPT2Config) -> int:
+    """Elements of every matrix a matmul reads: the blocks' four Linear weights and the tied output head."""
+    C, H = cfg.n_embd, cfg.mlp_size
+    return cfg.n_layer * (3 * C * C + C * C + H * C + C * H) + cfg.vocab_size * C
+
+
+# ---------------------------------------------------------------------------------------------------
+# Model state: parameters, gradients, optimizer state
+
+
+@dataclass(frozen=True)
+class ModelState:
+    parameters: int
+    gradients: int
+    optimizer: int
+    on_host: bool = False  # FSDP's CPU offload keeps all three in host memory
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.optimizer
+
+
+def model_state(w: Workload, strategy: str, rank: int = 0) -> ModelState:
+    """What `rank` holds after an optimizer step: fp32 parameters, fp32 gradients, AdamW's two moments and steps.
+
+    Mixed precision does not change these: autocast casts on the fly and FSDP's mixed-precision policy
+    casts only the gathered copies; the kept parameters, their gradients and the moments stay fp32.
+    """
+    _check_strategy(strategy, w)
+    shapes = parameter_shapes(w.model)
+    if strategy.startswith("fsdp"):
+        elements = sum(shard_numel(s, w.world_size, rank) for s in shapes.values())
+    else:
+        elements = sum(numel(s) for s in shapes.values())
+    return ModelState(parameters=elements * FP32, gradients=elements * FP32,
+                      optimizer=elements * ADAMW_STATE_BYTES + len(shapes) * ADAMW_STEP_BYTES,
+                      on_host=strategy == "fsdp_offload")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Activations and the logits
+
+
+@dataclass(frozen=True)
+class ElementBytes:
+    """Bytes per element of the saved activations: the residual stream, LayerNorm outputs as the next matmul
+    saves them, and everything else a block saves."""
+
+    residual: int
+    normed: int
+    other: int
+
+
+def element_bytes(w: Workload, strategy: str) -> ElementBytes:
+    if w.precision == "fp32":
+        return ElementBytes(4, 4, 4)
+    half = DTYPE_BYTES[w.precision]
+    if strategy.startswith("fsdp"):
+        # FSDP's policy gathers parameters in half precision, so the embeddings and the residual stream are too.
+        return ElementBytes(half, half, half)
+    # Autocast alone: the embeddings and the residual additions stay fp32; matmul inputs and outputs are half.
+    return ElementBytes(4, half, half)
+
+
+@dataclass(frozen=True)
+class Activations:
+    per_block: int  # what one block saves for its backward
+    blocks: int  # what all blocks keep between forward and backward (only their inputs with checkpointing)
+    head: int  # the final LayerNorm's input and output, kept for the output head's backward
+    weight_copies: int  # autocast's half-precision copies of the fp32 weights, saved by the matmuls
+    logits: int  # the peak of the loss at the start of backward (see logits_bytes)
+
+    @property
+    def kept(self) -> int:
+        return self.blocks + self.head + self.weight_copies
+
+
+def logits_bytes(w: Workload) -> int:
+    """12 bytes per logit: the fp32 log-softmax output (saved), its gradient and the logits' gradient.
+
+    model/gpt2.py computes the loss in fp32 whatever the precision, so at the start of backward three
+    fp32 tensors of micro_batch x block x vocab exist at once; the half-precision logits (2 bytes) are
+    gone by then, and their gradient (2 bytes) comes after the log-softmax's saved output is freed.
+    """
+    return 3 * FP32 * w.micro_batch_size * w.block_size * w.model.vocab_size
+
+
+def activations(w: Workload, strategy: str) -> Activations:
+    cfg, B, T = w.model, w.micro_batch_size, w.block_size
+    s = B * T * cfg.n_embd  # elements of one (B, T, C) tensor
+    e = element_bytes(w, strategy)
+    ln_stats = 2 * FP32 * B * T  # LayerNorm keeps a mean and a reciprocal std per position, in fp32
+    # Per block: the LayerNorms' inputs (residual stream), their outputs as the next matmul saves them,
+    # q/k/v (3), the attention output (1), the MLP's expansion (4) and its GELU (4); (B, T, C) each.
+    per_block = s * (2 * e.residual + 2 * e.normed + 12 * e.other) + 2 * ln_stats
+    if cfg.attn_impl == "sdpa":
+        per_block += FP32 * B * cfg.n_head * T  # the fused kernel's log-sum-exp per row
+    else:
+        per_block += B * cfg.n_head * T * T * e.other + T * T  # the softmax probabilities and the causal mask
+    blocks = cfg.n_layer * (s * e.residual if w.activation_checkpointing else per_block)
+    head = s * (e.residual + e.normed) + ln_stats
+    autocast_copies = w.precision != "fp32" and not strategy.startswith("fsdp")
+    weight_copies = DTYPE_BYTES[w.precision] * _linear_weight_numel(cfg) if autocast_copies else 0
+    return Activations(per_block, blocks, head, weight_copies, logits_bytes(w))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The peak of one step
+
+
+@dataclass(frozen=True)
+class StepMemory:
+    """Predicted bytes per device at the step's peak, by kind, and the candidates the peak was taken from."""
+
+    strategy: str
+    parameters: int  # kept parameters on the device (local shards under FSDP)
+    gradients: int  # gradients on the device at the peak
+    optimizer: int
+    activations: int  # saved activations (and autocast's weight copies) at the peak
+    logits: int  # the loss's tensors at the peak
+    communication: int  # DDP's gradient buckets; FSDP's gathered (unsharded) parameters at the peak
+    temporaries: int  # anything else live at the peak (the optimizer's or the embedding gradient's)
+    peak_phase: str
+    phases: dict[str, int] = field(default_factory=dict)
+    host: int = 0  # FSDP offload: model state in host memory
+
+    @property
+    def total(self) -> int:
+        return (self.parameters + self.gradients + self.optimizer + self.activations + self.logits
+                + self.communication + self.temporaries)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer": self.optimizer,
+                "activations": self.activations, "logits": self.logits, "communication": self.communication,
+                "temporaries": self.temporaries, "total": self.total, "host": self.host,
+                "peak_phase": self.peak_phase, "phases": dict(self.phases)}
+
+
+def step_memory(w: Workload, strategy: str, rank: int = 0, host_is_device: bool = False) -> StepMemory:
+    """The largest of three moments of a step (a CPU run has one memory: pass host_is_device for offload):
+
+    * loss: the start of backward, every activation saved and the loss's three vocabulary-sized tensors;
+    * embedding: the end of backward, where the token embedding's two gradients (from the output head
+      and from the lookup) are summed into a third while the other gradients are complete;
+    * optimizer: the AdamW update, with the step-sized temporary of the multi-tensor implementation.
+    """
+    state = model_state(w, strategy, rank)
+    acts = activations(w, strategy)
+    cfg = w.model
+    on_device = not state.on_host or host_is_device
+    params = state.parameters if on_device else 0
+    grads = state.gradients if on_device else 0
+    optimizer = state.optimizer if on_device else 0
+    optimizer_at_start = 0 if w.first_step else optimizer
+    compute = _compute_bytes(w, strategy)
+    # Earlier micro-batches' gradients, kept for the sum. FSDP does not reduce-scatter until the last
+    # micro-batch (accelerate turns gradient sync off before it), so it holds them unsharded.
+    grads_held = 0
+    if w.grad_accum_steps > 1:
+        grads_held = compute * _total_numel(cfg) if strategy.startswith("fsdp") else grads
+    wte = cfg.vocab_size * cfg.n_embd
+
+    if strategy == "ddp":
+        # DDP copies gradients into buckets of their own dtype for the all-reduce (gradient_as_bucket_view off).
+        comm_loss = comm_embedding = comm_optimizer = state.gradients
+    elif strategy.startswith("fsdp"):
+        root = sum(numel(parameter_shapes(cfg)[n]) for n in _root_names(cfg))
+        # The root unit stays gathered from forward to backward; FSDP prefetches the last block's
+        # parameters as backward starts; fsdp_zero2 keeps every block gathered from forward to backward.
+        blocks_gathered = cfg.n_layer if strategy == "fsdp_zero2" else 1
+        comm_loss = compute * (root + blocks_gathered * _block_numel(cfg))
+        comm_embedding = compute * root
+        comm_optimizer = 0
+    else:
+        comm_loss = comm_embedding = comm_optimizer = 0
+
+    loss = params + optimizer_at_start + grads_held + acts.kept + acts.logits + comm_loss
+    # The embedding's gradient is summed in the gradients' dtype: fp32 under autocast, the reduce dtype
+    # (the precision) under FSDP, whose unsharded gradients are reduce-scattered after.
+    grad_dtype = compute if strategy.startswith("fsdp") else FP32
+    # With accumulation the embedding's gradient from earlier micro-batches is held as well.
+    other_grads = grads_held or grads - (_wte_share(w, strategy, rank) * FP32 if on_device else 0)
+    embedding_sum = 3 * grad_dtype * wte
+    embedding = params + optimizer_at_start + other_grads + embedding_sum + comm_embedding
+    update_temp = _update_temporaries(w, strategy, rank)
+    update = params + grads + optimizer + (update_temp if on_device else 0) + comm_optimizer
+    phases = {"loss": loss, "embedding": embedding, "optimizer": update}
+    peak_phase = max(phases, key=lambda k: phases[k])
+    host = 0 if on_device else state.total
+    if peak_phase == "loss":
+        return StepMemory(strategy, params, grads_held, optimizer_at_start, acts.kept, acts.logits, comm_loss, 0,
+                          peak_phase, phases, host)
+    if peak_phase == "embedding":
+        return StepMemory(strategy, params, other_grads, optimizer_at_start, 0, 0, comm_embedding, embedding_sum,
+                          peak_phase, phases, host)
+    return StepMemory(strategy, params, grads, optimizer, 0, 0, comm_optimizer, update_temp if on_device else 0,
+                      peak_phase, phases, host)
+
+
+def _total_numel(cfg: GPT2Config) -> int:
+    return sum(numel(s) for s in parameter_shapes(cfg).values())
+
+
+def _update_temporaries(w: Workload, strategy: str, rank: int) -> int:
+    """Temporaries of torch's AdamW: none fused; otherwise the square root of exp_avg_sq (fp32, all
+    parameters), and on the CPU, whose multi-tensor ops run tensor by tensor, one more of the largest tensor."""
+    if w.fused_adamw:
+        return 0
+    shapes = parameter_shapes(w.model).values()
+    sizes = [shard_numel(s, w.world_size, rank) if strategy.startswith("fsdp") else numel(s) for s in shapes]
+    per_tensor = max(sizes) if w.device == "cpu" or strategy == "fsdp_offload" else 0
+    return FP32 * (sum(sizes) + per_tensor)
+
+
+def _compute_bytes(w: Workload, strategy: str) -> int:
+    """Bytes per element of the parameters as a matmul reads them under FSDP (its policy's dtype)."""
+    return DTYPE_BYTES[w.precision] if strategy.startswith("fsdp") else FP32
+
+
+def _wte_share(w: Workload, strategy: str, rank: int) -> int:
+    shape = (w.model.vocab_size, w.model.n_embd)
+    return shard_numel(shape, w.world_size, rank) if strategy.startswith("fsdp") else numel(shape)
+
+
+def _check_strategy(strategy: str, w: Workload) -> None:
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
+    if strategy == "single" and w.world_size != 1:
+        raise ValueError("the single strategy runs on one device: world_size must be 1")
+
+
+def max_micro_batch_size(w: Workload, strategy: str, budget_bytes: float, limit: int = 4096) -> int:
+    """The largest micro-batch whose predicted peak fits `budget_bytes` (0 when not even 1 fits)."""
+    def fits(b: int) -> bool:
+        return step_memory(_with(w, micro_batch_size=b), strategy).total <= budget_bytes
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while high <= limit and fits(high):
+        low, high = high, high * 2
+    high = min(high, limit + 1)
+    while high - low > 1:  # fits(low) and not fits(high)
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def _with(w: Workload, **changes: Any) -> Workload:
+    return Workload(**{**w.__dict__, **changes})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Step time
+
+
+@dataclass(frozen=True)
+class Link:
+    gb_s: float  # all-reduce bus bandwidth between the devices, 10^9 bytes per second
+    host_gb_s: float = 12.0  # host <-> device copies (FSDP offload), PCIe 3.0/4.0 x16 in practice
+    host_update_gb_s: float = 10.0  # memory traffic of the CPU's AdamW update (offload), bytes/s / 1e9
+
+
+@dataclass(frozen=True)
+class StepTime:
+    compute_s: float
+    communication_s: float  # collectives between devices, and host copies and the CPU update for offload
+    exposed_s: float  # communication not hidden behind compute
+    communication_bytes: float  # bytes each device sends per step
+
+    @property
+    def step_s(self) -> float:
+        return self.compute_s + self.exposed_s
+
+    @property
+    def step_s_no_overlap(self) -> float:
+        return self.compute_s + self.communication_s
+
+
+def flops_per_token(cfg: GPT2Config, seq_len: int) -> float:
+    """6 N + 12 L H Q T, N without the position embeddings: the PaLM estimate that model/gpt2.py uses for MFU."""
+    n = sum(numel(s) for name, s in parameter_shapes(cfg).items() if name != "transformer.wpe.weight")
+    return float(6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_size * seq_len)
+
+
+def step_time(w: Workload, strategy: str, peak_flops: float, mfu: float, link: Link) -> StepTime:
+    """Compute at `mfu` of `peak_flops`, plus the step's collectives over `link`, overlapped as each strategy can.
+
+    Ring collectives: an all-reduce sends 2(N-1)/N of the buffer from every device, an all-gather or a
+    reduce-scatter (N-1)/N; NCCL's "bus bandwidth" is defined so that time = those bytes / bandwidth.
+    DDP overlaps its bucketed all-reduce with the backward (two thirds of the compute); FSDP prefetches
+    the next unit's all-gather during forward and backward, so all its compute can hide communication.
+    """
+    _check_strategy(strategy, w)
+    cfg, n = w.model, w.world_size
+    tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps
+    recompute = 4 / 3 if w.activation_checkpointing else 1.0  # one more forward: 2N of the 6N per token
+    compute_s = tokens * flops_per_token(cfg, w.block_size) * recompute / (mfu * peak_flops)
+    params = sum(numel(s) for s in parameter_shapes(cfg).values())
+    share = (n - 1) / n
+    half = DTYPE_BYTES[w.precision]
+    if strategy == "single" or n == 1:
+        volume, overlappable = 0.0, 0.0
+    elif strategy == "ddp":
+        volume, overlappable = 2 * share * params * FP32, compute_s * 2 / 3
+    else:
+        gathers = 1 if strategy == "fsdp_zero2" else 2  # parameters gathered for forward, and again for backward
+        # Each micro-batch gathers again; gradients are reduce-scattered once, after the last micro-batch,
+        # in the policy's dtype (accelerate turns FSDP's gradient sync off before that).
+        volume = share * params * (w.grad_accum_steps * gathers * half + half)
+        overlappable = compute_s
+    collectives_s = volume / (link.gb_s * 1e9) if volume else 0.0
+    host_s = 0.0
+    if strategy == "fsdp_offload":
+        local = params / n
+        host_s += w.grad_accum_steps * 2 * local * FP32 / (link.host_gb_s * 1e9)  # shards in, gradients out
+        # The CPU reads and writes parameters, gradients and both moments; the GPU waits for it.
+        host_s += local * 2 * (FP32 + FP32 + ADAMW_STATE_BYTES) / (link.host_update_gb_s * 1e9)
+    exposed = max(0.0, collectives_s - overlappable) + host_s
+    return StepTime(compute_s, collectives_s + host_s, exposed, volume)
