@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from analysis.cli import OneLineParser
 from analysis.plan_model import (
     STRATEGIES,
     Link,
@@ -30,7 +31,7 @@ from analysis.plan_model import (
     step_memory,
     step_time,
 )
-from model.config import GPT2Config, preset_names
+from model.config import GPT2Config
 from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu
 from training.presets import PRESETS, preset_overrides
 
@@ -299,7 +300,7 @@ def runs_text(entries: list[dict[str, Any]]) -> str:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--run", nargs="+", type=Path, metavar="RUN_DIR", help="finished runs to put beside their plan")
     parser.add_argument("--preset", default="gpt2", choices=sorted(PRESETS), help="training preset (default gpt2)")
     parser.add_argument("--gpu", help=f"one of {', '.join(PLANNER_GPUS)}")

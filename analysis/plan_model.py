@@ -299,14 +299,20 @@ def _total_numel(cfg: GPT2Config) -> int:
 
 
 def _update_temporaries(w: Workload, strategy: str, rank: int) -> int:
-    """Temporaries of torch's AdamW: none fused; otherwise the square root of exp_avg_sq (fp32, all
-    parameters), and on the CPU, whose multi-tensor ops run tensor by tensor, one more of the largest tensor."""
-    if w.fused_adamw:
+    """Temporaries of torch's AdamW update, by the implementation torch picks.
+
+    Fused (a CUDA lever): none. On CUDA torch defaults to the multi-tensor (foreach) update, whose square
+    root of exp_avg_sq is one fp32 list the size of all parameters. On the CPU (and for FSDP's offloaded
+    update, which runs there) torch defaults to the per-tensor update: sqrt and the division by the bias
+    correction make two fp32 temporaries of one tensor at a time, the largest one setting the peak.
+    """
+    if w.fused_adamw and strategy != "fsdp_offload":
         return 0
     shapes = parameter_shapes(w.model).values()
     sizes = [shard_numel(s, w.world_size, rank) if strategy.startswith("fsdp") else numel(s) for s in shapes]
-    per_tensor = max(sizes) if w.device == "cpu" or strategy == "fsdp_offload" else 0
-    return FP32 * (sum(sizes) + per_tensor)
+    if w.device == "cpu" or strategy == "fsdp_offload":
+        return 2 * FP32 * max(sizes)
+    return FP32 * sum(sizes)
 
 
 def _compute_bytes(w: Workload, strategy: str) -> int:

@@ -21,8 +21,9 @@ import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from analysis.cli import OneLineParser
 from analysis.compare import load_comparison
 from analysis.report import Reading, build_reading, write_atomic
 from training.config import RunConfig
@@ -390,12 +391,6 @@ def report_after_experiment(group: str, run_dirs: Sequence[Path]) -> bool:
 # Command line
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """One line, not the usage block: the message and where to find the usage."""
-        self.exit(EXIT_ERROR, f"error: {message} (see {self.prog} --help)\n")
-
-
 def group_problem(group: str) -> str | None:
     """Why `group` cannot be the report's filter, or None."""
     if not group.strip():
@@ -413,7 +408,7 @@ def default_project() -> str:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = _Parser(prog=PROG, description=__doc__.split("\n\n")[0],
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--experiment", required=True, metavar="GROUP", help="the experiment name = W&B group")
     parser.add_argument("--project", default=default_project(),

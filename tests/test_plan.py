@@ -1,0 +1,270 @@
+"""The planner: its formulas against hand-computed GPT-2 124M figures, its predictions against PyTorch's
+own memory tracking of real training steps, and its command line.
+
+The 2-process comparisons (DDP, FSDP and its modes) use the real launches of tests/test_strategies.py and
+tests/test_fsdp_modes.py; the in-process ones here run the project's own training step under the same
+probe a run uses (training/memory.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from analysis.plan_model import (
+    STRATEGIES,
+    Link,
+    Workload,
+    activations,
+    flops_per_token,
+    logits_bytes,
+    max_micro_batch_size,
+    model_state,
+    parameter_shapes,
+    shard_numel,
+    step_memory,
+    step_time,
+)
+from model import GPT2, GPT2Config
+
+REPO = Path(__file__).resolve().parents[1]
+GPT2_124M = GPT2Config()
+P_124M = 124_439_808  # 38,597,376 (wte) + 786,432 (wpe) + 12 x 7,087,872 (blocks) + 1,536 (ln_f)
+
+
+def workload(**changes) -> Workload:
+    values = dict(model=GPT2_124M, micro_batch_size=4, block_size=1024, precision="fp16", world_size=1)
+    return Workload(**{**values, **changes})
+
+
+# ---------------------------------------------------------------------------------------------------
+# Formulas, by hand for GPT-2 124M
+
+
+def test_parameter_shapes_are_the_models_own() -> None:
+    for cfg in (GPT2Config.from_preset("tiny"), GPT2Config.from_preset("mini")):
+        real = {name: tuple(p.shape) for name, p in GPT2(cfg).named_parameters()}
+        assert parameter_shapes(cfg) == real
+    assert sum(math.prod(s) for s in parameter_shapes(GPT2_124M).values()) == P_124M
+    assert len(parameter_shapes(GPT2_124M)) == 148  # 2 embeddings + 12 x 12 + the final LayerNorm's 2
+
+
+def test_model_state_of_124m_is_16_bytes_per_parameter_plus_adamw_step_counters() -> None:
+    state = model_state(workload(), "single")
+    assert (state.parameters, state.gradients) == (4 * P_124M, 4 * P_124M) == (497_759_232, 497_759_232)
+    assert state.optimizer == 8 * P_124M + 4 * 148 == 995_519_056
+    assert model_state(workload(world_size=2), "ddp") == state  # DDP replicates
+
+
+def test_fsdp_shards_each_tensor_along_its_first_dimension_as_torch_chunk_does() -> None:
+    # The vocabulary (50,257 rows) is odd: rank 0 holds 25,129 rows, rank 1 25,128; every other dim is even.
+    assert shard_numel((50257, 768), 2, 0) == 25129 * 768
+    assert shard_numel((50257, 768), 2, 1) == 25128 * 768
+    assert shard_numel((5, 3), 4, 3) == 0  # chunks of 2 rows: the last rank holds nothing
+    assert [shard_numel((10,), 3, r) for r in range(3)] == [4, 4, 2]
+    even_half = (P_124M - 50257 * 768) // 2
+    rank0 = model_state(workload(world_size=2), "fsdp", rank=0)
+    rank1 = model_state(workload(world_size=2), "fsdp", rank=1)
+    assert rank0.parameters == 4 * (even_half + 25129 * 768) == 248_881_152
+    assert rank1.parameters == 4 * (even_half + 25128 * 768) == 248_878_080
+    assert rank0.optimizer == 8 * (even_half + 25129 * 768) + 4 * 148
+    assert model_state(workload(world_size=2), "fsdp_offload").on_host
+
+
+def test_activations_of_one_124m_block() -> None:
+    s = 4 * 1024 * 768  # micro-batch 4 x 1024 tokens x 768 wide
+    ln_stats, lse = 2 * (2 * 4 * 4 * 1024), 4 * 4 * 12 * 1024
+    fp32 = activations(workload(precision="fp32"), "single")
+    assert fp32.per_block == 16 * 4 * s + ln_stats + lse == 201_588_736
+    autocast = activations(workload(), "single")  # fp32 residual stream, half everything else
+    assert autocast.per_block == (2 * 4 + 2 * 2 + 12 * 2) * s + ln_stats + lse == 113_508_352
+    # Autocast's fp16 copies of the four block matrices (12 x 12 C^2) and the tied head (vocab x C).
+    assert autocast.weight_copies == 2 * (12 * 12 * 768**2 + 50257 * 768) == 247_064_064
+    fsdp = activations(workload(world_size=2), "fsdp")  # parameters gathered in half: all half
+    assert fsdp.per_block == 16 * 2 * s + ln_stats + lse and fsdp.weight_copies == 0
+    math_path = activations(workload(precision="fp32", model=GPT2Config(attn_impl="math")), "single")
+    assert math_path.per_block - fp32.per_block == 4 * 12 * 1024 * 1024 * 4 + 1024 * 1024 - lse
+    checkpointed = activations(workload(precision="fp32", activation_checkpointing=True), "single")
+    assert checkpointed.blocks == 12 * 4 * s  # only each block's input
+
+
+def test_the_loss_holds_three_fp32_tensors_of_batch_by_block_by_vocabulary() -> None:
+    assert logits_bytes(workload()) == 3 * 4 * 4 * 1024 * 50257 == 2_470_232_064  # 2.30 GiB
+
+
+def test_ddp_adds_one_fp32_gradient_copy_and_fsdp_less_than_half_the_model_state() -> None:
+    single = step_memory(workload(), "single")
+    ddp = step_memory(workload(world_size=2), "ddp")
+    assert ddp.peak_phase == single.peak_phase == "loss"
+    assert ddp.total - single.total == ddp.communication == 4 * P_124M
+    fsdp = step_memory(workload(world_size=2), "fsdp")
+    assert fsdp.parameters + fsdp.optimizer < (single.parameters + single.optimizer) / 2 + 4 * 50257 * 768
+    assert fsdp.total < single.total
+    offload = step_memory(workload(world_size=2), "fsdp_offload")
+    assert offload.parameters == offload.optimizer == 0 and offload.host == model_state(
+        workload(world_size=2), "fsdp_offload").total
+
+
+def test_flops_per_token_is_the_models_own_estimate() -> None:
+    assert flops_per_token(GPT2_124M, 1024) == GPT2(GPT2_124M).flops_per_token(1024)
+
+
+def test_communication_volumes_per_device_and_step() -> None:
+    link = Link(gb_s=10.0)
+    ddp = step_time(workload(world_size=2), "ddp", 65e12, 0.3, link)
+    assert ddp.communication_bytes == 2 * (1 / 2) * P_124M * 4  # ring all-reduce of fp32 gradients
+    assert ddp.communication_s == pytest.approx(P_124M * 4 / 10e9)
+    fsdp = step_time(workload(world_size=2, grad_accum_steps=2), "fsdp", 65e12, 0.3, link)
+    # Two all-gathers per micro-batch and one reduce-scatter per step, all in fp16.
+    assert fsdp.communication_bytes == (1 / 2) * P_124M * (2 * 2 * 2 + 2)
+    zero2 = step_time(workload(world_size=2), "fsdp_zero2", 65e12, 0.3, link)
+    assert zero2.communication_bytes == (1 / 2) * P_124M * (2 + 2)
+    single = step_time(workload(), "single", 65e12, 0.3, link)
+    assert single.communication_s == 0 and single.compute_s == pytest.approx(
+        4 * 1024 * flops_per_token(GPT2_124M, 1024) / (0.3 * 65e12))
+    assert ddp.step_s <= ddp.step_s_no_overlap
+
+
+def test_largest_micro_batch_is_the_boundary_of_fitting() -> None:
+    budget = 8 * 2**30
+    for strategy in ("single", "fsdp"):
+        w = workload(world_size=1 if strategy == "single" else 2)
+        largest = max_micro_batch_size(w, strategy, budget)
+        fits = [step_memory(Workload(**{**w.__dict__, "micro_batch_size": b}), strategy).total <= budget
+                for b in (largest, largest + 1)]
+        assert largest >= 1 and fits == [True, False]
+    assert max_micro_batch_size(workload(), "single", 2**30) == 0
+
+
+def test_workload_refuses_what_cannot_run() -> None:
+    with pytest.raises(ValueError, match="precision"):
+        workload(precision="fp8")
+    with pytest.raises(ValueError, match="block_size"):
+        workload(block_size=2048)
+    with pytest.raises(ValueError, match="world_size must be 1"):
+        model_state(workload(world_size=2), "single")
+    with pytest.raises(ValueError, match="unknown strategy"):
+        model_state(workload(), "zero3")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Predictions against MemTracker, one process
+
+
+def _measured_step_peak(cfg: GPT2Config, micro: int, block: int, accum: int, probe_step: int,
+                        checkpointing: bool) -> dict:
+    """The probe of training/memory.py around the project's own training step, as a run uses it."""
+    from accelerate import Accelerator
+
+    from training.config import OptimConfig
+    from training.memory import MemoryProbe
+    from training.step import make_optimizer, train_step
+
+    torch.manual_seed(0)
+    accelerator = Accelerator(cpu=True, gradient_accumulation_steps=accum)
+    model = GPT2(cfg)
+    model.activation_checkpointing = checkpointing
+    model, optimizer = accelerator.prepare(model, make_optimizer(model, OptimConfig()))
+    probe = MemoryProbe(accelerator.device, probe_step, model, optimizer.optimizer)
+    for step in range(1, probe_step + 1):
+        batches = [{"input_ids": (ids := torch.randint(0, cfg.vocab_size, (micro, block))), "labels": ids}
+                   for _ in range(accum)]
+        with probe.around(step) as after_backward:
+            train_step(accelerator, model, optimizer, None, batches, None, 1.0, after_backward)
+    return probe.result
+
+
+# (preset, attention, micro-batch, block, accumulation, probe step, activation checkpointing): each row
+# puts the peak in another phase or changes a term: the loss (large batch), the embedding's gradient
+# (small batch), the optimizer (first step), accumulation, the explicit attention, checkpointing.
+CASES = [
+    ("tiny", "sdpa", 8, 64, 1, 2, False),
+    ("tiny", "math", 4, 64, 2, 2, False),
+    ("tiny", "sdpa", 1, 16, 1, 2, False),
+    ("tiny", "sdpa", 1, 16, 1, 1, False),
+    ("mini", "sdpa", 2, 128, 2, 1, True),
+    ("mini", "math", 2, 64, 1, 2, True),
+]
+
+
+@pytest.mark.parametrize("preset,attn,micro,block,accum,probe_step,checkpointing", CASES)
+def test_predicted_step_peak_matches_memtracker_in_one_process(preset: str, attn: str, micro: int, block: int,
+                                                               accum: int, probe_step: int,
+                                                               checkpointing: bool) -> None:
+    cfg = GPT2Config.from_preset(preset, attn_impl=attn)
+    measured = _measured_step_peak(cfg, micro, block, accum, probe_step, checkpointing)
+    w = Workload(cfg, micro, block, "fp32", 1, accum, checkpointing, first_step=probe_step == 1, device="cpu")
+    state = model_state(w, "single")
+    assert measured["model_state_bytes"] == [{"parameters": state.parameters, "gradients": state.gradients,
+                                              "optimizer": state.optimizer}]
+    predicted = step_memory(w, "single").total
+    # Within 0.1% (the target is 15%); the figures differ by a few kilobytes (small tensors of the step).
+    assert predicted == pytest.approx(measured["step_peak_bytes"][0], rel=0.001)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Command line
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "analysis.plan", *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_plan_json_has_every_strategy_with_its_bytes_fit_and_speed() -> None:
+    result = _plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert [s["strategy"] for s in plan["strategies"]] == list(STRATEGIES)
+    for entry in plan["strategies"]:
+        assert set(entry["per_device_bytes"]) >= {"parameters", "gradients", "optimizer", "activations", "logits",
+                                                  "total"}
+        assert isinstance(entry["fits"], bool) and entry["max_micro_batch_size"] >= 1
+        assert entry["predicted_tokens_per_s"] > 0
+    # The same global batch everywhere: one GPU accumulates twice as many micro-batches.
+    by_name = {s["strategy"]: s for s in plan["strategies"]}
+    assert by_name["single"]["grad_accum_steps"] == 2 * by_name["ddp"]["grad_accum_steps"] == 4
+    assert plan["recommendation"]["strategy"] in STRATEGIES and plan["recommendation"]["reason"]
+
+
+def test_plan_text_names_the_recommendation_and_one_gpu_plans_single_only() -> None:
+    result = _plan("--preset", "gpt2", "--gpu", "t4")
+    assert result.returncode == 0, result.stderr
+    assert "recommendation: single:" in result.stdout
+    assert "ddp" not in result.stdout.split("recommendation")[0].split("tokens/s", 1)[1]
+
+
+def test_a_gpu_too_small_gets_the_micro_batch_that_fits() -> None:
+    plan = json.loads(_plan("--preset", "gpt2", "--gpu_memory_gib", "6", "--num_gpus", "2", "--micro_batch_size",
+                            "8", "--global_batch_tokens", str(16 * 1024), "--json").stdout)
+    assert not any(s["fits"] for s in plan["strategies"])
+    assert "--micro_batch_size" in plan["recommendation"]["reason"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--gpu", "K80"], "unknown --gpu"),
+    (["--preset", "gpt2"], "give --gpu"),
+    (["--gpu", "T4", "--num_gpus", "0"], "--num_gpus must be at least 1"),
+    (["--gpu", "T4", "--mfu", "1.5"], "--mfu must lie in"),
+    (["--gpu", "T4", "--block_size", "4096"], "exceeds the model's 1024 positions"),
+    (["--gpu", "T4", "--num_gpus", "2", "--global_batch_tokens", "1000"], "not a multiple"),
+    (["--run", "/nonexistent/run"], "missing"),
+])
+def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
+    result = _plan(*args)
+    assert result.returncode == 2
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+    assert "Traceback" not in result.stderr
+
+
+def test_a_damaged_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "summary.json").write_text("{not json")
+    result = _plan("--run", str(tmp_path))
+    assert result.returncode == 2 and result.stderr.startswith("error:") and len(result.stderr.splitlines()) == 1
