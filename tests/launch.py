@@ -76,3 +76,12 @@ def write_news_csv(path: Path, articles: int, words: int) -> None:
             body = " ".join(rng.choice(_WORDS) for _ in range(words))
             writer.writerow([i, 17000 + i, f"Story {i}", "Test Gazette", "A. Writer", "2016-05-01", 2016, 5,
                              f"https://example.org/{i}", body])
+
+
+def plan_errors(output_dir: Path) -> list[dict[str, float]]:
+    """Per rank: the planner's error in percent on each figure the run measured (analysis.plan --run)."""
+    from analysis.plan import compare_run
+
+    entry = compare_run(output_dir)
+    assert len(entry["ranks"]) == summary(output_dir)["world_size"]
+    return [rank["error_pct"] for rank in entry["ranks"]]

@@ -18,6 +18,7 @@ from tests.launch import (
     CONFIGS,
     REPO,
     accelerate_command,
+    plan_errors,
     run,
     summary,
     train,
@@ -158,6 +159,14 @@ def test_fsdp_shards_every_block_over_both_ranks(runs: dict[str, Path]) -> None:
     assert all(f == pytest.approx(0.5, abs=0.02) for f in fractions)
     assert fsdp["params_sharded"] and not ddp["params_sharded"]
     assert fsdp["local_param_numel"] == pytest.approx(ddp["local_param_numel"] / 2, rel=0.02)
+
+
+@pytest.mark.parametrize("strategy", list(STRATEGY_CONFIGS))
+def test_planned_memory_matches_what_each_rank_measured(runs: dict[str, Path], strategy: str) -> None:
+    """Model state from the live tensors within 1% (FSDP's local shards), the step peak within 1% (target 15%)."""
+    for errors in plan_errors(runs[strategy]):
+        assert set(errors) == {"parameters", "gradients", "optimizer", "step_peak"}
+        assert all(abs(errors[key]) < 1 for key in errors), errors
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGY_CONFIGS))
