@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import REPO, free_port, launch_env, write_news_csv
+from tests.launch import REPO, free_port, launch_env, plan_errors, write_news_csv
 
 pytestmark = pytest.mark.multiprocess
 
@@ -170,6 +170,20 @@ def test_each_launch_trains_the_strategy_of_its_config_and_leaves_one_offline_wa
         assert len(offline) == 1 and list(offline[0].glob("run-*.wandb")), run_dir
         config = json.loads((run_dir / "config.json").read_text())
         assert config["launch"]["wandb_mode"] == "offline" and config["run"]["wandb_mode"] == "auto"
+
+
+def test_launches_at_their_defaults_measure_their_memory_as_planned(readme_runs: tuple[Path, list[Ran]]) -> None:
+    """The twin of the 2-process plan checks (which warm up one step): at the default three warm-up
+    steps the second step is measured, the first that starts with optimizer state."""
+    _, ran = readme_runs
+    for run_dir in _launched_run_dirs(ran):
+        memory = json.loads((run_dir / "summary.json").read_text())["memory"]
+        assert memory["probe_step"] == 2, run_dir
+        for errors in plan_errors(run_dir):
+            assert set(errors) == {"parameters", "gradients", "optimizer", "step_peak"}
+            assert all(abs(errors[key]) < 1 for key in errors), (run_dir, errors)
+    plan = next(r for r in ran if r.command.startswith("python -m analysis.plan --run"))
+    assert plan.stdout.count("step_peak") == 5  # single, and two ranks each of DDP and FSDP
 
 
 def test_the_quick_start_line_runs_twice(readme: list[str], readme_runs: tuple[Path, list[Ran]]) -> None:
