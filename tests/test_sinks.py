@@ -101,6 +101,34 @@ def test_a_wandb_call_that_fails_is_one_warning_and_wandb_is_not_called_again(
     assert not sink.enabled
 
 
+class _StartedWandb(_FailingWandb):
+    """A started W&B run with its files under `dir` (what wandb's run.dir gives)."""
+
+    dir = "/runs/r/wandb/run-20260101_000000-abc/files"
+
+
+@pytest.mark.parametrize(
+    "mode, fail, line",
+    [
+        ("offline", None, "W&B: offline run in /runs/r/wandb/run-20260101_000000-abc; "
+                          "upload it with: wandb sync /runs/r/wandb/run-20260101_000000-abc"),
+        ("online", None, None),  # all uploaded: nothing left to sync
+        ("online", "finish",
+         "W&B: the upload did not finish; the run is kept in /runs/r/wandb/run-20260101_000000-abc; "
+         "upload the rest with: wandb sync --include-online /runs/r/wandb/run-20260101_000000-abc"),
+        ("online", "log 2", None),  # finish is not called after a failure; W&B's exit hook ends the run
+    ],
+)
+def test_the_sync_line_names_what_wandb_has_not_uploaded(mode: str, fail: str | None, line: str | None) -> None:
+    sink = WandbSink(_StartedWandb(fail or ""), enabled=True)  # type: ignore[arg-type]
+    sink.start("project", {}, {"mode": mode})
+    for step in (1, 2, 3):
+        sink.log({"kind": "train", "step": step, "loss": 1.0}, step=step)
+    sink.summary({"total/loss_mean": 1.0})
+    sink.finish()
+    assert sink.sync_line() == line
+
+
 def test_wandb_mode_is_offline_without_credentials(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     monkeypatch.delenv("WANDB_MODE", raising=False)

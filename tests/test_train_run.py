@@ -168,6 +168,7 @@ def test_an_existing_run_is_never_overwritten_by_accident(run_dir: Path, cache_d
         (["--global_batch_tokens", "1000"], "not a multiple"),
         (["--block_size", "512"], "exceeds the model's 256 positions"),
         (["--max_steps", "-3"], "--max_steps must be > 0"),
+        (["--wandb_finish_timeout_s", "-1"], "--wandb_finish_timeout_s must be >= 0"),
         (["--strategy", "fsdp"], "--strategy fsdp was requested but the launch config gives single"),
     ],
 )

@@ -123,6 +123,11 @@ class RunConfig:
     wandb_mode: str = _help(
         "auto (online when logged in, else offline), online, offline or disabled", default="auto"
     )
+    wandb_finish_timeout_s: float = _help(
+        "seconds the end of an online run waits for W&B to finish uploading; then the run ends anyway and "
+        "`wandb sync` uploads the rest later (0 = wait as long as the upload takes)",
+        default=60.0,
+    )
 
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
@@ -136,6 +141,8 @@ class RunConfig:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         _positive("keep_checkpoints", self.keep_checkpoints)
         _positive("collective_timeout_s", self.collective_timeout_s)
+        if not self.wandb_finish_timeout_s >= 0:  # also refuses nan
+            raise ValueError(f"--wandb_finish_timeout_s must be >= 0, got {self.wandb_finish_timeout_s}")
         if self.stop_after_steps is not None:
             _positive("stop_after_steps", self.stop_after_steps)
         if self.resume and self.overwrite:

@@ -208,8 +208,9 @@ def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
     s.wandb.summary({wandb_summary_key(k): v for k, v in summary["total"].items() if v is not None})
     s.wandb.finish()
     s.log(_closing_line(s, summary))
-    if s.wandb.offline_run_dir:
-        s.log(f"W&B: offline run in {s.wandb.offline_run_dir}; upload it with: wandb sync {s.wandb.offline_run_dir}")
+    sync_line = s.wandb.sync_line()
+    if sync_line:
+        s.log(sync_line)
     s.accelerator.wait_for_everyone()
     # Last: after this no rank may touch a collective.
     s.accelerator.state.destroy_process_group()

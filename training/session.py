@@ -29,7 +29,7 @@ from training.levers import DeviceInfo, Levers, apply_tf32, compile_blocks, deci
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
 from training.rundir import check_output_dir, clear_run_files, truncate_metrics, wandb_run_id, write_atomic
-from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode
+from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finish_settings
 from training.step import eval_subset, lr_factor, make_optimizer
 from training.stopping import SignalFlag
 from training.strategy import (
@@ -199,7 +199,7 @@ def set_up(cfg: TrainConfig) -> Session:
         "id": wandb_run_id(out) if accelerator.is_main_process else None, "resume": "allow",
         # W&B's console summary at the end would bury the run's own closing lines; W&B still gets
         # everything, and the closing line says where the offline run is.
-        "settings": {"quiet": True},
+        "settings": {"quiet": True, **wandb_finish_settings(cfg.run.wandb_finish_timeout_s)},
     })
     if resume_from is not None:
         _resume(session, resume_from)  # last: nothing after it draws from the random state it restores

@@ -76,13 +76,28 @@ def resolve_wandb_mode(requested: str) -> str:
     return "online" if wandb_logged_in() else "offline"
 
 
+def wandb_finish_settings(timeout_s: float) -> dict[str, Any]:
+    """wandb.init settings that bound how long the end of an online run waits for its upload.
+
+    By default `run.finish()` waits until everything is uploaded, and when the server has gone away
+    mid-run wandb-core keeps retrying for longer than a notebook session has (measured with wandb
+    0.31: still waiting after 9 minutes). With a timeout, finish raises TimeoutError instead, which
+    the sink reports as its one warning; the run's record stays on disk for `wandb sync`.
+    """
+    if timeout_s <= 0:
+        return {}  # wait as long as the upload takes: W&B's own default
+    return {"finish_timeout": float(timeout_s), "finish_timeout_raises": True}
+
+
 class WandbSink:
     """accelerate's W&B tracker, with failures turned into one warning line."""
 
     def __init__(self, accelerator: Accelerator, enabled: bool) -> None:
         self.accelerator = accelerator
         self.enabled = enabled
-        self.offline_run_dir: str | None = None  # set for an offline run: what `wandb sync` uploads
+        self.mode: str | None = None  # online or offline, once the run has started
+        self.run_dir: str | None = None  # the run's local record, which `wandb sync` uploads
+        self.finish_failed = False
 
     def start(self, project: str, config: dict[str, Any], init_kwargs: dict[str, Any]) -> None:
         if not self.enabled:
@@ -90,11 +105,25 @@ class WandbSink:
         try:
             self.accelerator.init_trackers(project, config=config, init_kwargs={"wandb": init_kwargs})
             run = self.accelerator.get_tracker("wandb", unwrap=True)
-            if init_kwargs.get("mode") == "offline":
+            if init_kwargs.get("mode") in ("online", "offline"):
+                self.mode = init_kwargs["mode"]
                 # run.dir is <sync dir>/files; `wandb sync` takes the sync dir.
-                self.offline_run_dir = os.path.dirname(run.dir)
+                self.run_dir = os.path.dirname(run.dir)
         except Exception as exc:  # noqa: BLE001 - W&B must never stop training
             self._fail("start", exc)
+
+    def sync_line(self) -> str | None:
+        """The closing line naming what `wandb sync` still has to upload: an offline run, or an online
+        run whose upload did not finish (its record on disk is complete: W&B writes it before sending)."""
+        if self.run_dir is None:
+            return None
+        if self.mode == "offline":
+            return f"W&B: offline run in {self.run_dir}; upload it with: wandb sync {self.run_dir}"
+        if self.finish_failed:
+            # `wandb sync` skips runs started online unless told otherwise.
+            return (f"W&B: the upload did not finish; the run is kept in {self.run_dir}; "
+                    f"upload the rest with: wandb sync --include-online {self.run_dir}")
+        return None
 
     def log(self, record: dict[str, Any], step: int) -> None:
         if not self.enabled:
@@ -123,7 +152,8 @@ class WandbSink:
         try:
             for tracker in self.accelerator.trackers:
                 tracker.finish()
-        except Exception as exc:  # noqa: BLE001
+        except Exception as exc:  # noqa: BLE001 - e.g. the TimeoutError of wandb's finish_timeout
+            self.finish_failed = True
             self._fail("finish", exc)
 
     def _fail(self, what: str, exc: Exception) -> None:
