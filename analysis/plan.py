@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from analysis.plan_model import (
     STRATEGIES,
     Link,
     Workload,
+    activations,
     max_micro_batch_size,
     model_state,
     step_memory,
@@ -106,6 +107,7 @@ def plan_strategy(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap:
     step_s = time.step_s if overlap == "full" else time.step_s_no_overlap
     return {
         "strategy": strategy,
+        "activations_per_block": activations_per_block(w, strategy),
         "world_size": w.world_size,
         "grad_accum_steps": w.grad_accum_steps,
         "per_device_bytes": memory.to_dict(),
@@ -119,6 +121,16 @@ def plan_strategy(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap:
         "communication_s": time.communication_s,
         "communication_bytes_per_device": time.communication_bytes,
     }
+
+
+def activations_per_block(w: Workload, strategy: str) -> dict[str, int]:
+    """What one block keeps for its backward: with either attention, and with activation checkpointing
+    (its input only; the rest is recomputed, one block at a time, during backward)."""
+    by_attention = {impl: activations(Workload(**{**w.__dict__, "model": replace(w.model, attn_impl=impl),
+                                                  "activation_checkpointing": False}), strategy).per_block
+                    for impl in ("sdpa", "math")}
+    kept = activations(Workload(**{**w.__dict__, "activation_checkpointing": True}), strategy).blocks
+    return {**by_attention, "checkpointed": kept // w.model.n_layer}
 
 
 def recommend(plans: list[dict[str, Any]], hw: Hardware, micro: int) -> dict[str, str]:
@@ -273,6 +285,11 @@ def plan_text(result: dict[str, Any]) -> str:
             f"{_gib(b['activations']):>6} {_gib(b['logits']):>7} {_gib(b['communication']):>5} "
             f"{_gib(b['temporaries']):>6}  | {_gib(b['total']):>6} ({b['peak_phase']:<9}) "
             f"{'yes' if p['fits'] else 'NO':>4}  {p['max_micro_batch_size']:>9}  {step:>6}  {tokens:>9}{host}")
+    per_block = result["strategies"][0]["activations_per_block"]
+    lines += ["", f"activations per block ({result['strategies'][0]['strategy']}): "
+              f"{per_block['sdpa'] / 2**20:,.0f} MiB with SDPA, {per_block['math'] / 2**20:,.0f} MiB with the explicit "
+              f"attention (--attn_impl math), {per_block['checkpointed'] / 2**20:,.0f} MiB with activation "
+              "checkpointing (plus one block recomputed at a time in backward)"]
     rec = result["recommendation"]
     lines += ["", f"recommendation: {rec['strategy']}: {rec['reason']}",
               "(fits: peak x {:.2f} + {:g} GiB for CUDA itself within the GPU's memory; formulas: docs/planning.md)"

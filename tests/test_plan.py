@@ -227,8 +227,13 @@ def test_plan_json_has_every_strategy_with_its_bytes_fit_and_speed() -> None:
                                                   "total"}
         assert isinstance(entry["fits"], bool) and entry["max_micro_batch_size"] >= 1
         assert entry["predicted_tokens_per_s"] > 0
+    by_name = {entry["strategy"]: entry for entry in plan["strategies"]}
+    per_block = by_name["single"]["activations_per_block"]
+    s = 4 * 1024 * 768
+    assert per_block["sdpa"] == activations(workload(), "single").per_block
+    assert per_block["math"] - per_block["sdpa"] == 4 * 12 * 1024 * 1024 * 2 + 1024 * 1024 - 4 * 4 * 12 * 1024
+    assert per_block["checkpointed"] == 4 * s  # the block's input, in the fp32 residual stream
     # The same global batch everywhere: one GPU accumulates twice as many micro-batches.
-    by_name = {s["strategy"]: s for s in plan["strategies"]}
     assert by_name["single"]["grad_accum_steps"] == 2 * by_name["ddp"]["grad_accum_steps"] == 4
     assert plan["recommendation"]["strategy"] in STRATEGIES and plan["recommendation"]["reason"]
 
