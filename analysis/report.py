@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
 from analysis.runs import Run, number
 from analysis.scaling import (SCALING_FACTS, scaling_efficiency, scaling_lines, table_columns, throughput_key,
@@ -298,6 +299,7 @@ class Report:
     problems: list[str]  # "run: sentence", one per line
     table: Table
     scaling: list[str]  # scaling efficiency and cost: how each figure was computed, or why it is n/a
+    plan: PlanSection
     figures: list[FigureFile]
     method: list[str]
 
@@ -341,6 +343,12 @@ SECTION_METHOD = [
     "such single run.",
     "Cost per million tokens = price per device-hour (--gpu_hour_price, in its currency) x devices / 3600 / "
     "tokens/s x 10^6.",
+    "Plan beside measurement: rank 0's bytes as analysis/plan_model.py predicts them (`python -m analysis.plan "
+    "--run`) beside summary.json's `memory`; model state = parameters + gradients + AdamW state after an "
+    f"optimizer step; error = (predicted - measured) / measured, flagged above {FLAG_PCT:g}%; MiB = 2^20 bytes. "
+    "The predicted peak phase is the moment of the step the plan puts the peak at: loss (start of backward: "
+    "saved activations and the loss's tensors), embedding (end of backward: the token embedding's gradients "
+    "summed) or optimizer (the AdamW update).",
 ]
 
 
@@ -351,7 +359,7 @@ def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list
     reading = build_reading(runs, excluded)
     return Report(report_title(runs), command, reading.warnings, reading.lines, [*reading.problems, *(notes or [])],
                   build_table(runs, table_columns(runs, gpu_hour_price)), scaling_lines(runs, gpu_hour_price),
-                  make_figures(runs), [*reading.method, *SECTION_METHOD])
+                  plan_section(runs), make_figures(runs), [*reading.method, *SECTION_METHOD])
 
 
 def render_markdown(report: Report) -> str:
@@ -362,6 +370,9 @@ def render_markdown(report: Report) -> str:
         out += ["## Problems", "", *(f"- {line}" for line in report.problems), ""]
     out += ["## Table", "", to_markdown(report.table), "Full precision in `table.csv`.", ""]
     out += ["## Scaling efficiency and cost", "", *(f"- {line}" for line in report.scaling), ""]
+    out += ["## Plan beside measurement", ""]
+    out += [to_markdown(report.plan.table)] if report.plan.table is not None else []
+    out += [*(f"- {line}" for line in report.plan.lines), ""]
     out += ["## Figures", ""]
     for figure in report.figures:
         out += [f"### {figure.title}", "", f"![{figure.title}]({figure.filename})", "", figure.caption, ""]
@@ -398,7 +409,10 @@ def render_html(report: Report) -> str:
     if report.problems:
         parts += ["<h2>Problems</h2>", items(report.problems)]
     parts += ["<h2>Table</h2>", to_html(report.table)]
-    parts += ["<h2>Scaling efficiency and cost</h2>", items(report.scaling), "<h2>Figures</h2>"]
+    parts += ["<h2>Scaling efficiency and cost</h2>", items(report.scaling), "<h2>Plan beside measurement</h2>"]
+    parts += [to_html(report.plan.table)] if report.plan.table is not None else []
+    parts += [items(report.plan.lines)] if report.plan.lines else []
+    parts += ["<h2>Figures</h2>"]
     for figure in report.figures:
         # Embedded as a data URI so the one file can be mailed or archived without its folder.
         data = base64.b64encode(figure.png).decode("ascii")
