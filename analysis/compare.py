@@ -1,8 +1,9 @@
 """Compare run directories: `python -m analysis.compare RUN_DIR... --out DIR`.
 
-Writes table.md, table.csv, the figures, report.md and a self-contained report.html into DIR.
-Exit status: 0 when a report was written, 2 when a run directory does not exist, no run is
-usable, or W&B could not be asked. Problems with single runs go to stderr, one line each.
+Writes table.md, table.csv, the figures, report.md and a self-contained report.html into DIR;
+`--gpu_hour_price PRICE` (one device for one hour, any currency) adds each run's cost per million tokens.
+Exit status: 0 when a report was written, 2 when an argument is bad, a run directory does not exist, no
+run is usable, or W&B could not be asked. Problems with single runs go to stderr, one line each.
 """
 
 from __future__ import annotations
@@ -11,21 +12,31 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from analysis.report import build_report, write_report
 from analysis.runs import Run, assign_labels, load_run, sort_runs
+from analysis.scaling import gpu_hour_price
 from analysis.wandb_fetch import APPROXIMATION_NOTE, FetchError, fetch_wandb_runs
 
 EXIT_OK = 0
 EXIT_UNUSABLE = 2
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """One line, not the usage block: the message and where to find the usage."""
+        self.exit(EXIT_UNUSABLE, f"error: {message} (see {self.prog} --help)\n")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m analysis.compare", description=__doc__.splitlines()[0])
+    parser = _Parser(prog="python -m analysis.compare", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="*", type=Path, metavar="RUN_DIR", help="run directories to compare")
     parser.add_argument("--out", type=Path, required=True, help="report folder (created; files in it replaced)")
     parser.add_argument("--from_wandb", metavar="ENTITY/PROJECT", help="also fetch the runs of --group from W&B")
     parser.add_argument("--group", help="W&B group (the experiment name) to fetch with --from_wandb")
+    parser.add_argument("--gpu_hour_price", type=gpu_hour_price, metavar="PRICE",
+                        help="price of one device for one hour, any currency: adds cost per million tokens")
     args = parser.parse_args(argv)
     if not args.run_dirs and not args.from_wandb:
         parser.error("give at least one RUN_DIR or --from_wandb ENTITY/PROJECT --group NAME")
@@ -42,8 +53,10 @@ def load_comparison(run_dirs: list[Path]) -> tuple[list[Run], list[Run]]:
     return sort_runs(usable), [run for run in runs if not run.usable]
 
 
-def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] | None = None) -> int:
-    """Load `run_dirs`, report problems on stderr, write the report of the usable runs into `out_dir`."""
+def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] | None = None,
+            gpu_hour_price: float | None = None) -> int:
+    """Load `run_dirs`, report problems on stderr, write the report of the usable runs into `out_dir`;
+    `gpu_hour_price` (per device-hour) prices the runs."""
     usable, excluded = load_comparison(run_dirs)
     for run in [*usable, *excluded]:
         for problem in run.problems:
@@ -52,7 +65,7 @@ def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] 
         print(f"error: none of the {len(excluded)} run directories has a usable summary.json; no report written",
               file=sys.stderr)
         return EXIT_UNUSABLE
-    report = build_report(usable, excluded, command, notes)
+    report = build_report(usable, excluded, command, notes, gpu_hour_price)
     written = write_report(report, out_dir)
     print(f"wrote {len(written)} files to {out_dir} (open {out_dir / 'report.html'})")
     return EXIT_OK
@@ -83,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dirs += fetched
         notes += [f"{path}: {APPROXIMATION_NOTE}" for path in fetched]
     command = shlex.join(["python", "-m", "analysis.compare", *argv])
-    return compare(run_dirs, args.out, command, notes)
+    return compare(run_dirs, args.out, command, notes, args.gpu_hour_price)
 
 
 if __name__ == "__main__":

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from analysis.scaling import gpu_hour_price, price_text
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "accelerate_configs"
 TRAIN_SCRIPT = REPO / "train.py"
@@ -58,6 +60,7 @@ class ExperimentSpec:
     experiment: str = ""  # the W&B group; empty: <preset>-<timestamp>
     num_processes: int | None = None  # None: each config file's; else the processes of ddp and fsdp
     extra: tuple[str, ...] = ()  # passed to train.py as they are, after everything else
+    gpu_hour_price: float | None = None  # per device-hour, for the report's cost per million tokens
 
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
@@ -283,7 +286,7 @@ def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo
     notes = [failure_note(o) for o in failed]
     run_dirs = [launch.run_dir for launch in launches if launch.run_dir.is_dir()]
     if run_dirs:
-        report_rc = compare(run_dirs, spec.out, comparison_command(spec, launches), notes)
+        report_rc = compare(run_dirs, spec.out, comparison_command(spec, launches), notes, spec.gpu_hour_price)
     else:
         print("error: no strategy left a run directory; nothing to compare", file=sys.stderr)
         report_rc = EXIT_SETUP
@@ -293,7 +296,9 @@ def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo
 
 
 def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
-    return shlex.join(["python", "-m", "analysis.compare", *(str(l.run_dir) for l in launches), "--out", str(spec.out)])
+    price = ["--gpu_hour_price", price_text(spec.gpu_hour_price)] if spec.gpu_hour_price is not None else []
+    return shlex.join(["python", "-m", "analysis.compare", *(str(l.run_dir) for l in launches), "--out", str(spec.out),
+                       *price])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -319,6 +324,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--experiment", help="experiment name = W&B group (default: <preset>-<timestamp>)")
     parser.add_argument("--num_processes", type=int, help="processes of ddp and fsdp, overriding their config "
                         "files (e.g. 1 for FSDP on a one-GPU machine); single is always one process")
+    parser.add_argument("--gpu_hour_price", type=gpu_hour_price, metavar="PRICE",
+                        help="price of one device for one hour, any currency: the report adds cost per million tokens")
     parser.add_argument("--dry_run", action="store_true", help="print the commands and exit")
     parser.add_argument("--wandb_report", action="store_true",
                         help="at the end, build the W&B report of the experiment when logged in "
@@ -335,6 +342,7 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
         strategies=tuple(args.strategies), data=tuple(args.data), seed=args.seed,
         global_batch_tokens=args.global_batch_tokens, micro_batch_size=args.micro_batch_size,
         block_size=args.block_size, experiment=name, num_processes=args.num_processes, extra=tuple(args.extra),
+        gpu_hour_price=args.gpu_hour_price,
     )
 
 

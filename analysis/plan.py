@@ -218,6 +218,7 @@ def compare_run(run_dir: Path) -> dict[str, Any]:
                      "optimizer": predicted_state.optimizer, "step_peak": predicted_peak.total}
         entry["ranks"].append({
             "rank": rank, "predicted": predicted, "measured": measured, "peak_phase": predicted_peak.peak_phase,
+            "predicted_peak": predicted_peak.to_dict(),  # the step peak by kind, at its phase
             "error_pct": {k: _error_pct(predicted[k], measured[k]) for k in predicted if measured.get(k)},
         })
     entry["predicted"], entry["measured"], entry["error_pct"] = (entry["ranks"][0][k] for k in

@@ -17,8 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
 from analysis.runs import Run, number
+from analysis.scaling import (SCALING_FACTS, scaling_efficiency, scaling_lines, table_columns, throughput_key,
+                              throughput_name)
 from analysis.table import Table, build_table, to_csv, to_html, to_markdown
 
 # Facts that must be equal across runs for the comparison to be like for like, with their names.
@@ -57,20 +60,13 @@ def write_atomic(path: Path, data: bytes) -> None:
 # The reading
 
 
-def throughput_key(runs: list[Run]) -> str:
-    """Rank by throughput without warm-up steps when every run has it; otherwise all with it."""
-    if runs and all((number(run.total.get("tokens_per_s_excl_warmup")) or 0.0) > 0 for run in runs):
-        return "tokens_per_s_excl_warmup"
-    return "tokens_per_s"
-
-
 def fastest_reading(runs: list[Run]) -> list[str]:
     key = throughput_key(runs)
     ranked = _ranked(runs, lambda run: number(run.total.get(key)), highest_first=True)
     if len(ranked) < 2:
         return ["Throughput: fewer than two runs with a throughput; nothing to rank."]
     (best, best_value), rest = ranked[0], ranked[1:]
-    which = "whole job, warm-up steps excluded" if key == "tokens_per_s_excl_warmup" else "whole job"
+    which = throughput_name(key)
     if best_value <= rest[0][1] * (1 + TIE_RELATIVE):
         lead = (f"Throughput: **{best.label}** and **{rest[0][0].label}** are practically tied "
                 f"(within {TIE_RELATIVE:.0%}): {best_value:,.0f} vs {rest[0][1]:,.0f} tokens/s ({which})")
@@ -86,22 +82,17 @@ def fastest_reading(runs: list[Run]) -> list[str]:
 
 
 def _per_device_line(runs: list[Run], key: str) -> list[str]:
-    """Scaling efficiency: per-device throughput of a multi-device run against the single run's, from the
-    same whole-job figure (`key`) that ranked the runs, so the two lines never mix warm-up in and out."""
-    def per_device(run: Run) -> float | None:
-        total, world = number(run.total.get(key)), number(run.fact("world_size"))
-        return total / world if total is not None and world else None
-
-    single = next((run for run in runs if run.strategy == "single" and run.fact("world_size") == 1), None)
-    base = per_device(single) if single else None
-    if single is None or not base:
-        return []
-    parts = []
+    """Per-device throughput of each run against its comparable single run's (its scaling efficiency), from
+    the same whole-job figure (`key`) that ranked the runs, so the two lines never mix warm-up in and out."""
+    parts, baselines = [], {}
     for run in runs:
-        value = per_device(run)
-        if run is not single and value is not None:
-            parts.append(f"{run.label} {value:,.0f} tokens/s per device = {value / base:.0%} of single")
-    return [f"Per device: {'; '.join(parts)} (single: {base:,.0f} tokens/s)."] if parts else []
+        result = scaling_efficiency(run, runs, key)
+        if result.efficiency is not None and result.baseline is not None:
+            parts.append(f"{run.label} {result.tokens_per_s / result.devices:,.0f} tokens/s per device = "
+                         f"{result.efficiency:.0%} of {result.baseline.label}")
+            baselines[result.baseline.label] = result.baseline_tokens_per_s
+    shown = ", ".join(f"{label}: {value:,.0f} tokens/s" for label, value in baselines.items())
+    return [f"Per device: {'; '.join(parts)} ({shown})."] if parts else []
 
 
 def on_cpu(runs: list[Run]) -> bool:
@@ -307,6 +298,8 @@ class Report:
     reading: list[str]
     problems: list[str]  # "run: sentence", one per line
     table: Table
+    scaling: list[str]  # scaling efficiency and cost: how each figure was computed, or why it is n/a
+    plan: PlanSection
     figures: list[FigureFile]
     method: list[str]
 
@@ -344,11 +337,29 @@ def report_title(runs: list[Run]) -> str:
     return "Strategy comparison" + (f": {', '.join(experiments)}" if experiments else "")
 
 
-def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list[str] | None = None) -> Report:
-    """The report of the usable `runs`; `excluded` are listed with their problems only."""
+SECTION_METHOD = [
+    "Scaling efficiency (%) = tokens/s of a run on N devices / (N x tokens/s of the single run of the comparison "
+    f"with the same {', '.join(SCALING_FACTS.values())}) x 100; 100% is perfect scaling. n/a when there is no "
+    "such single run.",
+    "Cost per million tokens = price per device-hour (--gpu_hour_price, in its currency) x devices / 3600 / "
+    "tokens/s x 10^6.",
+    "Plan beside measurement: rank 0's bytes as analysis/plan_model.py predicts them (`python -m analysis.plan "
+    "--run`) beside summary.json's `memory`; model state = parameters + gradients + AdamW state after an "
+    f"optimizer step; error = (predicted - measured) / measured, flagged above {FLAG_PCT:g}%; MiB = 2^20 bytes. "
+    "The predicted peak phase is the moment of the step the plan puts the peak at: loss (start of backward: "
+    "saved activations and the loss's tensors), embedding (end of backward: the token embedding's gradients "
+    "summed) or optimizer (the AdamW update).",
+]
+
+
+def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list[str] | None = None,
+                 gpu_hour_price: float | None = None) -> Report:
+    """The report of the usable `runs`; `excluded` are listed with their problems only; `gpu_hour_price`
+    (per device-hour) prices the runs."""
     reading = build_reading(runs, excluded)
     return Report(report_title(runs), command, reading.warnings, reading.lines, [*reading.problems, *(notes or [])],
-                  build_table(runs), make_figures(runs), reading.method)
+                  build_table(runs, table_columns(runs, gpu_hour_price)), scaling_lines(runs, gpu_hour_price),
+                  plan_section(runs), make_figures(runs), [*reading.method, *SECTION_METHOD])
 
 
 def render_markdown(report: Report) -> str:
@@ -358,6 +369,10 @@ def render_markdown(report: Report) -> str:
     if report.problems:
         out += ["## Problems", "", *(f"- {line}" for line in report.problems), ""]
     out += ["## Table", "", to_markdown(report.table), "Full precision in `table.csv`.", ""]
+    out += ["## Scaling efficiency and cost", "", *(f"- {line}" for line in report.scaling), ""]
+    out += ["## Plan beside measurement", ""]
+    out += [to_markdown(report.plan.table)] if report.plan.table is not None else []
+    out += [*(f"- {line}" for line in report.plan.lines), ""]
     out += ["## Figures", ""]
     for figure in report.figures:
         out += [f"### {figure.title}", "", f"![{figure.title}]({figure.filename})", "", figure.caption, ""]
@@ -393,7 +408,11 @@ def render_html(report: Report) -> str:
     parts += ["<h2>Reading</h2>", items(report.reading)]
     if report.problems:
         parts += ["<h2>Problems</h2>", items(report.problems)]
-    parts += ["<h2>Table</h2>", to_html(report.table), "<h2>Figures</h2>"]
+    parts += ["<h2>Table</h2>", to_html(report.table)]
+    parts += ["<h2>Scaling efficiency and cost</h2>", items(report.scaling), "<h2>Plan beside measurement</h2>"]
+    parts += [to_html(report.plan.table)] if report.plan.table is not None else []
+    parts += [items(report.plan.lines)] if report.plan.lines else []
+    parts += ["<h2>Figures</h2>"]
     for figure in report.figures:
         # Embedded as a data URI so the one file can be mailed or archived without its folder.
         data = base64.b64encode(figure.png).decode("ascii")

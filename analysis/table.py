@@ -1,7 +1,8 @@
 """The comparison table: one row per run, every column named with its unit.
 
 Cells are taken from summary.json as stored (no recomputation), so the table shows what training
-measured; only MFU is rescaled, from a fraction to percent.
+measured; only MFU is rescaled, from a fraction to percent. The report adds two columns that need the
+other runs or a price, scaling efficiency and cost (analysis/scaling.py).
 """
 
 from __future__ import annotations

@@ -165,9 +165,12 @@ def test_a_failing_strategy_is_reported_and_the_others_compared(tmp_path: Path, 
 
 def test_all_finishing_exits_0(tmp_path: Path, configs: Path, fake_launcher) -> None:
     out = tmp_path / "exp"
-    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp"]
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp",
+            "--gpu_hour_price", "1.75"]
     assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 0
     assert (out / "report.html").exists()
+    report = (out / "report.md").read_text()  # the price reaches the report and its command
+    assert "--gpu_hour_price 1.75" in report and "Cost per million tokens at 1.75 per device-hour" in report
 
 
 def test_dry_run_prints_commands_and_launches_nothing(tmp_path: Path, configs: Path, capsys) -> None:
