@@ -24,6 +24,12 @@ SCALING_FACTS = {
     "global_batch_tokens": "global batch (tokens)",
     "precision": "precision",
 }
+# Every CPU is named "cpu": there the peak FLOP/s, measured once per machine and thread count, and the
+# threads per process tell one machine's runs from another's.
+CPU_SCALING_FACTS = {
+    "peak_flops_per_device": "measured CPU peak FLOP/s",
+    "threads_per_process": "threads per process",
+}
 SCALING_HEADER = "scaling efficiency (%)"
 COST_HEADER = "cost per million tokens (at --gpu_hour_price)"
 SECONDS_PER_HOUR = 3600
@@ -92,7 +98,8 @@ def scaling_efficiency(run: Run, runs: list[Run], key: str) -> Scaling:
     devices = world_size(run)
     if devices is None:
         return Scaling(None, "world size not recorded")
-    base, reason = comparable_single(run, runs, SCALING_FACTS)
+    facts = {**SCALING_FACTS, **(CPU_SCALING_FACTS if run.fact("device_type") == "cpu" else {})}
+    base, reason = comparable_single(run, runs, facts)
     if base is None:
         return Scaling(None, reason)
     mine, theirs = throughput(run, key), throughput(base, key)

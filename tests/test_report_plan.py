@@ -201,6 +201,15 @@ def test_scaling_is_n_a_without_a_comparable_single_run(tmp_path: Path) -> None:
     assert "Scaling efficiency of fsdp: n/a, no single run in this comparison." in scaling_lines(alone, None)
 
 
+def test_cpu_runs_of_another_machine_or_thread_count_do_not_scale_against_each_other(tmp_path: Path) -> None:
+    # Every CPU is named "cpu": the measured peak and the threads per process tell machines apart.
+    runs = timed_runs(tmp_path / "other", ddp={"peak_flops_per_device": 1.5e11})
+    assert cells(runs, None, SCALING_HEADER)["ddp"] is None
+    assert any("measured CPU peak FLOP/s" in line for line in scaling_lines(runs, None))
+    threads = timed_runs(tmp_path / "threads", ddp={"threads_per_process": 2})
+    assert cells(threads, None, SCALING_HEADER)["ddp"] is None
+
+
 # ---------------------------------------------------------------------------------------------
 # The command line and the report files
 
