@@ -339,8 +339,8 @@ def report_title(runs: list[Run]) -> str:
 
 SECTION_METHOD = [
     "Scaling efficiency (%) = tokens/s of a run on N devices / (N x tokens/s of the single run of the comparison "
-    f"with the same {', '.join(SCALING_FACTS.values())}; on CPU also the same measured peak and threads per process) x 100; 100% is perfect scaling. n/a when there is no "
-    "such single run.",
+    f"with the same {', '.join(SCALING_FACTS.values())}; on CPU also the same measured peak and threads per "
+    "process) x 100; 100% is perfect scaling. n/a when there is no such single run.",
     "Cost per million tokens = price per device-hour (--gpu_hour_price, in its currency) x devices / 3600 / "
     "tokens/s x 10^6.",
     "Plan beside measurement: rank 0's bytes as analysis/plan_model.py predicts them (`python -m analysis.plan "
