@@ -32,6 +32,7 @@ from analysis.plan_model import (
     step_memory,
     step_time,
 )
+from analysis.plan_report import error_pct
 from model.config import GPT2Config
 from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu
 from training.presets import PRESETS, preset_overrides
@@ -219,7 +220,7 @@ def compare_run(run_dir: Path) -> dict[str, Any]:
         entry["ranks"].append({
             "rank": rank, "predicted": predicted, "measured": measured, "peak_phase": predicted_peak.peak_phase,
             "predicted_peak": predicted_peak.to_dict(),  # the step peak by kind, at its phase
-            "error_pct": {k: _error_pct(predicted[k], measured[k]) for k in predicted if measured.get(k)},
+            "error_pct": {k: error_pct(predicted[k], measured[k]) for k in predicted if measured.get(k)},
         })
     entry["predicted"], entry["measured"], entry["error_pct"] = (entry["ranks"][0][k] for k in
                                                                   ("predicted", "measured", "error_pct"))
@@ -238,10 +239,6 @@ def _run_notes(config: dict[str, Any], summary: dict[str, Any], on_cpu: bool) ->
     if not on_cpu:
         notes.append("GPU peak: torch.cuda.max_memory_allocated over the first steps")
     return notes
-
-
-def _error_pct(predicted: float, measured: float) -> float:
-    return (predicted - measured) / measured * 100
 
 
 def _read_json(path: Path) -> dict[str, Any]:

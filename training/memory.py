@@ -25,18 +25,14 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
-    return t.to_local() if isinstance(t, DTensor) else t
+from training.strategy import local_tensor, optimizer_tensors
 
 
 def _bytes(tensors: list[torch.Tensor]) -> int:
     seen: set[tuple[int, int]] = set()
     total = 0
     for t in tensors:
-        local = _local(t)
+        local = local_tensor(t)
         # The same tensor listed twice counts once; distinct views of one flat buffer (FSDP's shards) each count.
         key = (local.data_ptr(), local.numel())
         if key in seen and local.numel():
@@ -48,9 +44,7 @@ def _bytes(tensors: list[torch.Tensor]) -> int:
 
 def model_state_bytes(optimizer: torch.optim.Optimizer) -> dict[str, int]:
     """Bytes of parameters, gradients and optimizer state this process holds (call after a step, before zero_grad)."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    grads = [p.grad for p in params if p.grad is not None]
-    states = [t for p in params for t in optimizer.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
+    params, grads, states = optimizer_tensors(optimizer)
     return {"parameters": _bytes(params), "gradients": _bytes(grads), "optimizer": _bytes(states)}
 
 

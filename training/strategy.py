@@ -257,9 +257,7 @@ def fsdp_mode(model: nn.Module) -> tuple[bool | None, bool | None]:
 
 def parameter_devices(model: nn.Module) -> tuple[str, ...]:
     """The device types the parameters (their local shards, for DTensors) are stored on."""
-    from torch.distributed.tensor import DTensor
-
-    return tuple(sorted({(p.to_local() if isinstance(p, DTensor) else p).device.type for p in model.parameters()}))
+    return tuple(sorted({local_tensor(p).device.type for p in model.parameters()}))
 
 
 def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> EffectiveStrategy:
@@ -341,7 +339,7 @@ class ShardingObserver:
             return
         params = list(self._block.parameters())
         whole_numel = sum(_global_numel(p) for p in params)
-        held = sum(_local(p).numel() for p in params)
+        held = sum(local_tensor(p).numel() for p in params)
         self.result["block_params_between_forward_and_backward"] = (
             "sharded" if all(_is_dtensor(p) for p in params) else "whole")
         self.result["block_param_fraction_held_between_forward_and_backward"] = held / whole_numel
@@ -350,16 +348,23 @@ class ShardingObserver:
     def _after_optimizer_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if "grads" in self.result:
             return
-        params = [p for group in optimizer.param_groups for p in group["params"]]
-        grads = [p.grad for p in params if p.grad is not None]
-        states = [t for p in params for t in optimizer.state.get(p, {}).values()
-                  if isinstance(t, torch.Tensor) and t.dim() > 0]
+        params, grads, states = optimizer_tensors(optimizer)
+        states = [t for t in states if t.dim() > 0]  # the moments; not AdamW's scalar step counters
         self.result["grads"] = "sharded" if grads and all(_is_dtensor(g) for g in grads) else "whole"
         self.result["grad_fraction_held"] = _fraction(grads)
-        self.result["grad_devices"] = sorted({_local(g).device.type for g in grads})
+        self.result["grad_devices"] = sorted({local_tensor(g).device.type for g in grads})
         self.result["optimizer_state_fraction_held"] = _fraction(states)
-        self.result["optimizer_state_devices"] = sorted({_local(t).device.type for t in states})
-        self.result["param_devices_after_step"] = sorted({_local(p).device.type for p in params})
+        self.result["optimizer_state_devices"] = sorted({local_tensor(t).device.type for t in states})
+        self.result["param_devices_after_step"] = sorted({local_tensor(p).device.type for p in params})
+
+
+def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[torch.Tensor],
+                                                                   list[torch.Tensor]]:
+    """The live tensors an optimizer holds: its parameters, their gradients (those set) and its state tensors."""
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    grads = [p.grad for p in params if p.grad is not None]
+    states = [t for p in params for t in optimizer.state.get(p, {}).values() if isinstance(t, torch.Tensor)]
+    return params, grads, states
 
 
 def _is_dtensor(t: torch.Tensor) -> bool:
@@ -368,7 +373,8 @@ def _is_dtensor(t: torch.Tensor) -> bool:
     return isinstance(t, DTensor)
 
 
-def _local(t: torch.Tensor) -> torch.Tensor:
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of `t`: its local shard for a DTensor, else `t` itself."""
     return t.to_local() if _is_dtensor(t) else t
 
 
@@ -378,7 +384,7 @@ def _global_numel(t: torch.Tensor) -> int:
 
 def _fraction(tensors: list[torch.Tensor]) -> float | None:
     total = sum(_global_numel(t) for t in tensors)
-    return sum(_local(t).numel() for t in tensors) / total if total else None
+    return sum(local_tensor(t).numel() for t in tensors) / total if total else None
 
 
 def _first_block(model: nn.Module) -> nn.Module | None:
