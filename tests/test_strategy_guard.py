@@ -98,10 +98,12 @@ def test_fsdp_mode_in_effect_must_be_the_launched_one() -> None:
 
 
 def test_every_strategy_has_its_config_file() -> None:
-    from analysis.experiment import CONFIG_FILES as EXPERIMENT_CONFIGS
     from tests.launch import CONFIGS
     from training.config import STRATEGIES
-    from training.strategy import CONFIG_FILES
+    from training.registry import config_files
+
+    # One registry serves the guard and the experiment driver alike.
+    CONFIG_FILES = EXPERIMENT_CONFIGS = config_files()
 
     assert set(CONFIG_FILES) == set(STRATEGIES) - {"auto"} == set(EXPERIMENT_CONFIGS)
     for strategy, name in CONFIG_FILES.items():

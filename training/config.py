@@ -9,7 +9,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STRATEGIES = ("auto", "single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload")
+from training import registry
+
+STRATEGIES = (registry.AUTO, *registry.names())
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 
 
@@ -83,10 +85,10 @@ class RunConfig:
     resume: bool = _help("continue from the newest complete checkpoint in --output_dir", default=False)
     overwrite: bool = _help("start afresh in an --output_dir that already holds a run (its files are replaced)", default=False)
     strategy: str = _help(
-        "strategy this run must use: auto (whatever the launch config gives), single, ddp, fsdp (full sharding), "
-        "fsdp_zero2 (parameters kept whole between forward and backward), fsdp_offload (parameters on the CPU); "
-        "a mismatch with what is in effect stops the run at start-up",
-        default="auto",
+        "strategy this run must use: auto (whatever the launch config gives) or one of "
+        + ", ".join(registry.names()) + " (see accelerate_configs/); a mismatch with what is in effect stops the "
+        "run at start-up",
+        default=registry.AUTO,
     )
     log_interval: int = _help("optimizer steps between metric lines (host syncs happen only then)", default=10)
     eval_interval: int = _help("optimizer steps between validations (0 = at each epoch end and at the end)", default=0)

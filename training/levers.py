@@ -13,6 +13,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from training import registry
+
 # torch.compile pays off from Ampere (compute capability 8.0) on: below it, inductor's Triton kernels are
 # slower than cuBLAS/eager or fail to build (T4 is 7.5), and on CPU the measured step is slower than eager
 # (docs/performance.md: 521 vs 593 tokens/s for a 6 x 384 model).
@@ -109,7 +111,7 @@ def decide_levers(speed: Any, dataloader_workers: int, device: DeviceInfo, strat
     tf32, tf32_reason = decide_tf32(speed.tf32, device)
     checkpointing = "off"
     if speed.activation_checkpointing:
-        checkpointing = "fsdp" if strategy.startswith("fsdp") else "model"
+        checkpointing = "fsdp" if registry.shards(strategy) else "model"
     return Levers(compile=compile_on, compile_reason=compile_reason, activation_checkpointing=checkpointing,
                   fused_adamw=fused, fused_adamw_reason=fused_reason, tf32=tf32, tf32_reason=tf32_reason,
                   pin_memory=speed.pin_memory and device.type == "cuda", dataloader_workers=dataloader_workers)

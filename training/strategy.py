@@ -21,27 +21,11 @@ import torch.nn as nn
 from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
+from training import registry
+from training.registry import FsdpMode, Wrapper
+
 # accelerate versions with which `_enable_fsdp_on_cpu` was verified to take effect.
 _FSDP_ON_CPU_TESTED_ACCELERATE = ("1.16.",)
-
-# The FSDP2 modes, named by (reshard the blocks' parameters after forward, offload parameters to CPU):
-#   fsdp         full sharding (ZeRO-3): parameters gathered for each block's forward, freed, gathered again
-#                for its backward; gradients and optimizer state sharded;
-#   fsdp_zero2   parameters kept whole from a block's forward to its backward (one all-gather per step
-#                instead of two, more memory); gradients and optimizer state sharded, as ZeRO-2;
-#   fsdp_offload full sharding with the parameter shards, their gradients and the optimizer step on the CPU.
-FSDP_MODES = {"fsdp": (True, False), "fsdp_zero2": (False, False), "fsdp_offload": (True, True)}
-CONFIG_FILES = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml",
-                "fsdp_zero2": "fsdp_zero2.yaml", "fsdp_offload": "fsdp_offload.yaml"}
-
-
-def fsdp_mode_name(reshard_after_forward: bool, offload_params: bool) -> str:
-    """The strategy name of an FSDP mode; the one combination without a config of its own is spelled out."""
-    for name, mode in FSDP_MODES.items():
-        if mode == (reshard_after_forward, offload_params):
-            return name
-    return "fsdp_zero2_offload"
-
 
 def _env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     # accelerate writes these as str(bool).lower(); FSDP1 spellings of the sharding strategy are accepted too.
@@ -59,7 +43,7 @@ class StrategyMismatch(RuntimeError):
 class RequestedLaunch:
     """What the launch (accelerate config + command line) asked for."""
 
-    strategy: str  # single | ddp | fsdp | fsdp_zero2 | fsdp_offload
+    strategy: str  # a training.registry name
     world_size: int | None  # None: the config asked for several processes, how many is not visible
     num_machines: int
     mixed_precision: str  # no | fp16 | bf16
@@ -73,7 +57,7 @@ class RequestedLaunch:
 class EffectiveStrategy:
     """What is really running, read off the process group and the prepared model."""
 
-    strategy: str  # single | ddp | fsdp | fsdp_zero2 | fsdp_offload
+    strategy: str  # a training.registry name, or what is running when no entry fits
     world_size: int
     num_machines: int
     backend: str
@@ -105,14 +89,14 @@ def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> Reques
     # file accelerate starts a single process and no WORLD_SIZE: the config asked for several.
     multi_cpu_config = env.get("ACCELERATE_USE_CPU", "").lower() == "true" and "MASTER_ADDR" in env
     if use_fsdp:
-        launched = fsdp_mode_name(_env_flag(env, "FSDP_RESHARD_AFTER_FORWARD", True),
-                                  _env_flag(env, "FSDP_OFFLOAD_PARAMS", False))
+        launched = registry.fsdp_mode_name(FsdpMode(_env_flag(env, "FSDP_RESHARD_AFTER_FORWARD", True),
+                                                    _env_flag(env, "FSDP_OFFLOAD_PARAMS", False)))
     else:
-        launched = "ddp" if world_size > 1 or multi_cpu_config else "single"
-    if expected != "auto" and expected != launched:
+        launched = registry.unsharded(multi_process=world_size > 1 or multi_cpu_config).name
+    if expected != registry.AUTO and expected != launched:
         raise StrategyMismatch(
             f"--strategy {expected} was requested but the launch config gives {launched} "
-            f"({world_size} process(es)); launch with accelerate_configs/{CONFIG_FILES[expected]}"
+            f"({world_size} process(es)); launch with accelerate_configs/{registry.get(expected).config_file}"
         )
     return RequestedLaunch(
         strategy=launched,
@@ -148,7 +132,7 @@ def create_accelerator(requested: RequestedLaunch, **accelerator_kwargs: Any) ->
     mixed_precision, warning = choose_precision(requested.mixed_precision, "cuda" if has_gpu else "cpu", device_name)
     # Without cpu=True on a GPU-less machine accelerate leaves every process unconnected (type NO).
     accelerator = Accelerator(cpu=not has_gpu, mixed_precision=mixed_precision, **accelerator_kwargs)
-    if requested.strategy.startswith("fsdp") and not has_gpu:
+    if registry.shards(requested.strategy) and not has_gpu:
         _enable_fsdp_on_cpu(accelerator, mixed_precision)
     return accelerator, warning
 
@@ -199,9 +183,9 @@ def _wrapper_name(model: nn.Module) -> str:
     from torch.nn.parallel import DistributedDataParallel
 
     if isinstance(model, DistributedDataParallel):
-        return "DistributedDataParallel"
+        return Wrapper.DDP.value
     if isinstance(model, FSDPModule):
-        return "FSDPModule"
+        return Wrapper.FSDP.value
     return type(model).__name__
 
 
@@ -263,16 +247,8 @@ def parameter_devices(model: nn.Module) -> tuple[str, ...]:
 def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> EffectiveStrategy:
     wrapper = _wrapper_name(prepared_model)
     sharded, local, total = parameter_sizes(prepared_model)
-    reshard, offload = fsdp_mode(prepared_model) if wrapper == "FSDPModule" else (None, None)
-    if wrapper == "FSDPModule" and sharded:
-        known = reshard is not None and offload is not None
-        strategy = fsdp_mode_name(reshard, offload) if known else "fsdp (blocks in mixed or unknown modes)"
-    elif wrapper == "DistributedDataParallel":
-        strategy = "ddp"
-    elif accelerator.num_processes == 1:
-        strategy = "single"
-    else:
-        strategy = f"unwrapped x{accelerator.num_processes}"
+    reshard, offload = fsdp_mode(prepared_model) if wrapper == Wrapper.FSDP.value else (None, None)
+    strategy = _strategy_in_effect(wrapper, sharded, reshard, offload, accelerator.num_processes)
     num_machines = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
     return EffectiveStrategy(
@@ -295,6 +271,20 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
     )
 
 
+def _strategy_in_effect(wrapper: str, sharded: bool, reshard: bool | None, offload: bool | None,
+                        num_processes: int) -> str:
+    """The registry name of what is running, read from the wrapper and FSDP's units; a description when none fits."""
+    if wrapper == Wrapper.FSDP.value and sharded:
+        known = reshard is not None and offload is not None
+        return registry.fsdp_mode_name(FsdpMode(reshard, offload) if known else None)
+    by_wrapper = registry.by_wrapper(wrapper)
+    if by_wrapper is not None and not by_wrapper.shards:
+        return by_wrapper.name
+    if num_processes == 1:
+        return registry.unsharded(multi_process=False).name
+    return f"unwrapped x{num_processes}"
+
+
 def check_strategy(requested: RequestedLaunch, effective: EffectiveStrategy) -> None:
     """Stop the run when the strategy in effect is not the one requested (one line naming both)."""
     problems = []
@@ -305,7 +295,7 @@ def check_strategy(requested: RequestedLaunch, effective: EffectiveStrategy) -> 
             problems.append(f"{effective.world_size} connected process")
     elif effective.world_size != requested.world_size:
         problems.append(f"{effective.world_size} connected process(es)")
-    if requested.strategy.startswith("fsdp") and effective.world_size > 1 and not effective.params_sharded:
+    if registry.shards(requested.strategy) and effective.world_size > 1 and not effective.params_sharded:
         problems.append("unsharded parameters")
     if problems:
         raise StrategyMismatch(
