@@ -45,7 +45,7 @@ class Levers:
 
     compile: bool
     compile_reason: str
-    activation_checkpointing: str  # off | model (torch.utils.checkpoint per block) | fsdp (accelerate's option)
+    activation_checkpointing: str  # off, or registry.CHECKPOINT_IN_MODEL / CHECKPOINT_IN_FSDP
     fused_adamw: bool
     fused_adamw_reason: str
     tf32: bool
@@ -111,7 +111,7 @@ def decide_levers(speed: Any, dataloader_workers: int, device: DeviceInfo, strat
     tf32, tf32_reason = decide_tf32(speed.tf32, device)
     checkpointing = "off"
     if speed.activation_checkpointing:
-        checkpointing = "fsdp" if registry.shards(strategy) else "model"
+        checkpointing = registry.activation_checkpointing(strategy)
     return Levers(compile=compile_on, compile_reason=compile_reason, activation_checkpointing=checkpointing,
                   fused_adamw=fused, fused_adamw_reason=fused_reason, tf32=tf32, tf32_reason=tf32_reason,
                   pin_memory=speed.pin_memory and device.type == "cuda", dataloader_workers=dataloader_workers)

@@ -160,6 +160,17 @@ def fsdp_mode_name(mode: FsdpMode | None) -> str:
             + ("_offload" if mode.offload_params else ""))
 
 
+# Where activation checkpointing is applied (the levers' recorded value): through accelerate's FSDP option for a
+# sharded model, whose wrapper must see the checkpointed blocks, and in the model itself otherwise.
+CHECKPOINT_IN_FSDP = "fsdp"
+CHECKPOINT_IN_MODEL = "model"
+
+
+def activation_checkpointing(name: str) -> str:
+    """How the strategy called `name` checkpoints activations: CHECKPOINT_IN_FSDP or CHECKPOINT_IN_MODEL."""
+    return CHECKPOINT_IN_FSDP if shards(name) else CHECKPOINT_IN_MODEL
+
+
 def shards(name: str) -> bool:
     """Whether the strategy called `name` shards: an entry's own answer, or an FSDP mode `fsdp_mode_name` spelled out."""
     entry = find(name)
