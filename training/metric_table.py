@@ -279,7 +279,7 @@ def _total(*keys: str) -> tuple[Metric, ...]:
 
 # Every line plot runs against tokens trained (whole job): runs whose global batches differ line up
 # at equal data seen, which steps would not.
-X_AXIS = metric("tokens", Scope.TRAIN)
+X_AXIS, X_TITLE = metric("tokens", Scope.TRAIN), "tokens trained (whole job)"
 LOSS_Y, MEMORY_TITLE = "cross-entropy loss (nats)", "Peak memory per device, max over devices"
 CURVES: tuple[Curve, ...] = (
     Curve("Training loss", (_line("loss"),), LOSS_Y),
