@@ -52,9 +52,13 @@ class Metric:
     wandb_key: str | None = None  # the W&B history key of a line metric; None: not logged to the history
     column: Column | None = None  # whole-run figures only: its comparison-table column
     excludes_warmup: bool = False  # the first --perf_warmup_steps steps are left out
+    # An epoch figure that is the epoch's last value of this line key: the W&B fetch rebuilds it so.
+    epoch_last_of: str | None = None
 
     def __post_init__(self) -> None:
         # Caught at import, so a wrong declaration never reaches a run or a report.
+        if self.epoch_last_of is not None and self.scopes != (Scope.EPOCH,):
+            raise ValueError(f"{self.key}: only an epoch figure is the last value of a line key")
         if self.wandb_key is not None and not LINE_SCOPES & set(self.scopes):
             raise ValueError(f"{self.key}: only metrics.jsonl lines are logged to the W&B history")
         if self.column is not None and self.scopes != (Scope.TOTAL,):
@@ -125,7 +129,8 @@ METRICS: tuple[Metric, ...] = (
     Metric("val_loss", (_E,), "nats", "cross-entropy over the --eval_blocks validation blocks", "val/loss"),
     Metric("val_ppl", (_E,), "", "exp(val_loss)", "val/ppl"),
     Metric("eval_time_s", (_E,), "s", "wall time of this validation", "time/eval_time_s"),
-    # summary.json "epochs"
+    # summary.json "epochs"; memory lines hold the peak since the epoch started, so the epoch's peak is
+    # its last line's
     Metric("partial", (_EP,), "", "the step budget ended inside this epoch"),
     Metric("steps", (_EP,), "steps", "optimizer steps of the epoch"),
     Metric("tokens", (_EP,), "tokens", "tokens trained in the epoch, whole job"),
@@ -138,12 +143,16 @@ METRICS: tuple[Metric, ...] = (
     Metric("tokens_per_s", (_EP,), "tokens/s", "tokens of the epoch / its training time, whole job"),
     Metric("tokens_per_s_per_device", (_EP,), "tokens/s", "the same / world size"),
     Metric("samples_per_s", (_EP,), "samples/s", "sequences of the epoch / its training time"),
-    Metric("peak_mem_allocated_mib_max", (_EP,), "MiB", "peak allocated in the epoch, max over ranks"),
-    Metric("peak_mem_allocated_mib_mean", (_EP,), "MiB", "peak allocated in the epoch, mean over ranks"),
-    Metric("peak_mem_reserved_mib_max", (_EP,), "MiB", "peak reserved in the epoch, max over ranks"),
-    Metric("peak_mem_reserved_mib_mean", (_EP,), "MiB", "peak reserved in the epoch, mean over ranks"),
-    Metric("val_loss", (_EP,), "nats", "the epoch's last validation loss"),
-    Metric("val_ppl", (_EP,), "", "the epoch's last validation perplexity"),
+    Metric("peak_mem_allocated_mib_max", (_EP,), "MiB", "peak allocated in the epoch, max over ranks",
+           epoch_last_of="peak_mem_allocated_mib"),
+    Metric("peak_mem_allocated_mib_mean", (_EP,), "MiB", "peak allocated in the epoch, mean over ranks",
+           epoch_last_of="peak_mem_allocated_mib_mean"),
+    Metric("peak_mem_reserved_mib_max", (_EP,), "MiB", "peak reserved in the epoch, max over ranks",
+           epoch_last_of="peak_mem_reserved_mib"),
+    Metric("peak_mem_reserved_mib_mean", (_EP,), "MiB", "peak reserved in the epoch, mean over ranks",
+           epoch_last_of="peak_mem_reserved_mib_mean"),
+    Metric("val_loss", (_EP,), "nats", "the epoch's last validation loss", epoch_last_of="val_loss"),
+    Metric("val_ppl", (_EP,), "", "the epoch's last validation perplexity", epoch_last_of="val_ppl"),
     # summary.json "total", with the comparison table's columns first, in its order
     Metric("loss_mean", (_TOT,), "nats", "mean step loss, finite steps", column=Column("avg loss", 4),
            excludes_warmup=True),
@@ -224,13 +233,18 @@ def table_columns() -> tuple[Metric, ...]:
 
 
 def _check_declared_once() -> None:
-    """A key declared twice in one scope, or two keys sharing a W&B key, would make lookups ambiguous."""
+    """A key declared twice in one scope, or two keys sharing a W&B key, would make lookups ambiguous;
+    an epoch figure taken from a line key the lines do not hold would be rebuilt empty."""
     seen: set[tuple[str, Scope]] = set()
     for declared in METRICS:
         for scope in declared.scopes:
             if (declared.key, scope) in seen:
                 raise ValueError(f"{declared.key!r} is declared twice for {scope.value}")
             seen.add((declared.key, scope))
+    line_keys = {m.key for m in METRICS if LINE_SCOPES & set(m.scopes)}
+    for declared in METRICS:
+        if declared.epoch_last_of is not None and declared.epoch_last_of not in line_keys:
+            raise ValueError(f"{declared.key}: {declared.epoch_last_of!r} is not a metrics.jsonl line key")
     wandb_keys = [m.wandb_key for m in METRICS if m.wandb_key is not None]
     if len(wandb_keys) != len(set(wandb_keys)):
         raise ValueError("two metrics share a W&B key")
