@@ -196,7 +196,7 @@ METRICS: tuple[Metric, ...] = (
 
 def in_scope(scope: Scope) -> tuple[Metric, ...]:
     """The metrics recorded in `scope`, in table order."""
-    return tuple(metric for metric in METRICS if scope in metric.scopes)
+    return tuple(m for m in METRICS if scope in m.scopes)
 
 
 def metric(key: str, scope: Scope) -> Metric:
@@ -232,7 +232,7 @@ def table_columns() -> tuple[Metric, ...]:
     return tuple(m for m in in_scope(Scope.TOTAL) if m.column is not None)
 
 
-def _check_declared_once() -> None:
+def _check_table() -> None:
     """A key declared twice in one scope, or two keys sharing a W&B key, would make lookups ambiguous;
     an epoch figure taken from a line key the lines do not hold would be rebuilt empty."""
     seen: set[tuple[str, Scope]] = set()
@@ -250,7 +250,7 @@ def _check_declared_once() -> None:
         raise ValueError("two metrics share a W&B key")
 
 
-_check_declared_once()
+_check_table()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -284,7 +284,11 @@ class Bars:
 
 
 def _line(key: str) -> Metric:
-    return metric(key, Scope.TRAIN) if any(m.key == key for m in in_scope(Scope.TRAIN)) else metric(key, Scope.EVAL)
+    """A metric of the train lines, or else of the eval lines (the W&B history holds both)."""
+    try:
+        return metric(key, Scope.TRAIN)
+    except KeyError:
+        return metric(key, Scope.EVAL)
 
 
 def _total(*keys: str) -> tuple[Metric, ...]:
