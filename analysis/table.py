@@ -12,9 +12,9 @@ import html
 import io
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from analysis.runs import Run, number
+from training.metric_table import Metric, table_columns
 
 Cell = str | int | float | bool | None
 
@@ -28,17 +28,19 @@ class Column:
     fmt: Callable[[Cell], str]
 
 
-def _total(key: str) -> Callable[[Run], Cell]:
-    return lambda run: number(run.total.get(key))
-
-
 def _fact(key: str) -> Callable[[Run], Cell]:
     return lambda run: run.fact(key)
 
 
-def _percent(fraction: Any) -> float | None:
-    value = number(fraction)
-    return None if value is None else 100.0 * value
+def _figure(metric: Metric) -> Callable[[Run], Cell]:
+    """A whole-run figure as stored; a fraction shown in percent is the only one rescaled."""
+    def value(run: Run) -> Cell:
+        stored = number(run.total.get(metric.key))
+        if metric.column is not None and metric.column.percent and stored is not None:
+            return 100.0 * stored
+        return stored
+
+    return value
 
 
 def fixed(decimals: int) -> Callable[[Cell], str]:
@@ -55,21 +57,20 @@ def text(value: Cell) -> str:
     return "n/a" if value is None else str(value)
 
 
+def metric_column(metric: Metric) -> Column:
+    """The column of a whole-run figure, as the metrics table declares it (header, unit, decimals)."""
+    if metric.column is None:
+        raise ValueError(f"{metric.key} has no comparison-table column")
+    return Column(metric.header, _figure(metric), fixed(metric.column.decimals))
+
+
+# The run's identity, its whole-run figures (from the metrics table, in its order), then the facts
+# that make runs comparable.
 COLUMNS: tuple[Column, ...] = (
     Column("run", lambda run: run.path.name, text),
     Column("strategy", lambda run: run.strategy, text),
     Column("complete", lambda run: run.complete, lambda v: "yes" if v else "**no (partial)**"),
-    Column("avg loss (nats)", _total("loss_mean"), fixed(4)),
-    Column("final val loss (nats)", _total("final_val_loss"), fixed(4)),
-    Column("avg grad norm", _total("grad_norm_mean"), fixed(3)),
-    Column("total training time (s)", _total("train_time_s"), fixed(1)),
-    Column("peak allocated, max over devices (MiB)", _total("peak_mem_allocated_mib_max"), fixed(0)),
-    Column("peak reserved, max over devices (MiB)", _total("peak_mem_reserved_mib_max"), fixed(0)),
-    Column("peak allocated, mean over devices (MiB)", _total("peak_mem_allocated_mib_mean"), fixed(0)),
-    Column("throughput, total (tokens/s)", _total("tokens_per_s"), fixed(0)),
-    Column("throughput, per device (tokens/s)", _total("tokens_per_s_per_device"), fixed(0)),
-    Column("throughput excl. warm-up, total (tokens/s)", _total("tokens_per_s_excl_warmup"), fixed(0)),
-    Column("MFU (%)", lambda run: _percent(run.total.get("mfu")), fixed(2)),
+    *(metric_column(metric) for metric in table_columns()),
     Column("world size (devices)", _fact("world_size"), text),
     Column("global batch (tokens)", _fact("global_batch_tokens"), fixed(0)),
     Column("tokens trained", _fact("tokens_trained"), fixed(0)),

@@ -17,9 +17,13 @@ from typing import Any
 
 from analysis.report import write_atomic
 from analysis.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, number
+from training.metric_table import Scope, in_scope, only_in
 from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
 
-EVAL_KEYS = ("epoch", "tokens", "val_loss", "val_ppl", "eval_time_s")
+# What an eval line holds besides its step (W&B's own step axis), and what only an eval line holds:
+# W&B merges the eval line of a step into the train line's row, and this splits them again.
+EVAL_KEYS = tuple(m.key for m in in_scope(Scope.EVAL) if m.wandb_key is not None)
+EVAL_ONLY_KEYS = only_in(Scope.EVAL, [Scope.TRAIN])
 APPROXIMATION_NOTE = ("fetched from W&B: per-epoch figures and step times are rebuilt from the lines logged "
                       "every log_interval steps, so they approximate what summary.json would hold")
 
@@ -48,7 +52,7 @@ def metrics_from_history(rows: Iterable[Mapping[str, Any]], namespace: Mapping[s
         step = row.get("_step")
         values = {local.get(k, k): v for k, v in row.items() if not k.startswith("_") and v is not None}
         if "loss" in values:
-            train = {k: v for k, v in values.items() if k not in ("val_loss", "val_ppl", "eval_time_s")}
+            train = {k: v for k, v in values.items() if k not in EVAL_ONLY_KEYS}
             records.append({"kind": "train", "step": step, **train})
         if "val_loss" in values:
             records.append({"kind": "eval", "step": step, **{k: values[k] for k in EVAL_KEYS if k in values}})
@@ -76,16 +80,22 @@ def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int, warmup_s
             "tokens_per_s": tokens_per_s,
             "tokens_per_s_per_device": tokens_per_s / world_size if tokens_per_s and world_size else None,
             "samples_per_s": _mean(lines, "samples_per_s"),
-            # Memory lines hold the peak since the epoch started: the epoch's last line is its peak.
-            "peak_mem_allocated_mib_max": end.get("peak_mem_allocated_mib"),
-            "peak_mem_allocated_mib_mean": end.get("peak_mem_allocated_mib_mean"),
-            "peak_mem_reserved_mib_max": end.get("peak_mem_reserved_mib"),
-            "peak_mem_reserved_mib_mean": end.get("peak_mem_reserved_mib_mean"),
-            "val_loss": evals[-1].get("val_loss") if evals else None,
-            "val_ppl": evals[-1].get("val_ppl") if evals else None,
+            **_last_values(lines, evals),
         })
         last_step, last_tokens, last_elapsed = end.get("step") or 0, tokens + last_tokens, time_s + last_elapsed
     return epochs
+
+
+def _last_values(lines: list[dict[str, Any]], evals: list[dict[str, Any]]) -> dict[str, Any]:
+    """The epoch figures the metrics table declares as the epoch's last value of a line key (peak
+    memory since the epoch started, the last validation), in the table's order."""
+    train_keys = {m.key for m in in_scope(Scope.TRAIN)}
+    figures: dict[str, Any] = {}
+    for figure in in_scope(Scope.EPOCH):
+        if figure.epoch_last_of is not None:
+            source = lines if figure.epoch_last_of in train_keys else evals
+            figures[figure.key] = source[-1].get(figure.epoch_last_of) if source else None
+    return figures
 
 
 def _step_means(lines: list[dict[str, Any]], warmup_steps: int) -> dict[str, Any]:

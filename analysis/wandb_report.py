@@ -5,10 +5,10 @@ grouped by strategy), line plots against tokens trained, bar charts of the whole
 local report's reading. `--dry_run` writes that specification as JSON and needs neither network nor
 login; otherwise `to_wandb_report` turns it into wandb-workspaces objects and `save_report` sends it.
 
-Panels name metrics by their metrics.jsonl and summary.json keys and are resolved through the names
-train.py logs to W&B (training/sinks.py), so a renamed metric fails here instead of leaving a panel
-empty. Exit status: 0 when the report was saved (or written with --dry_run); 2 on bad arguments,
-without a W&B login, or when W&B could not be asked.
+Panels are declared in the metrics table (training/metric_table.py) by the metrics they plot and are
+resolved through the names train.py logs to W&B (training/sinks.py), so a renamed metric fails here
+instead of leaving a panel empty. Exit status: 0 when the report was saved (or written with
+--dry_run); 2 on bad arguments, without a W&B login, or when W&B could not be asked.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from analysis.cli import OneLineParser
 from analysis.compare import load_comparison
 from analysis.report import Reading, build_reading, write_atomic
 from training.config import RunConfig
+from training.metric_table import BARS, CURVES, X_AXIS, X_TITLE
 from training.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key
 
 EXIT_OK, EXIT_ERROR = 0, 2
@@ -43,49 +44,7 @@ class ReportError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# The panels: the one list of what the report plots, in the names the run directory uses
-
-
-# Every line plot runs against tokens trained (whole job): runs whose global batches differ line up
-# at equal data seen, which steps would not.
-X_AXIS = "tokens"
-X_TITLE = "tokens trained (whole job)"
-
-
-@dataclass(frozen=True)
-class Curve:
-    """A line plot of metrics.jsonl keys (logged to W&B under their WANDB_KEYS names) against tokens."""
-
-    title: str
-    keys: tuple[str, ...]
-    y_title: str
-
-
-@dataclass(frozen=True)
-class Bars:
-    """A bar chart of summary.json "total" figures (logged to the W&B run summary as total/<key>)."""
-
-    title: str
-    totals: tuple[str, ...]
-    y_title: str
-
-
-CURVES: tuple[Curve, ...] = (
-    Curve("Training loss", ("loss",), "cross-entropy loss (nats)"),
-    Curve("Validation loss", ("val_loss",), "cross-entropy loss (nats)"),
-    Curve("Gradient norm (global L2, before clipping)", ("grad_norm",), "gradient norm"),
-    Curve("Throughput, whole job (interval of logged steps)", ("tokens_per_s",), "tokens/s"),
-    Curve("Peak memory per device, max over devices", ("peak_mem_allocated_mib", "peak_mem_reserved_mib"), "MiB"),
-)
-BARS: tuple[Bars, ...] = (
-    Bars("Total training time (optimizer steps only)", ("train_time_s",), "s"),
-    Bars("Throughput excluding warm-up steps, whole job", ("tokens_per_s_excl_warmup",), "tokens/s"),
-    Bars("Throughput excluding warm-up steps, per device", ("tokens_per_s_per_device_excl_warmup",), "tokens/s"),
-    Bars("Peak memory per device, max over devices", ("peak_mem_allocated_mib_max", "peak_mem_reserved_mib_max"),
-         "MiB"),
-    Bars("MFU, warm-up excluded (fraction of the device's peak FLOP/s)", ("mfu",), "fraction (0.25 = 25%)"),
-    Bars("Final loss", ("final_loss", "final_val_loss"), "cross-entropy loss (nats)"),
-)
+# The panels: declared in the metrics table (training/metric_table.py), laid out here
 
 
 def wandb_metric(key: str) -> str:
@@ -152,8 +111,8 @@ def line_panels() -> tuple[PanelSpec, ...]:
     """Two per row, each half the grid wide."""
     width, height = GRID_COLUMNS // 2, 8
     return tuple(
-        PanelSpec("line", curve.title, tuple(wandb_metric(k) for k in curve.keys), curve.y_title,
-                  x=wandb_metric(X_AXIS), x_title=X_TITLE,
+        PanelSpec("line", curve.title, tuple(wandb_metric(m.key) for m in curve.metrics), curve.y_title,
+                  x=wandb_metric(X_AXIS.key), x_title=X_TITLE,
                   layout=((i % 2) * width, (i // 2) * height, width, height))
         for i, curve in enumerate(CURVES)
     )
@@ -163,7 +122,7 @@ def bar_panels() -> tuple[PanelSpec, ...]:
     """Three per row, each a third of the grid wide."""
     width, height = GRID_COLUMNS // 3, 8
     return tuple(
-        PanelSpec("bar", bars.title, tuple(wandb_summary_key(k) for k in bars.totals), bars.y_title,
+        PanelSpec("bar", bars.title, tuple(wandb_summary_key(m.key) for m in bars.metrics), bars.y_title,
                   layout=((i % 3) * width, (i // 3) * height, width, height))
         for i, bars in enumerate(BARS)
     )

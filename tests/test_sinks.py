@@ -148,3 +148,27 @@ def test_jsonl_lines_are_valid_json_even_for_nan(tmp_path: Path) -> None:
     sink.write({"step": 2, "mfu": float("inf"), "loss": 2.4})
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert lines == [{"step": 1, "mfu": None, "loss": 2.5}, {"step": 2, "mfu": None, "loss": 2.4}]
+
+
+class _RecordingWandb(_FailingWandb):
+    """A W&B run that keeps what it is given."""
+
+    def __init__(self) -> None:
+        super().__init__(fail="")
+        self.logged: list[tuple[int, dict]] = []
+
+    def log(self, values: dict, step: int) -> None:
+        self.logged.append((step, values))
+
+
+def test_lines_reach_wandb_under_the_metrics_tables_names() -> None:
+    accelerator = _RecordingWandb()
+    sink = WandbSink(accelerator, enabled=True)  # type: ignore[arg-type]
+    sink.log({"kind": "train", "step": 5, "loss": 2.5, "tokens": 640, "skipped_steps": 0, "warmup": False,
+              "new_metric": 1.0}, step=5)
+    sink.log({"kind": "eval", "step": 5, "tokens": 640, "val_loss": 2.6, "eval_time_s": 0.5}, step=5)
+    assert accelerator.logged == [
+        # kind, step (W&B's own axis) and the warm-up flag stay out; an undeclared key keeps its name
+        (5, {"train/loss": 2.5, "train/tokens": 640, "skipped_steps": 0, "new_metric": 1.0}),
+        (5, {"train/tokens": 640, "val/loss": 2.6, "time/eval_time_s": 0.5}),
+    ]

@@ -15,29 +15,21 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from training.metric_table import (LINE_KIND_KEY, WANDB_SUMMARY_PREFIX, unlogged_line_keys, wandb_history_keys,
+                                   wandb_summary_key)
+
 if TYPE_CHECKING:  # only annotations need it: the report tools import the key names without torch
     from accelerate import Accelerator
 
-# W&B panels group by the prefix before "/": the local keys are mapped into namespaces.
-# analysis.wandb_fetch maps them back when a report is built from W&B runs.
-WANDB_KEYS = {
-    "loss": "train/loss", "loss_interval": "train/loss_interval", "grad_norm": "train/grad_norm",
-    "lr": "train/lr", "epoch": "train/epoch", "tokens": "train/tokens",
-    "step_time_s": "time/step_time_s", "elapsed_s": "time/elapsed_s", "eval_time_s": "time/eval_time_s",
-    "tokens_per_s": "perf/tokens_per_s", "tokens_per_s_per_device": "perf/tokens_per_s_per_device",
-    "samples_per_s": "perf/samples_per_s", "mfu": "perf/mfu",
-    "peak_mem_allocated_mib": "mem/peak_allocated_mib", "peak_mem_reserved_mib": "mem/peak_reserved_mib",
-    "peak_mem_allocated_mib_mean": "mem/peak_allocated_mib_mean",
-    "peak_mem_reserved_mib_mean": "mem/peak_reserved_mib_mean",
-    "val_loss": "val/loss", "val_ppl": "val/ppl",
-}
-# summary.json's whole-run figures ("total") go to the W&B run summary under this prefix.
-WANDB_SUMMARY_PREFIX = "total/"
+__all__ = ["WANDB_KEYS", "WANDB_SUMMARY_PREFIX", "JsonlSink", "WandbSink", "resolve_wandb_mode",
+           "wandb_finish_settings", "wandb_logged_in", "wandb_summary_key"]
 
-
-def wandb_summary_key(total_key: str) -> str:
-    """The W&B run-summary key of a summary.json "total" figure (analysis.wandb_report's bars use it)."""
-    return WANDB_SUMMARY_PREFIX + total_key
+# The W&B names come from the metrics table (training/metric_table.py): metrics.jsonl key -> W&B
+# history key, and the prefix of the whole-run figures in the W&B run summary. Kept here as names
+# because training/loop.py and the tests import them from the sink that uses them.
+WANDB_KEYS = wandb_history_keys()
+# The line's kind, and line keys the table logs to no W&B key (the step is W&B's own step axis).
+NOT_LOGGED = frozenset({LINE_KIND_KEY, *unlogged_line_keys()})
 
 
 def _json_safe(value: Any) -> Any:
@@ -128,8 +120,9 @@ class WandbSink:
     def log(self, record: dict[str, Any], step: int) -> None:
         if not self.enabled:
             return
+        # A key missing from the table still reaches W&B, under its own name, rather than being lost.
         values = {WANDB_KEYS.get(k, k): v for k, v in record.items()
-                  if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)}
+                  if k not in NOT_LOGGED and isinstance(v, (int, float)) and not isinstance(v, bool)}
         try:
             self.accelerator.log(values, step=step)
         except Exception as exc:  # noqa: BLE001
