@@ -10,10 +10,23 @@ import argparse
 import dataclasses
 import types
 import typing
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from training.config import ModelChoice, OptimConfig, RunConfig, SpeedConfig, TrainConfig
 from training.presets import PRESETS, preset_overrides
+
+EXIT_BAD_INPUT = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints its usage block before an error; bad input gets one line, naming where the usage is.
+
+    The parser of the commands other than train.py (analysis's, `python -m training.sample`).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+
 
 # Fields whose flag is not the field name.
 _FLAG_NAMES = {"paths": "data"}
