@@ -1,15 +1,6 @@
-"""What the analysis commands share on the command line."""
+"""What the analysis commands share on the command line: the one-line parser every command uses,
+defined in training/cli.py beside train.py's so that commands below analysis/ can use it too."""
 
-from __future__ import annotations
+from training.cli import EXIT_BAD_INPUT, OneLineParser
 
-import argparse
-from typing import NoReturn
-
-EXIT_BAD_INPUT = 2
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse prints its usage block before an error; bad input gets one line, naming where the usage is."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+__all__ = ["EXIT_BAD_INPUT", "OneLineParser"]

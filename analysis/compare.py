@@ -12,25 +12,19 @@ import argparse
 import shlex
 import sys
 from pathlib import Path
-from typing import NoReturn
 
+from analysis.cli import EXIT_BAD_INPUT, OneLineParser
 from analysis.report import build_report, write_report
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from analysis.scaling import gpu_hour_price
 from analysis.wandb_fetch import APPROXIMATION_NOTE, FetchError, fetch_wandb_runs
 
 EXIT_OK = 0
-EXIT_UNUSABLE = 2
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        """One line, not the usage block: the message and where to find the usage."""
-        self.exit(EXIT_UNUSABLE, f"error: {message} (see {self.prog} --help)\n")
+EXIT_UNUSABLE = EXIT_BAD_INPUT
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = _Parser(prog="python -m analysis.compare", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m analysis.compare", description=__doc__.splitlines()[0])
     parser.add_argument("run_dirs", nargs="*", type=Path, metavar="RUN_DIR", help="run directories to compare")
     parser.add_argument("--out", type=Path, required=True, help="report folder (created; files in it replaced)")
     parser.add_argument("--from_wandb", metavar="ENTITY/PROJECT", help="also fetch the runs of --group from W&B")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import html
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ from analysis.runs import Run, number
 from analysis.scaling import (SCALING_FACTS, scaling_efficiency, scaling_lines, table_columns, throughput_key,
                               throughput_name)
 from analysis.table import Table, build_table, to_csv, to_html, to_markdown
+from training.rundir import write_atomic
 
 # Facts that must be equal across runs for the comparison to be like for like, with their names.
 FAIRNESS_FACTS = {
@@ -41,19 +41,6 @@ FAIRNESS_FACTS = {
 AGREEMENT_FACTOR = 2.0
 MIN_CURVE_POINTS = 3
 TIE_RELATIVE = 0.01  # throughputs within 1% are called a tie: timing noise is at least that large
-
-
-def write_atomic(path: Path, data: bytes) -> None:
-    """Write via a temporary file in the same folder and rename: a reader never sees half a file."""
-    # open(..., "xb") rather than mkstemp: the file gets the usual umask permissions, not 0600.
-    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temp, "xb") as stream:
-            stream.write(data)
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
 
 
 # ---------------------------------------------------------------------------------------------

@@ -208,44 +208,10 @@ def _build(
     work = tmp / "work"
     work.mkdir()
     read = read_corpus(sources, config)
-    corpus = _write_arrow(read.table, work / "corpus.arrow")
-    num_proc = _workers(config, len(corpus))
-    log(f"data: {len(corpus):,} documents read; cleaning and tokenizing with {num_proc} process(es)")
-    with _progress_bars(len(corpus) >= _MIN_DOCS_FOR_PROGRESS):
-        cleaned = clean_documents(corpus, config, num_proc, work / "cleaned.arrow", f"{key}-clean")
-        if len(cleaned) == 0:
-            raise DataError(f"{sources.description}: no non-empty documents after cleaning; check --text_column")
-        tokens = tokenize_documents(cleaned, tokenizer, num_proc, work / "tokens.arrow", f"{key}-tokens")
-
-    table = tokens.data.table
-    lengths = pc.list_value_length(table.column("input_ids")).to_numpy().astype(np.int64)
-    doc_hash = table.column("split_hash").to_numpy()
-    is_val = assign_validation(doc_hash, lengths, config.val_fraction, config.block_size, sources.description, log)
+    documents_read, tokens = _clean_and_tokenize(read, work, config, sources.description, tokenizer, key, log)
     dtype = token_dtype(len(tokenizer))
-    batches = record_batches(table.select(["input_ids"]))
-    if is_val is None:
-        split_by = SPLIT_BY_TOKEN_STREAM
-        packed = pack_token_split(
-            batches, lengths, tmp / "train.bin", tmp / "val.bin", dtype, config.block_size, config.val_fraction
-        )
-        blocks = packed[0].blocks + packed[1].blocks
-        log(
-            f"data: {len(lengths):,} document(s) cannot be split by document into a training and a validation "
-            f"block of {config.block_size + 1} tokens each; holding out the tail of the token stream instead: "
-            f"the last {packed[1].blocks:,} of {blocks:,} blocks (val_fraction {config.val_fraction})"
-        )
-    else:
-        split_by = SPLIT_BY_DOCUMENT
-        packed = (
-            pack_split(batches, ~is_val, tmp / "train.bin", dtype, config.block_size),
-            pack_split(batches, is_val, tmp / "val.bin", dtype, config.block_size),
-        )
-    splits = {
-        name: {**asdict(stats), "bytes": stats.blocks * (config.block_size + 1) * dtype.itemsize}
-        for name, stats in zip(("train", "val"), packed)
-    }
-    documents_read = len(corpus)
-    del corpus, cleaned, tokens, table, batches
+    split_by, packed, documents_kept = _split_and_pack(tokens, tmp, dtype, config, sources.description, log)
+    del tokens  # its Arrow file is memory-mapped: released before the folder goes
     shutil.rmtree(work)  # intermediate Arrow files; only the packed blocks are kept
     return {
         "pipeline_version": PIPELINE_VERSION,
@@ -257,11 +223,65 @@ def _build(
         "vocab_size": len(tokenizer),
         "eot_id": tokenizer.eos_token_id,
         "documents_read": documents_read,
-        "documents_empty": documents_read - len(lengths),
+        "documents_empty": documents_read - documents_kept,
         "split_by": split_by,
-        "splits": splits,
+        "splits": {
+            name: {**asdict(stats), "bytes": stats.blocks * (config.block_size + 1) * dtype.itemsize}
+            for name, stats in zip(("train", "val"), packed)
+        },
         "not_utf8": _not_utf8_report(read),
     }
+
+
+def _clean_and_tokenize(
+    read: Corpus,
+    work: Path,
+    config: DataConfig,
+    description: str,
+    tokenizer: transformers.PreTrainedTokenizerFast,
+    key: str,
+    log: Log,
+) -> tuple[int, datasets.Dataset]:
+    """Clean and tokenize the documents read, through Arrow files in `work`: how many were read, and the
+    tokens of the non-empty ones."""
+    corpus = _write_arrow(read.table, work / "corpus.arrow")
+    num_proc = _workers(config, len(corpus))
+    log(f"data: {len(corpus):,} documents read; cleaning and tokenizing with {num_proc} process(es)")
+    with _progress_bars(len(corpus) >= _MIN_DOCS_FOR_PROGRESS):
+        cleaned = clean_documents(corpus, config, num_proc, work / "cleaned.arrow", f"{key}-clean")
+        if len(cleaned) == 0:
+            raise DataError(f"{description}: no non-empty documents after cleaning; check --text_column")
+        tokens = tokenize_documents(cleaned, tokenizer, num_proc, work / "tokens.arrow", f"{key}-tokens")
+    return len(corpus), tokens
+
+
+def _split_and_pack(
+    tokens: datasets.Dataset, tmp: Path, dtype: np.dtype, config: DataConfig, description: str, log: Log
+) -> tuple[str, tuple[SplitStats, SplitStats], int]:
+    """Hold out validation (whole documents, else the token stream's tail) and pack both splits into `tmp`.
+
+    Returns how the split was made (SPLIT_BY_*), the two splits' stats and the number of documents packed.
+    """
+    table = tokens.data.table
+    lengths = pc.list_value_length(table.column("input_ids")).to_numpy().astype(np.int64)
+    doc_hash = table.column("split_hash").to_numpy()
+    is_val = assign_validation(doc_hash, lengths, config.val_fraction, config.block_size, description, log)
+    batches = record_batches(table.select(["input_ids"]))
+    if is_val is not None:
+        packed = (
+            pack_split(batches, ~is_val, tmp / "train.bin", dtype, config.block_size),
+            pack_split(batches, is_val, tmp / "val.bin", dtype, config.block_size),
+        )
+        return SPLIT_BY_DOCUMENT, packed, len(lengths)
+    train, val = pack_token_split(
+        batches, lengths, tmp / "train.bin", tmp / "val.bin", dtype, config.block_size, config.val_fraction
+    )
+    log(
+        f"data: {len(lengths):,} document(s) cannot be split by document into a training and a validation "
+        f"block of {config.block_size + 1} tokens each; holding out the tail of the token stream instead: "
+        f"the last {val.blocks:,} of {train.blocks + val.blocks:,} blocks (val_fraction {config.val_fraction})"
+    )
+    return SPLIT_BY_TOKEN_STREAM, (train, val), len(lengths)
 
 
 def _not_utf8_report(read: Corpus) -> dict[str, Any]:

@@ -1,16 +1,13 @@
 """GPT-2, written out so it can be read top to bottom.
 
 Module and parameter names are those of transformers' `GPT2LMHeadModel` (`transformer.h.0.attn.c_attn`
-and so on) so that weights move between the two by name; model/hf.py does the moving. Unlike
+and so on) so that weights move between the two by name; model/hf.py does the moving (`from_hf`, `save_hf`). Unlike
 transformers, the projections are `nn.Linear`, whose weight is the transpose of its `Conv1D`.
 """
 
 from __future__ import annotations
 
 import math
-import os
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn as nn
@@ -18,10 +15,6 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from model.config import GPT2Config
-
-if TYPE_CHECKING:
-    import transformers
-
 
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPT2Config):
@@ -217,29 +210,3 @@ class GPT2(nn.Module):
                 next_id = torch.multinomial(probs, num_samples=1, generator=generator)  # (B, 1)
             input_ids = torch.cat((input_ids, next_id), dim=1)
         return input_ids
-
-    @classmethod
-    def from_hf(
-        cls,
-        src: transformers.GPT2LMHeadModel | Mapping[str, torch.Tensor] | str | os.PathLike,
-        config: GPT2Config | None = None,
-        **overrides: Any,
-    ) -> GPT2:
-        """Build from transformers' GPT-2: a `GPT2LMHeadModel`, its state dict, or a saved folder.
-
-        The config comes from the transformers model or folder; a bare state dict carries none (the
-        head count cannot be read from shapes), so pass `config` with it. `overrides` replace config
-        fields that do not change the weights, such as `attn_impl` or the dropouts.
-        """
-        from model.hf import from_hf
-
-        return from_hf(cls, src, config, **overrides)
-
-    def save_hf(self, folder: str | os.PathLike, tokenizer: Any = None) -> None:
-        """Write a folder that `transformers.GPT2LMHeadModel.from_pretrained` loads (and the tokenizer, if given).
-
-        An existing folder is replaced only once the new one is complete.
-        """
-        from model.hf import save_hf
-
-        save_hf(self, folder, tokenizer)

@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from model.config import GPT2Config
+from model.gpt2 import GPT2
 
 if TYPE_CHECKING:
     import transformers
-
-    from model.gpt2 import GPT2
 
 # Weights of transformers' Conv1D layers, by the end of their name.
 _CONV1D_WEIGHTS = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
@@ -69,12 +68,16 @@ def _load_hf_folder(folder: Path) -> transformers.GPT2LMHeadModel:
 
 
 def from_hf(
-    cls: type[GPT2],
     src: transformers.GPT2LMHeadModel | Mapping[str, torch.Tensor] | str | os.PathLike,
     config: GPT2Config | None = None,
     **overrides: Any,
 ) -> GPT2:
-    """See `GPT2.from_hf`."""
+    """Build our GPT2 from transformers' GPT-2: a `GPT2LMHeadModel`, its state dict, or a saved folder.
+
+    The config comes from the transformers model or folder; a bare state dict carries none (the
+    head count cannot be read from shapes), so pass `config` with it. `overrides` replace config
+    fields that do not change the weights, such as `attn_impl` or the dropouts.
+    """
     if isinstance(src, (str, os.PathLike)):
         src = _load_hf_folder(Path(src))
     if isinstance(src, Mapping):
@@ -85,7 +88,7 @@ def from_hf(
         config = config or GPT2Config.from_hf_config(src.config)
         hf_sd = src.state_dict()
     config = dataclasses.replace(config, **overrides)
-    model = cls(config)
+    model = GPT2(config)
     # strict: a weight that is missing or left over means the two configs disagree.
     model.load_state_dict(hf_to_our_state_dict(hf_sd), strict=True)
     return model
@@ -101,7 +104,10 @@ def to_hf(model: GPT2) -> transformers.GPT2LMHeadModel:
 
 
 def save_hf(model: GPT2, folder: str | os.PathLike, tokenizer: Any = None) -> None:
-    """See `GPT2.save_hf`."""
+    """Write a folder that `transformers.GPT2LMHeadModel.from_pretrained` loads (and the tokenizer, if given).
+
+    An existing folder is replaced only once the new one is complete.
+    """
     folder = Path(folder)
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{folder}: exists and is not a folder")

@@ -8,7 +8,7 @@ import transformers
 
 from data.tokenizer import load_tokenizer
 from model import GPT2, GPT2Config
-from model.hf import hf_to_our_state_dict
+from model.hf import from_hf, hf_to_our_state_dict, save_hf
 
 TINY = GPT2Config.from_preset("tiny")
 
@@ -55,13 +55,13 @@ def assert_same_logits(ours: GPT2, theirs: transformers.GPT2LMHeadModel, x: torc
 @pytest.mark.parametrize("attn_impl", ["sdpa", "math"])
 def test_tiny_logits_match_transformers(hf_attn, attn_impl):
     theirs = hf_model(TINY, hf_attn)
-    ours = GPT2.from_hf(theirs, attn_impl=attn_impl)
+    ours = from_hf(theirs, attn_impl=attn_impl)
     assert_same_logits(ours, theirs, ids(2, 24))
 
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "math"])
 def test_tiny_loss_matches_transformers_labels(tiny_hf, attn_impl):
-    ours = GPT2.from_hf(tiny_hf, attn_impl=attn_impl).eval()
+    ours = from_hf(tiny_hf, attn_impl=attn_impl).eval()
     x = ids(2, 24)
     with torch.no_grad():
         _, loss = ours(x, shifted(x))
@@ -76,7 +76,7 @@ def gpt2_hf():
 
 @pytest.mark.parametrize("attn_impl", ["sdpa", "math"])
 def test_124m_logits_and_loss_match_transformers(gpt2_hf, attn_impl):
-    ours = GPT2.from_hf(gpt2_hf, attn_impl=attn_impl).eval()
+    ours = from_hf(gpt2_hf, attn_impl=attn_impl).eval()
     assert ours.num_parameters() == 124_439_808
     x = ids(1, 12)
     with torch.no_grad():
@@ -99,14 +99,14 @@ def test_from_hf_reads_a_bare_state_dict_with_unprefixed_keys_and_mask_buffers(t
     for i in range(TINY.n_layer):
         sd[f"h.{i}.attn.bias"] = torch.ones(1, 1, TINY.n_positions, TINY.n_positions, dtype=torch.bool).tril()
         sd[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
-    ours = GPT2.from_hf(sd, config=TINY)
+    ours = from_hf(sd, config=TINY)
     assert_same_logits(ours, tiny_hf, ids(2, 8))
     assert ours.lm_head.weight.data_ptr() == ours.transformer.wte.weight.data_ptr()
 
 
 def test_from_hf_needs_a_config_with_a_state_dict(tiny_hf):
     with pytest.raises(ValueError, match="pass config="):
-        GPT2.from_hf(tiny_hf.state_dict())
+        from_hf(tiny_hf.state_dict())
 
 
 def test_from_hf_refuses_untied_embeddings(tiny_hf):
@@ -118,9 +118,9 @@ def test_from_hf_refuses_untied_embeddings(tiny_hf):
 
 def test_from_hf_on_a_missing_folder_raises(tmp_path):
     with pytest.raises(FileNotFoundError, match="no such folder"):
-        GPT2.from_hf(tmp_path / "nope")
+        from_hf(tmp_path / "nope")
     with pytest.raises(ValueError, match="no config.json"):
-        GPT2.from_hf(tmp_path)
+        from_hf(tmp_path)
 
 
 # ---- export ----------------------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def tiny_ours():
 @pytest.fixture(scope="module")
 def exported(tiny_ours, tmp_path_factory):
     folder = tmp_path_factory.mktemp("export") / "hf"
-    tiny_ours.save_hf(folder, tokenizer=load_tokenizer())
+    save_hf(tiny_ours, folder, tokenizer=load_tokenizer())
     return folder
 
 
@@ -146,7 +146,7 @@ def test_saved_folder_loads_in_transformers_with_the_same_logits(tiny_ours, expo
 
 
 def test_saved_folder_loads_back_with_the_same_logits_and_tied_weights(tiny_ours, exported):
-    back = GPT2.from_hf(exported).eval()
+    back = from_hf(exported).eval()
     assert back.config == TINY
     x = ids(2, 16)
     with torch.no_grad():
@@ -163,17 +163,17 @@ def test_text_generation_pipeline_samples_from_the_saved_folder(exported):
 
 def test_save_replaces_an_existing_export(tmp_path):
     folder = tmp_path / "hf"
-    GPT2(TINY).save_hf(folder)
+    save_hf(GPT2(TINY), folder)
     torch.manual_seed(2)
     second = GPT2(TINY).eval()
-    second.save_hf(folder)
+    save_hf(second, folder)
     assert_same_logits(second, transformers.GPT2LMHeadModel.from_pretrained(folder), ids(1, 8))
     assert os.listdir(tmp_path) == ["hf"]  # nothing left beside it
 
 
 def test_failed_save_leaves_the_existing_export_untouched(tmp_path):
     folder = tmp_path / "hf"
-    GPT2(TINY).save_hf(folder)
+    save_hf(GPT2(TINY), folder)
     before = {p.name: p.read_bytes() for p in folder.iterdir()}
 
     class BrokenTokenizer:
@@ -181,6 +181,6 @@ def test_failed_save_leaves_the_existing_export_untouched(tmp_path):
             raise OSError("disk full")
 
     with pytest.raises(OSError, match="disk full"):
-        GPT2(TINY).save_hf(folder, tokenizer=BrokenTokenizer())
+        save_hf(GPT2(TINY), folder, tokenizer=BrokenTokenizer())
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert os.listdir(tmp_path) == ["hf"]

@@ -232,7 +232,7 @@ def test_the_report_export_and_sample_commands_use_the_runs(readme_runs: tuple[P
     runs, ran = readme_runs
     assert (runs / "report" / "report.md").is_file() and (runs / "report" / "table.csv").is_file()
     assert (runs / "my-gpt2" / "model.safetensors").is_file()
-    (sample,) = [r for r in ran if r.command.startswith("python -m model.sample")]
+    (sample,) = [r for r in ran if r.command.startswith("python -m training.sample")]
     assert sample.stdout.startswith("The city council")
     spec = json.loads((runs / "wandb_report.json").read_text())
     assert "tiny-demo" in json.dumps(spec)

@@ -8,7 +8,8 @@ import torch
 
 from data.tokenizer import load_tokenizer
 from model import GPT2, GPT2Config
-from model.sample import ModelPathError, main, resolve_model, resolve_tokenizer
+from model.hf import save_hf
+from training.sample import ModelPathError, main, resolve_model, resolve_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT = "The quick brown fox"
@@ -20,13 +21,13 @@ def export(tmp_path_factory) -> Path:
     run = tmp_path_factory.mktemp("run")
     (run / "config.json").write_text(json.dumps({"model": {"preset": "tiny"}}))
     torch.manual_seed(0)
-    GPT2(GPT2Config.from_preset("tiny")).save_hf(run / "hf", tokenizer=load_tokenizer())
+    save_hf(GPT2(GPT2Config.from_preset("tiny")), run / "hf", tokenizer=load_tokenizer())
     return run
 
 
 def cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "model.sample", *args],
+        [sys.executable, "-m", "training.sample", *args],
         cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -59,8 +60,8 @@ def test_tokenizer_saved_with_the_model_is_preferred(tmp_path):
     tok = load_tokenizer()
     tok.add_tokens(["<|marker|>"])  # tells this tokenizer from the default one
     model = GPT2(GPT2Config.from_preset("tiny"))
-    model.save_hf(tmp_path / "with" / "hf", tokenizer=tok)
-    model.save_hf(tmp_path / "without" / "hf")
+    save_hf(model, tmp_path / "with" / "hf", tokenizer=tok)
+    save_hf(model, tmp_path / "without" / "hf")
     assert len(resolve_tokenizer(tmp_path / "with")) == len(tok)
     assert len(resolve_tokenizer(tmp_path / "without")) == len(load_tokenizer())
 

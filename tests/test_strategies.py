@@ -184,15 +184,15 @@ def test_resumed_run_continues_exactly(runs: dict[str, Path], workdir: Path, com
 
 
 def test_fsdp_checkpoint_loads_into_one_process(runs: dict[str, Path]) -> None:
-    from model import GPT2
+    from model.hf import from_hf
     from training.checkpoint import load_model_from_checkpoint
 
     sharded = load_model_from_checkpoint(runs["fsdp"])  # newest checkpoint: step 12, the final weights
-    exported = GPT2.from_hf(runs["fsdp"] / "hf")
+    exported = from_hf(runs["fsdp"] / "hf")
     tokens = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(0))
     sharded.eval(), exported.eval()
     torch.testing.assert_close(sharded(tokens)[0], exported(tokens)[0])
-    sample = subprocess.run([sys.executable, "-m", "model.sample", "--model", str(runs["fsdp"] / "checkpoints"
+    sample = subprocess.run([sys.executable, "-m", "training.sample", "--model", str(runs["fsdp"] / "checkpoints"
                              / "step_0000012"), "--prompt", "The council", "--max_new_tokens", "4",
                              "--temperature", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert sample.returncode == 0, sample.stderr
@@ -202,14 +202,14 @@ def test_fsdp_checkpoint_loads_into_one_process(runs: dict[str, Path]) -> None:
 def test_fsdp_checkpoint_exports_to_a_hugging_face_folder(runs: dict[str, Path], tmp_path: Path) -> None:
     import transformers
 
-    from model import GPT2
+    from model.hf import from_hf
 
     checkpoint = runs["fsdp"] / "checkpoints" / "step_0000012"
     result = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(checkpoint), "--out",
                              str(tmp_path / "hf")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     hf_model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
-    ours = GPT2.from_hf(runs["fsdp"] / "hf").eval()
+    ours = from_hf(runs["fsdp"] / "hf").eval()
     tokens = torch.randint(0, 50257, (1, 12), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(hf_model(tokens).logits, ours(tokens)[0])
     missing = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(tmp_path / "none"),

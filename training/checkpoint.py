@@ -17,11 +17,12 @@ import sys
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-from accelerate import Accelerator
+from typing import TYPE_CHECKING, Any
 
 from training.errors import RunError
+
+if TYPE_CHECKING:  # only annotations need it: reading a checkpoint does not import accelerate
+    from accelerate import Accelerator
 
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "complete.json"

@@ -10,10 +10,23 @@ import argparse
 import dataclasses
 import types
 import typing
-from typing import Any, Sequence
+from typing import Any, NoReturn, Sequence
 
 from training.config import ModelChoice, OptimConfig, RunConfig, SpeedConfig, TrainConfig
 from training.presets import PRESETS, preset_overrides
+
+EXIT_BAD_INPUT = 2
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse prints its usage block before an error; bad input gets one line, naming where the usage is.
+
+    The parser of every command: train.py's (below), analysis's, `python -m training.sample`.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
+
 
 # Fields whose flag is not the field name.
 _FLAG_NAMES = {"paths": "data"}
@@ -92,7 +105,7 @@ def chosen_preset(argv: Sequence[str] | None) -> str:
 
 
 def build_parser(preset: str = DEFAULT_PRESET) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="train.py",
         description="Train the from-scratch GPT-2 under the strategy of the accelerate launch config "
         "(single process, DDP or FSDP) and record loss, grad norm, memory, time and throughput.",
@@ -106,7 +119,7 @@ def build_parser(preset: str = DEFAULT_PRESET) -> argparse.ArgumentParser:
 
 
 def parse_config(argv: Sequence[str] | None = None) -> TrainConfig:
-    """Parse the command line into a validated TrainConfig; argparse exits 2 on malformed flags."""
+    """Parse the command line into a validated TrainConfig; a malformed flag exits 2 with one line."""
     parser = build_parser(chosen_preset(argv))
     args = vars(parser.parse_args(argv))
     preset = args.pop("preset")

@@ -90,7 +90,11 @@ class RunConfig:
         "run at start-up",
         default=registry.AUTO,
     )
-    log_interval: int = _help("optimizer steps between metric lines (host syncs happen only then)", default=10)
+    log_interval: int = _help(
+        "optimizer steps between metric lines: the steps' losses are reduced over processes and read only then "
+        "(every step still synchronizes: its clock, and the all-reduce of its finite-loss and stop-signal check)",
+        default=10,
+    )
     eval_interval: int = _help("optimizer steps between validations (0 = at each epoch end and at the end)", default=0)
     eval_blocks: int = _help(
         "validation blocks per validation, over all processes: the first N of the validation split, the same "

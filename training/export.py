@@ -14,12 +14,13 @@ from pathlib import Path
 
 def export_checkpoint(checkpoint: Path, out: Path, tokenizer_name: str | None = None) -> None:
     from data import load_tokenizer
+    from model.hf import save_hf
     from training.checkpoint import load_model_from_checkpoint
 
     model = load_model_from_checkpoint(checkpoint)
     tokenizer = load_tokenizer(tokenizer_name)
     tokenizer.model_max_length = model.config.n_positions
-    model.save_hf(out, tokenizer=tokenizer)
+    save_hf(model, out, tokenizer=tokenizer)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -21,7 +21,6 @@ import platform
 import resource
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from training.gpus import datasheet_entry
+from training.rundir import write_atomic
 
 
 @dataclass(frozen=True)
@@ -189,7 +189,8 @@ def cpu_peak_flops(cache_dir: Path, threads: int | None = None, remeasure: bool 
                 torch.set_num_threads(current)
         entry = _cpu_entry(key, rates)
         try:
-            _write_atomic(path, json.dumps(entry, indent=2) + "\n")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(entry, indent=2) + "\n")
             where = f"saved to {path}"
         except OSError as e:
             where = f"not cached ({e})"
@@ -255,20 +256,6 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
         with contextlib.suppress(OSError):
             fcntl.flock(handle, fcntl.LOCK_EX)  # released when the file closes
         yield
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write text to path so that readers see the old file or the whole new one, never a part."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
 
 
 def synchronize(device: torch.device) -> None:

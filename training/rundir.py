@@ -41,10 +41,23 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     write_atomic(path, "".join(line + "\n" for line in kept))
 
 
-def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+def write_atomic(path: Path, data: str | bytes) -> None:
+    """Write `data` (text is written as UTF-8) so that a reader sees the old file or the whole new one.
+
+    The data goes to a temporary file in the same folder, which is then renamed over `path`; on any
+    failure the temporary file is removed. Its name is unique per call, so two writers never share one.
+    open(..., "xb") rather than mkstemp: the file gets the usual umask permissions, not 0600.
+    """
+    if isinstance(data, str):
+        data = data.encode("utf-8")
+    temp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temp, "xb") as stream:
+            stream.write(data)
+        os.replace(temp, path)
+    except BaseException:
+        temp.unlink(missing_ok=True)
+        raise
 
 
 def wandb_run_id(out: Path) -> str:

@@ -1,10 +1,11 @@
 """Sample text from a trained model.
 
-    python -m model.sample --model runs/tiny --prompt "The meaning of life is" --max_new_tokens 50 \
+    python -m training.sample --model runs/tiny --prompt "The meaning of life is" --max_new_tokens 50 \
         --temperature 0.8 --top_k 200 --seed 1337
 
---model is a Hugging Face folder (what `GPT2.save_hf` writes) or a run directory (which holds one in
-hf/). The prompt is printed followed by the continuation. Bad input is one line on stderr, exit 2.
+--model is a Hugging Face folder (what `model.hf.save_hf` writes), a run directory (which holds one in
+hf/) or a training checkpoint. The prompt is printed followed by the continuation. Bad input is one
+line on stderr, exit 2. It lives in training/, not model/, because it reads training's checkpoints.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING
 
 import torch
 
 from model.gpt2 import GPT2
+from model.hf import from_hf
+from training.checkpoint import is_checkpoint_or_run, load_model_from_checkpoint
+from training.cli import EXIT_BAD_INPUT, OneLineParser
 
 if TYPE_CHECKING:
     import transformers
@@ -57,14 +61,12 @@ def resolve_model(path: str | Path) -> GPT2:
     (a) a Hugging Face folder (config.json with model_type gpt2), (b) a run directory holding one in hf/,
     (c) a training checkpoint written by any strategy, or a run directory with checkpoints/ but no hf/.
     """
-    from training.checkpoint import is_checkpoint_or_run, load_model_from_checkpoint
-
     path = Path(path)
     if not path.exists():
         raise ModelPathError(f"{path}: no such file or folder")
     folder = _hf_folder(path)
     if folder is not None:
-        return GPT2.from_hf(folder)
+        return from_hf(folder)
     if is_checkpoint_or_run(path):
         return load_model_from_checkpoint(path)
     raise ModelPathError(
@@ -86,15 +88,11 @@ def resolve_tokenizer(path: str | Path) -> transformers.PreTrainedTokenizerFast:
     return load_tokenizer()
 
 
-class _OneLineParser(argparse.ArgumentParser):
-    """argparse prints the usage before its error; the error alone is the one line we promise."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
+PROG = "python -m training.sample"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = _OneLineParser(prog="python -m model.sample", description=__doc__.split("\n")[0])
+    p = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
     p.add_argument("--model", required=True, help="Hugging Face folder, or run directory containing hf/")
     p.add_argument("--prompt", required=True, help="text to continue")
     p.add_argument("--max_new_tokens", type=int, default=100, help="tokens to generate after the prompt")
@@ -142,8 +140,8 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, DataError) as exc:
         # Bad paths, folders that are not models, configs we cannot load: the user's to fix, so one line.
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        print(f"python -m model.sample: error: {message}", file=sys.stderr)
-        return 2
+        print(f"{PROG}: error: {message}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     print(text)
     return 0
 

@@ -1,0 +1,238 @@
+"""The structure the code is meant to keep, read from the source (ast; nothing is imported or launched).
+
+(a) no import circle among the project's modules, (b) no import back up a layer
+(data <- model <- training <- analysis, notebooks, benchmarks, scripts, train.py), (c) no function over
+60 lines outside tests/, (d) no strategy name as a string literal outside training/registry.py and tests/,
+(e) one write_atomic. Imports inside functions and under TYPE_CHECKING count: they are dependencies too.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+from training import registry
+
+REPO = Path(__file__).resolve().parents[1]
+# Bottom to top. A module may import from its own layer and the layers below it, never from one above.
+LAYERS = (("data",), ("model",), ("training",), ("analysis", "notebooks", "benchmarks", "scripts", "train"))
+LAYER_OF = {top: rank for rank, tops in enumerate(LAYERS) for top in tops}
+MAX_FUNCTION_LINES = 60
+REGISTRY_FILE = "training/registry.py"
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # the importing module, dotted
+    target: str  # the project module imported (the submodule when one is named, else the package)
+    where: str  # path:line
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+@cache
+def _project_files() -> tuple[Path, ...]:
+    """train.py and every .py file under the layers' folders and tests/ (caches and hidden folders aside)."""
+    folders = [REPO / top for top in LAYER_OF if top != "train"] + [REPO / "tests"]
+    files = [REPO / "train.py"]
+    for folder in folders:
+        files += [p for p in folder.rglob("*.py")
+                  if not any(part.startswith((".", "__pycache__")) for part in p.relative_to(REPO).parts)]
+    return tuple(sorted(files))
+
+
+@cache
+def _tree(path: Path) -> ast.Module:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(REPO).as_posix()
+
+
+def _is_test(path: Path) -> bool:
+    return _rel(path).startswith("tests/")
+
+
+@cache
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for p in _project_files() if not _is_test(p)}
+
+
+def _resolve(name: str) -> str | None:
+    """The longest prefix of dotted `name` that is a project module, or None for an outside module."""
+    parts = name.split(".")
+    while parts:
+        if ".".join(parts) in _modules():
+            return ".".join(parts)
+        parts.pop()
+    return None
+
+
+def _imports() -> list[Import]:
+    found = []
+    for module, path in _modules().items():
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(_tree(path)):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # relative: from the package, one level up per extra dot
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join([*anchor, *([base] if base else [])])
+                # `from pkg import sub` names the submodule when there is one, else something of pkg's.
+                names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in _modules() else base
+                         for alias in node.names]
+            for name in names:
+                target = _resolve(name)
+                if target is not None and target != module:
+                    found.append(Import(module, target, f"{_rel(path)}:{node.lineno}"))
+    return found
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return components
+
+
+def _top(module: str) -> str:
+    return module.split(".")[0]
+
+
+def _docstrings(tree: ast.Module) -> set[int]:
+    """ids of the string constants that are docstrings (of the module, a class or a function)."""
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                ids.add(id(first.value))
+    return ids
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def test_no_import_circle() -> None:
+    imports = _imports()
+    edges: dict[str, set[str]] = {}
+    for imp in imports:
+        edges.setdefault(imp.source, set()).add(imp.target)
+    lines = []
+    for component in _cycles(edges):
+        members = set(component)
+        inside = {f"{imp.where} {imp.source} -> {imp.target}" for imp in imports
+                  if imp.source in members and imp.target in members}
+        lines.append(f"circle among {', '.join(component)}:\n    " + "\n    ".join(sorted(inside)))
+    assert not lines, "import circles (break each by moving what both sides need below them):\n" + "\n".join(lines)
+
+
+def test_no_import_up_a_layer() -> None:
+    offenders = sorted({
+        f"{imp.where} {imp.source} (layer {LAYER_OF[_top(imp.source)]}) imports {imp.target} "
+        f"(layer {LAYER_OF[_top(imp.target)]})"
+        for imp in _imports()
+        if LAYER_OF[_top(imp.target)] > LAYER_OF[_top(imp.source)]
+    })
+    assert not offenders, "imports up a layer (data <- model <- training <- the rest):\n" + "\n".join(offenders)
+
+
+def test_no_function_over_60_lines() -> None:
+    offenders = []
+    for path in _project_files():
+        if _is_test(path):
+            continue
+        for node in ast.walk(_tree(path)):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                length = node.end_lineno - node.lineno + 1
+                if length > MAX_FUNCTION_LINES:
+                    offenders.append(f"{_rel(path)}:{node.lineno} {node.name}: {length} lines")
+    assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(sorted(offenders))
+
+
+def test_strategy_names_are_spelled_only_in_the_registry() -> None:
+    names = set(registry.names())
+    assert names, "the registry names no strategy"
+    offenders = []
+    for path in _project_files():
+        if _is_test(path) or _rel(path) == REGISTRY_FILE:
+            continue
+        tree = _tree(path)
+        docstrings = _docstrings(tree)
+        for node in ast.walk(tree):  # reaches the constant parts of f-strings too
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
+                    and id(node) not in docstrings):
+                offenders.append(f"{_rel(path)}:{node.lineno} {node.value!r}")
+    assert not offenders, ("strategy names as string literals outside training/registry.py (ask the registry):\n"
+                           + "\n".join(sorted(offenders)))
+
+
+def test_one_write_atomic() -> None:
+    found = sorted(
+        f"{_rel(path)}:{node.lineno}"
+        for path in _project_files()
+        for node in ast.walk(_tree(path))
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "write_atomic"
+    )
+    assert len(found) == 1, f"expected one write_atomic (training/rundir.py), found {len(found)}: {', '.join(found)}"
+
+
+# ---------------------------------------------------------------------------------------------
+# The checks themselves, on small made-up inputs
+
+
+def test_cycles_finds_only_circles() -> None:
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _cycles({"a": {"b"}, "b": set()}) == []
+
+
+def test_docstrings_are_told_from_other_strings() -> None:
+    tree = ast.parse('"""mod"""\ndef f():\n    """doc"""\n    return "x"\nclass C:\n    "cdoc"\n    y = "y"\n')
+    docs = _docstrings(tree)
+    values = {n.value: id(n) in docs for n in ast.walk(tree) if isinstance(n, ast.Constant)}
+    assert values == {"mod": True, "doc": True, "x": False, "cdoc": True, "y": False}
+
+
+def test_the_import_reader_sees_imports_inside_functions() -> None:
+    # model/hf.py imports transformers only inside functions; the reader must see such imports of ours.
+    imports = {(imp.source, imp.target) for imp in _imports()}
+    assert ("training.export", "training.checkpoint") in imports  # inside export_checkpoint
