@@ -32,7 +32,7 @@ from analysis.plan_model import (
     step_memory,
     step_time,
 )
-from analysis.plan_report import error_pct
+from analysis.plan_error import PlanError, error_pct
 from model.config import GPT2Config
 from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu
 from training.presets import PRESETS, preset_overrides
@@ -44,10 +44,6 @@ GIB = 2**30
 ALLOCATOR_SLACK = 1.10
 CUDA_RESERVE_GIB = 0.5
 DEFAULT_MFU = 0.30  # an assumption: eager PyTorch GPT-2 124M reaches 25-40% of the tensor-core peak
-
-
-class PlanError(ValueError):
-    """Bad input to the planner: one line for the user."""
 
 
 @dataclass(frozen=True)

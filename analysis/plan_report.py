@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.plan_error import PlanError, error_pct
 from analysis.runs import Run
 from analysis.scaling import comparable_single
 from analysis.table import Cell, Table
@@ -65,11 +66,6 @@ class PlanSection:
     lines: list[str]
 
 
-def error_pct(predicted: float, measured: float | None) -> float | None:
-    """(predicted - measured) / measured in percent, as analysis.plan reports it."""
-    return None if not measured else (predicted - measured) / measured * 100
-
-
 def compared(run: Run, entry: dict[str, Any]) -> Compared:
     """`entry` is analysis.plan.compare_run's answer for `run`."""
     predicted, measured = entry["predicted"], entry["measured"]
@@ -83,7 +79,7 @@ def _read(run: Run) -> Compared | str:
     """The run beside its plan, or the one line that says why not."""
     if not run.fact("memory"):
         return NOT_MEASURED
-    from analysis.plan import PlanError, compare_run  # the planner imports torch (model.config's package)
+    from analysis.plan import compare_run  # the planner imports torch (model.config's package)
 
     try:
         return compared(run, compare_run(run.path))
