@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.experiment import (CONFIG_FILES, Batch, ExperimentSpec, SetupError, build_launches, choose_batch, main,
-                                 world_sizes)
+from analysis.experiment import Batch, ExperimentSpec, SetupError, build_launches, choose_batch, main, world_sizes
+from training.registry import config_files
+
+CONFIG_FILES = config_files()  # each strategy's launch config, as the driver takes it from the registry
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"block_size": 64, "micro_batch_size": 8, "global_batch_tokens": 16 * 64}
