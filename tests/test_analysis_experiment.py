@@ -80,6 +80,18 @@ def test_a_given_global_batch_is_checked_not_changed(tmp_path: Path) -> None:
         choose_batch(spec(tmp_path, global_batch_tokens=2500), [1, 2], TINY)
 
 
+def test_the_driver_takes_trainings_batch_rule_and_defaults(tmp_path: Path) -> None:
+    from training.config import OptimConfig
+    from training.geometry import batch_geometry
+
+    # A preset that sets only the block size: the micro-batch is OptimConfig's, the batch one per process.
+    batch = choose_batch(spec(tmp_path), [1, 2, 3], {"block_size": 64})
+    assert batch.micro_batch_size == OptimConfig().micro_batch_size
+    for world_size in (1, 2, 3):
+        optim = OptimConfig(micro_batch_size=batch.micro_batch_size, global_batch_tokens=batch.global_batch_tokens)
+        assert batch_geometry(optim, 64, world_size).grad_accum_steps == batch.grad_accum(world_size)
+
+
 def test_every_strategy_gets_the_same_seed_data_batch_and_group(tmp_path: Path, configs: Path) -> None:
     sizes = {"single": 1, "ddp": 2, "fsdp": 2}
     batch = Batch(micro_batch_size=8, block_size=64, global_batch_tokens=2048)

@@ -133,6 +133,19 @@ def test_communication_volumes_per_device_and_step() -> None:
     assert ddp.step_s <= ddp.step_s_no_overlap
 
 
+def test_a_strategy_is_counted_by_its_registry_traits_not_its_name() -> None:
+    from dataclasses import replace
+
+    from training.registry import get
+
+    link = Link(gb_s=10.0)
+    for name in STRATEGIES:
+        w = workload(world_size=2 if get(name).multi_process else 1, grad_accum_steps=2)
+        twin = replace(get(name), name=f"{name}_twin")  # the same traits under a name no formula knows
+        assert step_memory(w, twin).to_dict() == step_memory(w, name).to_dict()
+        assert step_time(w, twin, 65e12, 0.3, link) == step_time(w, name, 65e12, 0.3, link)
+
+
 def test_largest_micro_batch_is_the_boundary_of_fitting() -> None:
     budget = 8 * 2**30
     for strategy in ("single", "fsdp"):
