@@ -25,15 +25,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from analysis.scaling import gpu_hour_price, price_text
+from training import registry
+from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "accelerate_configs"
 TRAIN_SCRIPT = REPO / "train.py"
-# The launch layout of each strategy; the number of processes is read from the file, not assumed.
-CONFIG_FILES = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml",
-                "fsdp_zero2": "fsdp_zero2.yaml", "fsdp_offload": "fsdp_offload.yaml"}
-# The reference's three; the two other FSDP modes are trained when --strategies names them.
-DEFAULT_STRATEGIES = ("single", "ddp", "fsdp")
+# Each strategy's launch layout is its registry entry's config file; the number of processes is read from
+# the file, not assumed. Unless told, an experiment trains the reference's strategies; the others on request.
 LOG_TAIL_LINES = 20
 
 EXIT_OK, EXIT_FAILED, EXIT_SETUP = 0, 1, 2
@@ -51,23 +50,23 @@ class ExperimentSpec:
     out: Path
     max_steps: int | None = None
     epochs: int | None = None
-    strategies: tuple[str, ...] = DEFAULT_STRATEGIES
+    strategies: tuple[str, ...] = registry.reference_names()
     data: tuple[str, ...] = ()
     seed: int = 1337
     global_batch_tokens: int | None = None  # None: the preset's, raised to fit every world size
     micro_batch_size: int | None = None  # None: the preset's
     block_size: int | None = None  # None: the preset's (then not passed to train.py)
     experiment: str = ""  # the W&B group; empty: <preset>-<timestamp>
-    num_processes: int | None = None  # None: each config file's; else the processes of ddp and fsdp
+    num_processes: int | None = None  # None: each config file's; else the processes of every multi-process strategy
     extra: tuple[str, ...] = ()  # passed to train.py as they are, after everything else
     gpu_hour_price: float | None = None  # per device-hour, for the report's cost per million tokens
 
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
             raise SetupError("give exactly one of --max_steps and --epochs")
-        unknown = [s for s in self.strategies if s not in CONFIG_FILES]
+        unknown = [s for s in self.strategies if registry.find(s) is None]
         if unknown:
-            raise SetupError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(CONFIG_FILES)}")
+            raise SetupError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(registry.names())}")
         if len(set(self.strategies)) != len(self.strategies):
             raise SetupError("each strategy once: the run directory is named after it")
         for name in ("max_steps", "epochs", "global_batch_tokens", "micro_batch_size", "block_size", "num_processes"):
@@ -83,7 +82,8 @@ class Batch:
     global_batch_tokens: int
 
     def grad_accum(self, world_size: int) -> int:
-        return self.global_batch_tokens // (self.micro_batch_size * self.block_size * world_size)
+        """Micro-steps per optimizer step with `world_size` processes, as train.py derives them."""
+        return divide(self.global_batch_tokens, self.micro_batch_size, self.block_size, world_size).grad_accum_steps
 
 
 @dataclass(frozen=True)
@@ -126,16 +126,13 @@ def read_num_processes(config_file: Path) -> int:
     return processes
 
 
-# The strategies whose number of processes --num_processes sets; single is one process by definition.
-MULTI_PROCESS = ("ddp", "fsdp", "fsdp_zero2", "fsdp_offload")
-
-
 def world_sizes(strategies: Sequence[str], config_dir: Path = CONFIG_DIR,
                 num_processes: int | None = None) -> dict[str, int]:
-    """Processes per strategy: the config file's, or `num_processes` for ddp and fsdp when given."""
-    sizes = {s: read_num_processes(config_dir / CONFIG_FILES[s]) for s in strategies}
+    """Processes per strategy: the config file's, or `num_processes` for the multi-process strategies when
+    given (a one-process strategy is one process by definition)."""
+    sizes = {s: read_num_processes(config_dir / registry.get(s).config_file) for s in strategies}
     if num_processes is not None:
-        sizes.update({s: num_processes for s in strategies if s in MULTI_PROCESS})
+        sizes.update({s: num_processes for s in strategies if registry.get(s).multi_process})
     return sizes
 
 
@@ -156,26 +153,19 @@ def choose_batch(spec: ExperimentSpec, sizes: Sequence[int], defaults: dict[str,
     strategy, i.e. of micro_batch x block_size x lcm(world sizes). A batch given on the command line
     is checked, never changed; the preset's is raised to the next such multiple if needed.
     """
-    micro = spec.micro_batch_size or _positive_int(defaults.get("micro_batch_size"), 4)
-    block = spec.block_size or _positive_int(defaults.get("block_size"), None)
-    if block is None:
-        raise SetupError(f"preset {spec.preset!r} sets no block_size; pass --block_size")
-    unit = micro * block * math.lcm(*sizes)
+    preset = batch_defaults(defaults)  # the preset's values, else train.py's config defaults
+    micro = spec.micro_batch_size or preset.micro_batch_size
+    block = spec.block_size or preset.block_size
+    lcm = math.lcm(*sizes)
     if spec.global_batch_tokens is not None:
-        if spec.global_batch_tokens % unit:
-            lower, upper = (spec.global_batch_tokens // unit) * unit, (spec.global_batch_tokens // unit + 1) * unit
-            nearest = f"{lower} or {upper}" if lower else f"{upper}"
-            raise SetupError(
-                f"--global_batch_tokens {spec.global_batch_tokens} is not a multiple of micro_batch x block_size "
-                f"x lcm(world sizes {', '.join(map(str, sizes))}) = {micro} x {block} x {math.lcm(*sizes)} = {unit}; "
-                f"use {nearest}")
+        try:
+            divide(spec.global_batch_tokens, micro, block, lcm,
+                   processes=f"lcm(world sizes {', '.join(map(str, sizes))})")
+        except BatchError as err:
+            raise SetupError(str(err)) from None
         return Batch(micro, block, spec.global_batch_tokens)
-    wanted = _positive_int(defaults.get("global_batch_tokens"), unit)
-    return Batch(micro, block, math.ceil(wanted / unit) * unit)
-
-
-def _positive_int(value: object, fallback: int | None) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else fallback
+    wanted = preset.global_batch_tokens or micro_step_tokens(micro, block, lcm)
+    return Batch(micro, block, smallest_fitting(wanted, micro, block, list(sizes)))
 
 
 def default_launcher() -> tuple[str, ...]:
@@ -209,9 +199,10 @@ def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
     for strategy in spec.strategies:
         run_dir = spec.out / "runs" / strategy
         # accelerate's own flag overrides the file's num_processes, so the printed command says it.
+        entry = registry.get(strategy)
         processes = (("--num_processes", str(spec.num_processes))
-                     if spec.num_processes is not None and strategy in MULTI_PROCESS else ())
-        argv = (*launcher, "--config_file", _shown(config_dir / CONFIG_FILES[strategy], cwd), *processes,
+                     if spec.num_processes is not None and entry.multi_process else ())
+        argv = (*launcher, "--config_file", _shown(config_dir / entry.config_file, cwd), *processes,
                 _shown(train_script, cwd), *shared, "--output_dir", str(run_dir),
                 # train.py stops at start-up if the launch gives another strategy (FSDP quietly
                 # becoming DDP, say), so a mislabelled run never reaches the report.
@@ -313,8 +304,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     budget.add_argument("--max_steps", type=int, help="optimizer steps per strategy")
     budget.add_argument("--epochs", type=int, help="epochs per strategy")
     parser.add_argument("--out", type=Path, required=True, help="experiment folder: runs/<strategy>/ and the report")
-    parser.add_argument("--strategies", nargs="+", default=list(DEFAULT_STRATEGIES), choices=list(CONFIG_FILES),
-                        help="strategies to train (default: %(default)s; fsdp_zero2 and fsdp_offload on request)")
+    on_request = ", ".join(s.name for s in registry.STRATEGIES if not s.reference)
+    parser.add_argument("--strategies", nargs="+", default=list(registry.reference_names()),
+                        choices=list(registry.names()),
+                        help=f"strategies to train (default: %(default)s; {on_request} on request)")
     parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
     parser.add_argument("--seed", type=int, default=1337)
     parser.add_argument("--global_batch_tokens", type=int, help="tokens per optimizer step (default: the preset's, "
@@ -322,8 +315,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--micro_batch_size", type=int, help="sequences per process per micro-step (default: the preset's)")
     parser.add_argument("--block_size", type=int, help="tokens per sequence (default: the preset's)")
     parser.add_argument("--experiment", help="experiment name = W&B group (default: <preset>-<timestamp>)")
-    parser.add_argument("--num_processes", type=int, help="processes of ddp and fsdp, overriding their config "
-                        "files (e.g. 1 for FSDP on a one-GPU machine); single is always one process")
+    multi = ", ".join(s.name for s in registry.STRATEGIES if s.multi_process)
+    single = ", ".join(s.name for s in registry.STRATEGIES if not s.multi_process)
+    parser.add_argument("--num_processes", type=int, help=f"processes of {multi}, overriding their config "
+                        f"files (e.g. 1 for FSDP on a one-GPU machine); {single} is always one process")
     parser.add_argument("--gpu_hour_price", type=gpu_hour_price, metavar="PRICE",
                         help="price of one device for one hour, any currency: the report adds cost per million tokens")
     parser.add_argument("--dry_run", action="store_true", help="print the commands and exit")

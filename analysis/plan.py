@@ -23,7 +23,6 @@ from typing import Any
 
 from analysis.cli import OneLineParser
 from analysis.plan_model import (
-    STRATEGIES,
     Link,
     Workload,
     activations,
@@ -32,8 +31,11 @@ from analysis.plan_model import (
     step_memory,
     step_time,
 )
-from analysis.plan_report import error_pct
+from analysis.plan_error import PlanError, error_pct
 from model.config import GPT2Config
+from training import registry
+from training.config import ModelChoice
+from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens
 from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu
 from training.presets import PRESETS, preset_overrides
 
@@ -44,10 +46,6 @@ GIB = 2**30
 ALLOCATOR_SLACK = 1.10
 CUDA_RESERVE_GIB = 0.5
 DEFAULT_MFU = 0.30  # an assumption: eager PyTorch GPT-2 124M reaches 25-40% of the tensor-core peak
-
-
-class PlanError(ValueError):
-    """Bad input to the planner: one line for the user."""
 
 
 @dataclass(frozen=True)
@@ -83,18 +81,21 @@ def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_
 def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
     """The preset's workload for `strategy`: the same global batch on every strategy, accumulation making up the rest."""
     values = preset_overrides(args.preset)
-    model_preset = values.get("model_preset", "gpt2")
+    defaults = batch_defaults(values)  # the preset's, else what train.py's config dataclasses default to
+    model_preset = values.get("model_preset", ModelChoice.model_preset)
     cfg = GPT2Config.from_preset(model_preset, attn_impl=args.attn_impl)
-    block = args.block_size or values.get("block_size", 1024)
-    micro = args.micro_batch_size or values.get("micro_batch_size", 4)
-    world = 1 if strategy == "single" else args.num_gpus
-    per_micro_step = micro * block * world
-    global_tokens = args.global_batch_tokens or values.get("global_batch_tokens") or micro * block * args.num_gpus
-    if global_tokens % per_micro_step:
-        raise PlanError(f"--global_batch_tokens {global_tokens} is not a multiple of micro_batch_size x block_size x "
-                        f"devices = {micro} x {block} x {world} = {per_micro_step} ({strategy})")
+    block = args.block_size or defaults.block_size
+    micro = args.micro_batch_size or defaults.micro_batch_size
+    world = args.num_gpus if registry.get(strategy).multi_process else 1
+    # Unless told, the global batch is one micro-batch on each GPU: the one-process strategies accumulate.
+    global_tokens = (args.global_batch_tokens or defaults.global_batch_tokens
+                     or micro_step_tokens(micro, block, args.num_gpus))
     try:
-        return Workload(cfg, micro, block, args.precision, world, global_tokens // per_micro_step,
+        geometry = divide(global_tokens, micro, block, world, processes=f"devices of {strategy}")
+    except BatchError as exc:
+        raise PlanError(str(exc)) from None
+    try:
+        return Workload(cfg, micro, block, args.precision, world, geometry.grad_accum_steps,
                         args.activation_checkpointing, fused_adamw=True, device="cuda")
     except ValueError as exc:
         raise PlanError(str(exc)) from None
@@ -159,9 +160,15 @@ def recommend(plans: list[dict[str, Any]], hw: Hardware, micro: int) -> dict[str
             "a shorter --block_size, or GPUs with more memory"}
 
 
+def planned_strategies(num_gpus: int) -> list[str]:
+    """Every strategy on several GPUs; on one, those that run one process (the others would only add a
+    wrapper around the same work)."""
+    return [s.name for s in registry.STRATEGIES if num_gpus > 1 or not s.multi_process]
+
+
 def plan(args: argparse.Namespace) -> dict[str, Any]:
     hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
-    strategies = ["single"] if args.num_gpus == 1 else list(STRATEGIES)
+    strategies = planned_strategies(args.num_gpus)
     plans = [plan_strategy(workload_for(args, s), s, hw, args.mfu, args.overlap) for s in strategies]
     first = workload_for(args, strategies[0])
     return {
@@ -202,7 +209,7 @@ def compare_run(run_dir: Path) -> dict[str, Any]:
         w, strategy, on_cpu = run_workload(config, summary)
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"{run_dir}: not a run this planner can read ({type(exc).__name__}: {exc})") from None
-    if strategy not in STRATEGIES:
+    if registry.find(strategy) is None:
         raise PlanError(f"{run_dir}: strategy {strategy!r} has no plan")
     memory = summary.get("memory") or {}
     entry: dict[str, Any] = {"run": str(run_dir), "strategy": strategy, "world_size": w.world_size,

@@ -6,6 +6,10 @@ derivation and sources of each term are in docs/planning.md. Arithmetic only: no
 
 Bytes are per device (per process). "Device" memory is where the step computes; with FSDP's CPU offload
 the sharded model state lives in host memory instead, and is reported as `host`.
+
+Strategies are told apart by their traits in training/registry.py (whether they shard, offload, how they
+communicate and gather), never by name: a strategy that shards and communicates like an existing one is
+counted by these formulas without a line here. Functions take a strategy's name (or its registry entry).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model.config import GPT2Config
+from training import registry
+from training.registry import Communication, Strategy
 
-STRATEGIES = ("single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload")
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 ADAMW_STATE_BYTES = 8  # exp_avg and exp_avg_sq in fp32, whatever the training precision
 ADAMW_STEP_BYTES = 4  # torch's AdamW keeps one float32 `step` tensor per parameter tensor
@@ -31,7 +36,7 @@ class Workload:
     micro_batch_size: int
     block_size: int
     precision: str = "fp32"  # fp32 | fp16 | bf16 (mixed precision through autocast; FSDP also casts parameters)
-    world_size: int = 1  # devices taking part (1 for "single")
+    world_size: int = 1  # devices taking part (1 for a strategy that runs one process)
     grad_accum_steps: int = 1
     activation_checkpointing: bool = False
     fused_adamw: bool = False  # one fused update kernel: no step-sized temporary
@@ -117,21 +122,18 @@ class ModelState:
         return self.parameters + self.gradients + self.optimizer
 
 
-def model_state(w: Workload, strategy: str, rank: int = 0) -> ModelState:
+def model_state(w: Workload, strategy: str | Strategy, rank: int = 0) -> ModelState:
     """What `rank` holds after an optimizer step: fp32 parameters, fp32 gradients, AdamW's two moments and steps.
 
     Mixed precision does not change these: autocast casts on the fly and FSDP's mixed-precision policy
     casts only the gathered copies; the kept parameters, their gradients and the moments stay fp32.
     """
-    _check_strategy(strategy, w)
-    shapes = parameter_shapes(w.model)
-    if strategy.startswith("fsdp"):
-        elements = sum(shard_numel(s, w.world_size, rank) for s in shapes.values())
-    else:
-        elements = sum(numel(s) for s in shapes.values())
+    s = checked(strategy, w)
+    shapes = parameter_shapes(w.model).values()
+    elements = sum(_held_numel(shape, s, w.world_size, rank) for shape in shapes)
     return ModelState(parameters=elements * FP32, gradients=elements * FP32,
                       optimizer=elements * ADAMW_STATE_BYTES + len(shapes) * ADAMW_STEP_BYTES,
-                      on_host=strategy == "fsdp_offload")
+                      on_host=s.offloads)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -148,11 +150,11 @@ class ElementBytes:
     other: int
 
 
-def element_bytes(w: Workload, strategy: str) -> ElementBytes:
+def element_bytes(w: Workload, strategy: str | Strategy) -> ElementBytes:
     if w.precision == "fp32":
         return ElementBytes(4, 4, 4)
     half = DTYPE_BYTES[w.precision]
-    if strategy.startswith("fsdp"):
+    if entry(strategy).shards:
         # FSDP's policy gathers parameters in half precision, so the embeddings and the residual stream are too.
         return ElementBytes(half, half, half)
     # Autocast alone: the embeddings and the residual additions stay fp32; matmul inputs and outputs are half.
@@ -182,7 +184,7 @@ def logits_bytes(w: Workload) -> int:
     return 3 * FP32 * w.micro_batch_size * w.block_size * w.model.vocab_size
 
 
-def activations(w: Workload, strategy: str) -> Activations:
+def activations(w: Workload, strategy: str | Strategy) -> Activations:
     cfg, B, T = w.model, w.micro_batch_size, w.block_size
     s = B * T * cfg.n_embd  # elements of one (B, T, C) tensor
     e = element_bytes(w, strategy)
@@ -196,7 +198,8 @@ def activations(w: Workload, strategy: str) -> Activations:
         per_block += B * cfg.n_head * T * T * e.other + T * T  # the softmax probabilities and the causal mask
     blocks = cfg.n_layer * (s * e.residual if w.activation_checkpointing else per_block)
     head = s * (e.residual + e.normed) + ln_stats
-    autocast_copies = w.precision != "fp32" and not strategy.startswith("fsdp")
+    # FSDP's policy casts the gathered parameters themselves; autocast alone caches a half copy of each matrix.
+    autocast_copies = w.precision != "fp32" and not entry(strategy).shards
     weight_copies = DTYPE_BYTES[w.precision] * _linear_weight_numel(cfg) if autocast_copies else 0
     return Activations(per_block, blocks, head, weight_copies, logits_bytes(w))
 
@@ -233,7 +236,7 @@ class StepMemory:
                 "peak_phase": self.peak_phase, "phases": dict(self.phases)}
 
 
-def step_memory(w: Workload, strategy: str, rank: int = 0, host_is_device: bool = False) -> StepMemory:
+def step_memory(w: Workload, strategy: str | Strategy, rank: int = 0, host_is_device: bool = False) -> StepMemory:
     """The largest of three moments of a step (a CPU run has one memory: pass host_is_device for offload):
 
     * loss: the start of backward, every activation saved and the loss's three vocabulary-sized tensors;
@@ -241,101 +244,118 @@ def step_memory(w: Workload, strategy: str, rank: int = 0, host_is_device: bool 
       and from the lookup) are summed into a third while the other gradients are complete;
     * optimizer: the AdamW update, with the step-sized temporary of the multi-tensor implementation.
     """
-    state = model_state(w, strategy, rank)
-    acts = activations(w, strategy)
-    cfg = w.model
+    s = checked(strategy, w)
+    state = model_state(w, s, rank)
+    acts = activations(w, s)
     on_device = not state.on_host or host_is_device
-    params = state.parameters if on_device else 0
-    grads = state.gradients if on_device else 0
-    optimizer = state.optimizer if on_device else 0
+    params, grads, optimizer = (state.parameters, state.gradients, state.optimizer) if on_device else (0, 0, 0)
     optimizer_at_start = 0 if w.first_step else optimizer
-    compute = _compute_bytes(w, strategy)
-    # Earlier micro-batches' gradients, kept for the sum. FSDP does not reduce-scatter until the last
-    # micro-batch (accelerate turns gradient sync off before it), so it holds them unsharded.
-    grads_held = 0
-    if w.grad_accum_steps > 1:
-        grads_held = compute * _total_numel(cfg) if strategy.startswith("fsdp") else grads
-    wte = cfg.vocab_size * cfg.n_embd
-
-    if strategy == "ddp":
-        # DDP copies gradients into buckets of their own dtype for the all-reduce (gradient_as_bucket_view off).
-        comm_loss = comm_embedding = comm_optimizer = state.gradients
-    elif strategy.startswith("fsdp"):
-        root = sum(numel(parameter_shapes(cfg)[n]) for n in _root_names(cfg))
-        # The root unit stays gathered from forward to backward; FSDP prefetches the last block's
-        # parameters as backward starts; fsdp_zero2 keeps every block gathered from forward to backward.
-        blocks_gathered = cfg.n_layer if strategy == "fsdp_zero2" else 1
-        comm_loss = compute * (root + blocks_gathered * _block_numel(cfg))
-        comm_embedding = compute * root
-        comm_optimizer = 0
-    else:
-        comm_loss = comm_embedding = comm_optimizer = 0
-
+    # Parameters are computed in fp32 under autocast and in the policy's dtype under FSDP; gradients too.
+    compute = _compute_bytes(w, s)
+    grads_held = _gradients_held(w, s, grads, compute)
+    comm_loss, comm_embedding, comm_optimizer = _communication_held(w, s, state, compute)
     loss = params + optimizer_at_start + grads_held + acts.kept + acts.logits + comm_loss
-    # The embedding's gradient is summed in the gradients' dtype: fp32 under autocast, the reduce dtype
-    # (the precision) under FSDP, whose unsharded gradients are reduce-scattered after.
-    grad_dtype = compute if strategy.startswith("fsdp") else FP32
-    # With accumulation the embedding's gradient from earlier micro-batches is held as well.
-    other_grads = grads_held or grads - (_wte_share(w, strategy, rank) * FP32 if on_device else 0)
-    embedding_sum = 3 * grad_dtype * wte
+    # The embedding's gradient is summed in the gradients' dtype (the compute dtype: FSDP's unsharded
+    # gradients are reduce-scattered after). With accumulation its earlier micro-batches' part is held too.
+    other_grads = grads_held or grads - (_wte_share(w, s, rank) * FP32 if on_device else 0)
+    embedding_sum = 3 * compute * w.model.vocab_size * w.model.n_embd
     embedding = params + optimizer_at_start + other_grads + embedding_sum + comm_embedding
-    update_temp = _update_temporaries(w, strategy, rank)
-    update = params + grads + optimizer + (update_temp if on_device else 0) + comm_optimizer
+    update_temp = _update_temporaries(w, s, rank) if on_device else 0
+    update = params + grads + optimizer + update_temp + comm_optimizer
     phases = {"loss": loss, "embedding": embedding, "optimizer": update}
     peak_phase = max(phases, key=lambda k: phases[k])
-    host = 0 if on_device else state.total
-    if peak_phase == "loss":
-        return StepMemory(strategy, params, grads_held, optimizer_at_start, acts.kept, acts.logits, comm_loss, 0,
-                          peak_phase, phases, host)
-    if peak_phase == "embedding":
-        return StepMemory(strategy, params, other_grads, optimizer_at_start, 0, 0, comm_embedding, embedding_sum,
-                          peak_phase, phases, host)
-    return StepMemory(strategy, params, grads, optimizer, 0, 0, comm_optimizer, update_temp if on_device else 0,
-                      peak_phase, phases, host)
+    # What each phase holds, by kind: parameters, gradients, optimizer, activations, logits, communication,
+    # temporaries (StepMemory's order).
+    kinds = {
+        "loss": (params, grads_held, optimizer_at_start, acts.kept, acts.logits, comm_loss, 0),
+        "embedding": (params, other_grads, optimizer_at_start, 0, 0, comm_embedding, embedding_sum),
+        "optimizer": (params, grads, optimizer, 0, 0, comm_optimizer, update_temp),
+    }
+    return StepMemory(s.name, *kinds[peak_phase], peak_phase, phases, 0 if on_device else state.total)
+
+
+def _gradients_held(w: Workload, s: Strategy, grads: int, compute: int) -> int:
+    """Earlier micro-batches' gradients, kept for the sum. A sharding strategy does not reduce-scatter until
+    the last micro-batch (accelerate turns gradient sync off before it), so it holds them unsharded."""
+    if w.grad_accum_steps == 1:
+        return 0
+    return compute * _total_numel(w.model) if s.shards else grads
+
+
+def _communication_held(w: Workload, s: Strategy, state: ModelState, compute: int) -> tuple[int, int, int]:
+    """Bytes held for communication at the loss, embedding and optimizer phases."""
+    cfg = w.model
+    if s.communication is Communication.ALL_REDUCE:
+        # DDP copies gradients into buckets of their own dtype for the all-reduce (gradient_as_bucket_view off).
+        return state.gradients, state.gradients, state.gradients
+    if s.communication is Communication.GATHER_SCATTER:
+        root = sum(numel(parameter_shapes(cfg)[n]) for n in _root_names(cfg))
+        # The root unit stays gathered from forward to backward; of the blocks, those whole when backward
+        # starts (FSDP prefetches the last one; all of them when kept unresharded after forward).
+        blocks_gathered = s.blocks_gathered_at_backward_start(cfg.n_layer)
+        return compute * (root + blocks_gathered * _block_numel(cfg)), compute * root, 0
+    return 0, 0, 0
 
 
 def _total_numel(cfg: GPT2Config) -> int:
     return sum(numel(s) for s in parameter_shapes(cfg).values())
 
 
-def _update_temporaries(w: Workload, strategy: str, rank: int) -> int:
+def _held_numel(shape: tuple[int, ...], s: Strategy, world_size: int, rank: int) -> int:
+    """Elements of a parameter tensor that `rank` keeps: its shard when the strategy shards, else all."""
+    return shard_numel(shape, world_size, rank) if s.shards else numel(shape)
+
+
+def _update_temporaries(w: Workload, s: Strategy, rank: int) -> int:
     """Temporaries of torch's AdamW update, by the implementation torch picks.
 
     Fused (a CUDA lever): none. On CUDA torch defaults to the multi-tensor (foreach) update, whose square
-    root of exp_avg_sq is one fp32 list the size of all parameters. On the CPU (and for FSDP's offloaded
-    update, which runs there) torch defaults to the per-tensor update: sqrt and the division by the bias
-    correction make two fp32 temporaries of one tensor at a time, the largest one setting the peak.
+    root of exp_avg_sq is one fp32 list the size of all parameters. On the CPU (and for an offloaded
+    update, which runs there, unfused) torch defaults to the per-tensor update: sqrt and the division by the
+    bias correction make two fp32 temporaries of one tensor at a time, the largest one setting the peak.
     """
-    if w.fused_adamw and strategy != "fsdp_offload":
+    if w.fused_adamw and not s.offloads:
         return 0
-    shapes = parameter_shapes(w.model).values()
-    sizes = [shard_numel(s, w.world_size, rank) if strategy.startswith("fsdp") else numel(s) for s in shapes]
-    if w.device == "cpu" or strategy == "fsdp_offload":
+    sizes = [_held_numel(shape, s, w.world_size, rank) for shape in parameter_shapes(w.model).values()]
+    if w.device == "cpu" or s.offloads:
         return 2 * FP32 * max(sizes)
     return FP32 * sum(sizes)
 
 
-def _compute_bytes(w: Workload, strategy: str) -> int:
-    """Bytes per element of the parameters as a matmul reads them under FSDP (its policy's dtype)."""
-    return DTYPE_BYTES[w.precision] if strategy.startswith("fsdp") else FP32
+def _compute_bytes(w: Workload, s: Strategy) -> int:
+    """Bytes per element of the parameters as a matmul reads them: FSDP's policy casts the parameters it
+    gathers (the sharding strategies) to the precision; autocast leaves the kept ones fp32."""
+    return DTYPE_BYTES[w.precision] if s.shards else FP32
 
 
-def _wte_share(w: Workload, strategy: str, rank: int) -> int:
-    shape = (w.model.vocab_size, w.model.n_embd)
-    return shard_numel(shape, w.world_size, rank) if strategy.startswith("fsdp") else numel(shape)
+def _wte_share(w: Workload, s: Strategy, rank: int) -> int:
+    return _held_numel((w.model.vocab_size, w.model.n_embd), s, w.world_size, rank)
 
 
-def _check_strategy(strategy: str, w: Workload) -> None:
-    if strategy not in STRATEGIES:
-        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(STRATEGIES)}")
-    if strategy == "single" and w.world_size != 1:
-        raise ValueError("the single strategy runs on one device: world_size must be 1")
+def entry(strategy: str | Strategy) -> Strategy:
+    """The registry entry of a strategy name (an entry is taken as it is); ValueError for a name it lacks."""
+    if isinstance(strategy, Strategy):
+        return strategy
+    found = registry.find(strategy)
+    if found is None:
+        raise ValueError(f"unknown strategy {strategy!r}; known: {', '.join(registry.names())}")
+    return found
 
 
-def max_micro_batch_size(w: Workload, strategy: str, budget_bytes: float, limit: int = 4096) -> int:
+def checked(strategy: str | Strategy, w: Workload) -> Strategy:
+    """The entry, refused when the workload spreads a one-process strategy over several devices."""
+    s = entry(strategy)
+    if not s.multi_process and w.world_size != 1:
+        raise ValueError(f"the {s.name} strategy runs on one device: world_size must be 1")
+    return s
+
+
+def max_micro_batch_size(w: Workload, strategy: str | Strategy, budget_bytes: float, limit: int = 4096) -> int:
     """The largest micro-batch whose predicted peak fits `budget_bytes` (0 when not even 1 fits)."""
+    s = entry(strategy)
+
     def fits(b: int) -> bool:
-        return step_memory(_with(w, micro_batch_size=b), strategy).total <= budget_bytes
+        return step_memory(_with(w, micro_batch_size=b), s).total <= budget_bytes
 
     if not fits(1):
         return 0
@@ -386,7 +406,7 @@ def flops_per_token(cfg: GPT2Config, seq_len: int) -> float:
     return float(6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_size * seq_len)
 
 
-def step_time(w: Workload, strategy: str, peak_flops: float, mfu: float, link: Link) -> StepTime:
+def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: float, link: Link) -> StepTime:
     """Compute at `mfu` of `peak_flops`, plus the step's collectives over `link`, overlapped as each strategy can.
 
     Ring collectives: an all-reduce sends 2(N-1)/N of the buffer from every device, an all-gather or a
@@ -394,30 +414,40 @@ def step_time(w: Workload, strategy: str, peak_flops: float, mfu: float, link: L
     DDP overlaps its bucketed all-reduce with the backward (two thirds of the compute); FSDP prefetches
     the next unit's all-gather during forward and backward, so all its compute can hide communication.
     """
-    _check_strategy(strategy, w)
-    cfg, n = w.model, w.world_size
+    s = checked(strategy, w)
+    cfg = w.model
     tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps
     recompute = 4 / 3 if w.activation_checkpointing else 1.0  # one more forward: 2N of the 6N per token
     compute_s = tokens * flops_per_token(cfg, w.block_size) * recompute / (mfu * peak_flops)
-    params = sum(numel(s) for s in parameter_shapes(cfg).values())
-    share = (n - 1) / n
-    half = DTYPE_BYTES[w.precision]
-    if strategy == "single" or n == 1:
-        volume, overlappable = 0.0, 0.0
-    elif strategy == "ddp":
-        volume, overlappable = 2 * share * params * FP32, compute_s * 2 / 3
-    else:
-        gathers = 1 if strategy == "fsdp_zero2" else 2  # parameters gathered for forward, and again for backward
-        # Each micro-batch gathers again; gradients are reduce-scattered once, after the last micro-batch,
-        # in the policy's dtype (accelerate turns FSDP's gradient sync off before that).
-        volume = share * params * (w.grad_accum_steps * gathers * half + half)
-        overlappable = compute_s
+    params = _total_numel(cfg)
+    volume, overlappable = _collective_bytes(w, s, params, compute_s)
     collectives_s = volume / (link.gb_s * 1e9) if volume else 0.0
-    host_s = 0.0
-    if strategy == "fsdp_offload":
-        local = params / n
-        host_s += w.grad_accum_steps * 2 * local * FP32 / (link.host_gb_s * 1e9)  # shards in, gradients out
-        # The CPU reads and writes parameters, gradients and both moments; the GPU waits for it.
-        host_s += local * 2 * (FP32 + FP32 + ADAMW_STATE_BYTES) / (link.host_update_gb_s * 1e9)
+    host_s = _offload_seconds(w, s, params, link)
     exposed = max(0.0, collectives_s - overlappable) + host_s
     return StepTime(compute_s, collectives_s + host_s, exposed, volume)
+
+
+def _collective_bytes(w: Workload, s: Strategy, params: int, compute_s: float) -> tuple[float, float]:
+    """(bytes each device sends per step, seconds of compute that can hide them)."""
+    n = w.world_size
+    share = (n - 1) / n
+    half = DTYPE_BYTES[w.precision]
+    if s.communication is Communication.NONE or n == 1:
+        return 0.0, 0.0
+    if s.communication is Communication.ALL_REDUCE:
+        return 2 * share * params * FP32, compute_s * 2 / 3
+    # Gather-scatter: each micro-batch gathers the parameters again (once per pass that needs them whole);
+    # gradients are reduce-scattered once, after the last micro-batch, in the policy's dtype (accelerate
+    # turns FSDP's gradient sync off before that).
+    return share * params * (w.grad_accum_steps * s.gathers_per_micro_step * half + half), compute_s
+
+
+def _offload_seconds(w: Workload, s: Strategy, params: int, link: Link) -> float:
+    """Host copies and the CPU's AdamW update of an offloading strategy; the GPU waits for both."""
+    if not s.offloads:
+        return 0.0
+    local = params / w.world_size
+    copies = w.grad_accum_steps * 2 * local * FP32 / (link.host_gb_s * 1e9)  # shards in, gradients out
+    # The CPU reads and writes parameters, gradients and both moments.
+    update = local * 2 * (FP32 + FP32 + ADAMW_STATE_BYTES) / (link.host_update_gb_s * 1e9)
+    return copies + update

@@ -7,9 +7,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from analysis.plan_error import PlanError, error_pct
 from analysis.runs import Run
 from analysis.scaling import comparable_single
 from analysis.table import Cell, Table
+from training import registry
+from training.registry import Communication
 
 MIB = 2**20
 FLAG_PCT = 15.0  # errors above this are flagged
@@ -65,11 +68,6 @@ class PlanSection:
     lines: list[str]
 
 
-def error_pct(predicted: float, measured: float | None) -> float | None:
-    """(predicted - measured) / measured in percent, as analysis.plan reports it."""
-    return None if not measured else (predicted - measured) / measured * 100
-
-
 def compared(run: Run, entry: dict[str, Any]) -> Compared:
     """`entry` is analysis.plan.compare_run's answer for `run`."""
     predicted, measured = entry["predicted"], entry["measured"]
@@ -83,7 +81,7 @@ def _read(run: Run) -> Compared | str:
     """The run beside its plan, or the one line that says why not."""
     if not run.fact("memory"):
         return NOT_MEASURED
-    from analysis.plan import PlanError, compare_run  # the planner imports torch (model.config's package)
+    from analysis.plan import compare_run  # the planner imports torch (model.config's package)
 
     try:
         return compared(run, compare_run(run.path))
@@ -122,17 +120,17 @@ def plan_table(items: list[Compared]) -> Table:
 def _kind_note(kind: str, c: Compared, base: Compared, delta: int) -> str:
     """What one kind of the peak is, for the run that holds more of it."""
     holder = c if delta > 0 else base
-    strategy, peak = holder.run.strategy, holder.peak
-    if kind == "communication" and strategy == "ddp":
+    entry, peak = registry.find(holder.run.strategy), holder.peak
+    if kind == "communication" and entry is not None and entry.communication is Communication.ALL_REDUCE:
         return (f"DDP's gradient buckets, one fp32 copy of the gradients (4 bytes x {peak['communication'] // 4:,} "
                 "parameters)")
-    if kind == "communication" and strategy.startswith("fsdp"):
+    if kind == "communication" and registry.shards(holder.run.strategy):
         return "FSDP's parameters gathered (unsharded) for computing"
     if kind == "gradients" and c.phase == base.phase == "loss":
         return (f"gradients held from earlier micro-batches ({base.run.label} accumulates "
                 f"{base.run.fact('grad_accum_steps')} micro-batches per step, {c.run.label} "
                 f"{c.run.fact('grad_accum_steps')})")
-    sharded = next((x.run for x in (c, base) if x.run.strategy.startswith("fsdp")), None)
+    sharded = next((x.run for x in (c, base) if registry.shards(x.run.strategy)), None)
     if kind in STATE_KINDS and sharded is not None:
         return f"{KIND_NAMES[kind]} ({sharded.label} shards them over {sharded.fact('world_size')} ranks)"
     return KIND_NAMES[kind]
@@ -163,7 +161,7 @@ def gap_line(c: Compared, base: Compared) -> str:
 def sharding_line(c: Compared, base: Compared) -> str | None:
     """For a sharded run: how much model state sharding saves against how much the peak falls, and what at
     the peak sharding does not divide."""
-    if not c.run.strategy.startswith("fsdp") or c.measured_state is None or base.measured_state is None:
+    if not registry.shards(c.run.strategy) or c.measured_state is None or base.measured_state is None:
         return None
     if c.measured_peak is None or base.measured_peak is None or not base.measured_state:
         return None
@@ -222,7 +220,7 @@ def plan_section(runs: list[Run]) -> PlanSection:
     if not items:
         return PlanSection(None, lines)
     for c in items:
-        if c.run.strategy == "single":
+        if registry.single_process(c.run.strategy):  # the baseline the others' gaps are measured from
             continue
         base_run, reason = comparable_single(c.run, [i.run for i in items], MEMORY_FACTS)
         base = next((i for i in items if i.run is base_run), None)

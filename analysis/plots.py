@@ -16,12 +16,12 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 
 from analysis.runs import Run, number
+from training import registry
 
-# One colour per strategy in every figure (matplotlib's tab10 order), so a reader learns it once.
-STRATEGY_COLOURS = {"single": "#1f77b4", "ddp": "#ff7f0e", "fsdp": "#2ca02c", "fsdp_zero2": "#9467bd",
-                    "fsdp_offload": "#8c564b"}
+# One colour and marker per strategy in every figure (each registry entry's), so a reader learns them once;
+# repeats of a strategy and runs under names no entry has get spare colours and the fallback marker.
 SPARE_COLOURS = ("#d62728", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-MARKERS = {"single": "o", "ddp": "s", "fsdp": "^", "fsdp_zero2": "v", "fsdp_offload": "P"}
+FALLBACK_MARKER = "D"
 # DDP and FSDP can train bit-identical curves: drawn one over the other, the first vanished. Each
 # later line is thinner and broken, so a curve underneath still shows at its edges and in the gaps.
 LINE_STYLES = (("-", 2.6), ("--", 1.9), (":", 1.6), ("-.", 1.3))
@@ -49,7 +49,8 @@ def assign_colours(runs: list[Run]) -> dict[str, str]:
     spare = iter(SPARE_COLOURS * (1 + len(runs) // len(SPARE_COLOURS)))
     taken: set[str] = set()
     for run in runs:
-        colour = STRATEGY_COLOURS.get(run.strategy)
+        entry = registry.find(run.strategy)
+        colour = entry.colour if entry is not None else None
         if colour is None or colour in taken:
             colour = next(c for c in spare if c not in taken)
         colours[run.label] = colour
@@ -126,7 +127,9 @@ def _dodge(runs: list[Run], run: Run, xs: list[int]) -> list[float]:
 
 
 def _style(run: Run, colours: dict[str, str]) -> dict[str, Any]:
-    return {"color": colours[run.label], "marker": MARKERS.get(run.strategy, "D"), "markersize": 7}
+    entry = registry.find(run.strategy)
+    return {"color": colours[run.label], "marker": entry.marker if entry is not None else FALLBACK_MARKER,
+            "markersize": 7}
 
 
 def _epoch_axis(axes: Axes, runs: list[Run]) -> None:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from analysis.runs import Run, number
 from analysis.table import COLUMNS, Column, fixed
+from training import registry
 
 # A multi-device run scales against a single run only when these agree: the same device, the same model,
 # the same sequence length and global batch (the same work per optimizer step) and the same precision.
@@ -67,7 +68,8 @@ def _shown(value: object) -> str:
 def comparable_single(run: Run, runs: list[Run], facts: dict[str, str]) -> tuple[Run | None, str]:
     """The first single-device run of `runs` (other than `run`) whose `facts` equal `run`'s, and why not
     when there is none: which facts differ from the first single run's."""
-    singles = [other for other in runs if other is not run and other.strategy == "single" and world_size(other) == 1]
+    singles = [other for other in runs
+               if other is not run and registry.single_process(other.strategy) and world_size(other) == 1]
     if not singles:
         return None, "no single run in this comparison"
     for single in singles:
@@ -93,7 +95,7 @@ class Scaling:
 
 def scaling_efficiency(run: Run, runs: list[Run], key: str) -> Scaling:
     """`run`'s tokens/s / (its devices x the comparable single run's tokens/s), both under `key`."""
-    if run.strategy == "single":
+    if registry.single_process(run.strategy):
         return Scaling(None, "the single-device baseline")
     devices = world_size(run)
     if devices is None:
@@ -159,7 +161,7 @@ def scaling_lines(runs: list[Run], price_per_device_hour: float | None) -> list[
             lines.append(f"Scaling efficiency of {run.label}: {result.tokens_per_s:,.0f} tokens/s / "
                          f"({result.devices} x {result.baseline_tokens_per_s:,.0f} tokens/s of "
                          f"{result.baseline.label}) = {result.efficiency:.1%}.")
-        elif run.strategy != "single":
+        elif not registry.single_process(run.strategy):
             lines.append(f"Scaling efficiency of {run.label}: n/a, {result.reason}.")
     if price_per_device_hour is None:
         lines.append("Cost per million tokens: not computed; pass `--gpu_hour_price PRICE` (one device for one "

@@ -5,12 +5,13 @@ before training, where the data and the outputs are, W&B credentials from the pl
 store, a time estimate, and running the experiment driver with its output streamed. Training and the
 report are the project's own (`analysis.experiment`); nothing here trains.
 
-Only the standard library is imported at module level: the notebook loads this file before the
-project's requirements are installed.
+Only the standard library and the project's strategy registry (plain Python) are imported at module
+level: the notebook loads this file before the project's requirements are installed.
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import glob
 import importlib.metadata
@@ -25,11 +26,13 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training import registry
+
 ROOT = Path(__file__).resolve().parents[1]
 KAGGLE_INPUT = Path("/kaggle/input")
 SECRET_NAME = "WANDB_API_KEY"
 # Optimizer steps of each strategy when the notebook is not told: the gpt2 figure keeps the three
-# runs on 2x T4 to about half an hour (see estimate_minutes); tiny and mini are CPU checks.
+# runs on 2x T4 well within half an hour (see estimate_minutes); tiny and mini are CPU checks.
 DEFAULT_STEPS = {"gpt2": 500, "mini": 200, "tiny": 30}
 ALLREDUCE_TIMEOUT_S = 180
 # Lines of requirements.txt that only the tests need: a notebook platform is not made to install them.
@@ -137,8 +140,18 @@ class Devices:
                          f"{gpu['memory_gib']:.1f} GiB")
         if self.gpus:
             lines.append("precision: fp16, as the launch configs say (a T4 has fp16 tensor cores and emulates "
-                         "bf16); torch.compile: off (train.py never compiles, so sm75 needs nothing)")
+                         f"bf16); {self.compile_note()}")
         return "\n".join(lines)
+
+    def compile_note(self) -> str:
+        """What train.py's --compile auto does on these GPUs (training/levers.py decides it at start-up)."""
+        from training.levers import COMPILE_MIN_CAPABILITY  # imports torch: the requirements are installed by now
+
+        on = all(tuple(gpu["capability"]) >= COMPILE_MIN_CAPABILITY for gpu in self.gpus)
+        least = ".".join(map(str, COMPILE_MIN_CAPABILITY))
+        return (f"torch.compile: {'on' if on else 'off'} here (train.py's --compile auto compiles each block on "
+                f"compute capability {least} and newer; below it, T4/sm75 included, inductor's kernels are slower "
+                "or fail to build; --compile on or off in train_args overrides it)")
 
 
 def devices() -> Devices:
@@ -161,7 +174,8 @@ class Plan:
 
     def describe(self) -> str:
         processes = self.num_processes or 2
-        layout = ", ".join(f"{s} ({1 if s == 'single' else processes} process(es))" for s in self.strategies)
+        layout = ", ".join(f"{s} ({processes if registry.get(s).multi_process else 1} process(es))"
+                           for s in self.strategies)
         return "\n".join([f"preset {self.preset}, {self.max_steps} steps per strategy: {layout}", *self.notes])
 
 
@@ -177,12 +191,19 @@ def plan_run(preset: str, max_steps: int | None, gpus: int) -> Plan:
         notes.append("one GPU: single, and FSDP with one process, which shards nothing and so measures what "
                      "FSDP's wrapping and casting cost by themselves. DDP with one process would be the single "
                      "run with a wrapper and is left out; two GPUs run all three.")
-        return Plan(preset, steps, ["single", "fsdp"], 1, notes)
+        return Plan(preset, steps, strategies_for(gpus), 1, notes)
     if gpus > 2:
         notes.append(f"{gpus} GPUs: DDP and FSDP use 2 of them, the reference experiment's layout")
     if not gpus:
         notes.append("no GPU: every strategy runs on the CPU (DDP and FSDP as 2 processes over gloo, fp32)")
-    return Plan(preset, steps, ["single", "ddp", "fsdp"], None, notes)
+    return Plan(preset, steps, strategies_for(gpus), None, notes)
+
+
+def strategies_for(gpus: int) -> list[str]:
+    """The reference's strategies; on one GPU only those that differ from the single run with one process:
+    the one-process ones and the sharding ones (whose wrapping and casting still cost), not a lone replica."""
+    return [s.name for s in registry.STRATEGIES
+            if s.reference and (gpus != 1 or not s.multi_process or s.shards)]
 
 
 def output_root(out_dir: str) -> Path:
@@ -361,52 +382,54 @@ def wandb_group_url(experiment: str, project: str = "gpt2-strategies") -> str | 
 # ---------------------------------------------------------------------------------------------
 # Expected time, from arithmetic
 
-T4_FP16_PEAK = 65e12  # FLOP/s, dense fp16 tensor cores (the data sheet; training/hardware.py has the same)
-ASSUMED_MFU = 0.20  # what GPT-2 124M in fp16 without torch.compile is assumed to reach on a T4
-ASSUMED_LINK_BYTES_S = 5e9  # between two T4s over PCIe (through host memory when P2P is off), per direction
+ESTIMATE_GPU = "T4"  # the reference experiment's GPU, as the planner knows it (training/gpus.py)
 STARTUP_S = 60  # per strategy: start-up, evaluation, checkpoint and export
 
 
+def _planner_args(preset: str, processes: int, global_batch_tokens: int | None = None) -> argparse.Namespace:
+    """The planner's command line for `processes` T4s: every other setting (precision, MFU, link, overlap)
+    is the planner's default, so the notebook's estimate and `python -m analysis.plan` agree."""
+    from analysis.plan import parse_args
+
+    argv = ["--preset", preset, "--gpu", ESTIMATE_GPU, "--num_gpus", str(processes)]
+    if global_batch_tokens is not None:
+        argv += ["--global_batch_tokens", str(global_batch_tokens)]
+    return parse_args(argv)
+
+
 def estimate_minutes(preset: str, max_steps: int, strategies: list[str], processes: int) -> dict[str, float]:
-    """Minutes per strategy on T4s: compute at ASSUMED_MFU, plus communication not overlapped with it.
-
-    FLOPs per token are the model's own estimate (6N + attention); the global batch is the one the
-    driver chooses. Per optimizer step DDP all-reduces fp32 gradients, 2(n-1)/n x 4N bytes per GPU;
-    FSDP (fp16, resharded after forward) all-gathers fp16 parameters in forward and backward of every
-    micro-step, 2A(n-1)/n x 2N, and reduce-scatters fp16 gradients once, (n-1)/n x 2N.
-    """
-    import torch
-
+    """Minutes per strategy on T4s: the planner's predicted step time (analysis/plan_model.step_time at the
+    planner's default MFU, the T4's datasheet peak and assumed link, communication overlap as the planner
+    assumes by default) for the global batch the driver chooses, times the steps, plus STARTUP_S."""
     from analysis.experiment import ExperimentSpec, choose_batch, preset_defaults
-    from model import GPT2, GPT2Config
+    from analysis.plan import hardware, plan_strategy, workload_for
 
-    defaults = preset_defaults(preset)
-    sizes = [1 if s == "single" else processes for s in strategies]
-    batch = choose_batch(ExperimentSpec(preset, Path("."), max_steps=max_steps), sizes, defaults)
-    with torch.device("meta"):
-        model = GPT2(GPT2Config.from_preset(str(defaults["model_preset"])))
-    flops_per_token = model.flops_per_token(batch.block_size)
-    n_params = model.num_parameters()
-    per_gpu_tokens_s = T4_FP16_PEAK * ASSUMED_MFU / flops_per_token
+    sizes = [processes if registry.get(s).multi_process else 1 for s in strategies]
+    batch = choose_batch(ExperimentSpec(preset, Path("."), max_steps=max_steps), sizes, preset_defaults(preset))
+    args = _planner_args(preset, processes, batch.global_batch_tokens)
+    hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
     minutes = {}
-    for strategy, n in zip(strategies, sizes):
-        compute_s = batch.global_batch_tokens / (n * per_gpu_tokens_s)
-        share = (n - 1) / n
-        if strategy == "ddp":
-            comm_bytes = 2 * share * 4 * n_params
-        elif strategy == "fsdp":
-            comm_bytes = 2 * batch.grad_accum(n) * share * 2 * n_params + share * 2 * n_params
-        else:
-            comm_bytes = 0.0
-        minutes[strategy] = (max_steps * (compute_s + comm_bytes / ASSUMED_LINK_BYTES_S) + STARTUP_S) / 60
+    for strategy in strategies:
+        plan = plan_strategy(workload_for(args, strategy), strategy, hw, args.mfu, args.overlap)
+        minutes[strategy] = (max_steps * plan["predicted_step_s"] + STARTUP_S) / 60
     return minutes
+
+
+def estimate_assumptions() -> str:
+    """The estimate's assumptions in one line, read from the planner that makes them."""
+    from analysis.plan import hardware
+
+    args = _planner_args("gpt2", 2)
+    hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
+    return (f"assumed (the planner's defaults, python -m analysis.plan): {args.mfu:.0%} MFU of the {hw.name}'s "
+            f"{hw.peak_flops / 1e12:.0f} TFLOP/s {args.precision}, {hw.link.gb_s:g} GB/s between the GPUs, "
+            f"{hw.link_name}; communication overlap: {args.overlap}; {STARTUP_S} s per strategy to start, "
+            "evaluate and save")
 
 
 def expected_time(plan: Plan, devices: Devices) -> str:
     """The estimate for this plan on T4s, or for the reference run (gpt2, 2x T4) when this is not one."""
-    lines = [f"assumed: {ASSUMED_MFU:.0%} MFU of the T4's {T4_FP16_PEAK / 1e12:.0f} TFLOP/s fp16, "
-             f"{ASSUMED_LINK_BYTES_S / 1e9:.0f} GB/s between the GPUs, no overlap of communication, "
-             f"{STARTUP_S} s per strategy to start, evaluate and save"]
+    lines = [estimate_assumptions()]
     if plan.preset == "gpt2":
         processes = plan.num_processes or 2
         minutes = estimate_minutes(plan.preset, plan.max_steps, plan.strategies, processes)
@@ -414,7 +437,7 @@ def expected_time(plan: Plan, devices: Devices) -> str:
         if devices.count and not devices.all_t4:
             where += f" (these GPUs are {devices.gpus[0]['name']}: expect other times)"
     else:
-        minutes = estimate_minutes("gpt2", DEFAULT_STEPS["gpt2"], ["single", "ddp", "fsdp"], 2)
+        minutes = estimate_minutes("gpt2", DEFAULT_STEPS["gpt2"], list(registry.reference_names()), 2)
         where = f"2x T4 for the gpt2 preset at {DEFAULT_STEPS['gpt2']} steps (this {plan.preset} run is far shorter)"
     per_strategy = ", ".join(f"{s} {m:.0f} min" for s, m in minutes.items())
     lines.insert(0, f"expected on {where}: {per_strategy}; {sum(minutes.values()):.0f} min in all, "

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.experiment import (CONFIG_FILES, Batch, ExperimentSpec, SetupError, build_launches, choose_batch, main,
-                                 world_sizes)
+from analysis.experiment import Batch, ExperimentSpec, SetupError, build_launches, choose_batch, main, world_sizes
+from training.registry import config_files
+
+CONFIG_FILES = config_files()  # each strategy's launch config, as the driver takes it from the registry
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = {"block_size": 64, "micro_batch_size": 8, "global_batch_tokens": 16 * 64}
@@ -76,6 +78,18 @@ def test_a_given_global_batch_is_checked_not_changed(tmp_path: Path) -> None:
     assert choose_batch(spec(tmp_path, global_batch_tokens=4096), [1, 2], TINY).global_batch_tokens == 4096
     with pytest.raises(SetupError, match=r"not a multiple .* = 1024; use 2048 or 3072"):
         choose_batch(spec(tmp_path, global_batch_tokens=2500), [1, 2], TINY)
+
+
+def test_the_driver_takes_trainings_batch_rule_and_defaults(tmp_path: Path) -> None:
+    from training.config import OptimConfig
+    from training.geometry import batch_geometry
+
+    # A preset that sets only the block size: the micro-batch is OptimConfig's, the batch one per process.
+    batch = choose_batch(spec(tmp_path), [1, 2, 3], {"block_size": 64})
+    assert batch.micro_batch_size == OptimConfig().micro_batch_size
+    for world_size in (1, 2, 3):
+        optim = OptimConfig(micro_batch_size=batch.micro_batch_size, global_batch_tokens=batch.global_batch_tokens)
+        assert batch_geometry(optim, 64, world_size).grad_accum_steps == batch.grad_accum(world_size)
 
 
 def test_every_strategy_gets_the_same_seed_data_batch_and_group(tmp_path: Path, configs: Path) -> None:

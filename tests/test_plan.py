@@ -18,7 +18,6 @@ import pytest
 import torch
 
 from analysis.plan_model import (
-    STRATEGIES,
     Link,
     Workload,
     activations,
@@ -32,6 +31,9 @@ from analysis.plan_model import (
     step_time,
 )
 from model import GPT2, GPT2Config
+from training.registry import names
+
+STRATEGIES = names()  # the planner plans every registered strategy, in the registry's order
 
 REPO = Path(__file__).resolve().parents[1]
 GPT2_124M = GPT2Config()
@@ -129,6 +131,19 @@ def test_communication_volumes_per_device_and_step() -> None:
     assert single.communication_s == 0 and single.compute_s == pytest.approx(
         4 * 1024 * flops_per_token(GPT2_124M, 1024) / (0.3 * 65e12))
     assert ddp.step_s <= ddp.step_s_no_overlap
+
+
+def test_a_strategy_is_counted_by_its_registry_traits_not_its_name() -> None:
+    from dataclasses import replace
+
+    from training.registry import get
+
+    link = Link(gb_s=10.0)
+    for name in STRATEGIES:
+        w = workload(world_size=2 if get(name).multi_process else 1, grad_accum_steps=2)
+        twin = replace(get(name), name=f"{name}_twin")  # the same traits under a name no formula knows
+        assert step_memory(w, twin).to_dict() == step_memory(w, name).to_dict()
+        assert step_time(w, twin, 65e12, 0.3, link) == step_time(w, name, 65e12, 0.3, link)
 
 
 def test_largest_micro_batch_is_the_boundary_of_fitting() -> None:

@@ -1,44 +1,16 @@
-"""The global batch, stated in tokens, and the data order every strategy shares."""
+"""The data order every strategy shares; the global batch rule lives in training/geometry.py (torch-free)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import torch
 from torch.utils.data import Sampler
 
-from training.config import OptimConfig
-from training.errors import RunError
+# The session and its tests take the batch rule from here, beside the sampler that cuts epochs to its steps.
+from training.geometry import BatchGeometry, batch_geometry
 
-
-@dataclass(frozen=True)
-class BatchGeometry:
-    micro_batch_size: int  # sequences per process per micro-step
-    grad_accum_steps: int
-    world_size: int
-    block_size: int
-
-    @property
-    def samples_per_step(self) -> int:
-        return self.micro_batch_size * self.grad_accum_steps * self.world_size
-
-    @property
-    def tokens_per_step(self) -> int:
-        return self.samples_per_step * self.block_size
-
-
-def batch_geometry(optim: OptimConfig, block_size: int, world_size: int) -> BatchGeometry:
-    """Derive gradient accumulation from the global batch in tokens; it must divide exactly."""
-    per_micro_step = optim.micro_batch_size * block_size * world_size
-    global_tokens = optim.global_batch_tokens or per_micro_step
-    if global_tokens % per_micro_step:
-        raise RunError(
-            f"--global_batch_tokens {global_tokens} is not a multiple of micro_batch_size x block_size x processes "
-            f"= {optim.micro_batch_size} x {block_size} x {world_size} = {per_micro_step}; "
-            f"use a multiple of {per_micro_step}"
-        )
-    return BatchGeometry(optim.micro_batch_size, global_tokens // per_micro_step, world_size, block_size)
+__all__ = ["BatchGeometry", "EpochOrderSampler", "batch_geometry", "chunks"]
 
 
 class EpochOrderSampler(Sampler[int]):

@@ -177,6 +177,13 @@ def shards(name: str) -> bool:
     return entry.shards if entry is not None else name.startswith(_FSDP_PREFIX)
 
 
+def single_process(name: str) -> bool:
+    """Whether the strategy called `name` runs one process: the baseline that multi-process runs are scaled
+    and compared against. False for a name no entry has (a run recorded under a mismatch)."""
+    entry = find(name)
+    return entry is not None and not entry.multi_process
+
+
 def unsharded(multi_process: bool) -> Strategy:
     """The entry that does not shard and runs one process (multi_process False) or one per device (True)."""
     return next(s for s in STRATEGIES if s.fsdp is None and s.multi_process == multi_process)
