@@ -107,21 +107,21 @@ def set_up(cfg: TrainConfig) -> Session:
     out = Path(cfg.run.output_dir)
     model_config = _model_config(cfg)
     resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
-    launch = _launch(cfg, out)
-    data = _data(cfg, launch)
-    trainable = _trainable(cfg, model_config, launch, data.schedule)
-    loaders = _loaders(cfg, launch.accelerator, data, launch.levers)
+    processes = _start_processes(cfg, out)
+    data = _data(cfg, processes)
+    trainable = _trainable(cfg, model_config, processes, data.schedule)
+    loaders = _loaders(cfg, processes.accelerator, data, processes.levers)
     # Measured once per machine and thread count and cached (the ranks take turns through a file lock),
     # so every run of an experiment divides by the same peak; read before a resume restores the RNG.
-    peak = peak_flops(launch.accelerator.device, trainable.effective.precision, cfg.data.resolved_cache_dir())
-    record = _launch_record(cfg, launch, data, trainable, len(loaders.val.dataset), peak)
-    resolved = _write_config(cfg, launch.accelerator, out, record)
-    log_on_main(launch.accelerator, _start_line(record, data.geometry))
-    session = _session(cfg, out, launch, data, trainable, loaders, record, peak.flops_per_s, wall_start)
+    peak = peak_flops(processes.accelerator.device, trainable.effective.precision, cfg.data.resolved_cache_dir())
+    record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
+    resolved = _write_config(cfg, processes.accelerator, out, record)
+    log_on_main(processes.accelerator, _start_line(record, data.geometry))
+    session = _session(cfg, out, processes, data, trainable, loaders, record, peak.flops_per_s, wall_start)
     _start_wandb(session, resolved, record)
     if resume_from is not None:
         _resume(session, resume_from)  # last: nothing after it draws from the random state it restores
-    session.memory = MemoryProbe(launch.accelerator.device, _probe_step(cfg, session.state.step, data.schedule),
+    session.memory = MemoryProbe(processes.accelerator.device, _probe_step(cfg, session.state.step, data.schedule),
                                  session.model, getattr(session.optimizer, "optimizer", session.optimizer))
     return session
 
@@ -131,7 +131,7 @@ def set_up(cfg: TrainConfig) -> Session:
 
 
 @dataclass
-class _Launch:
+class _Processes:
     """The processes: what the launch asked for, the accelerator, the levers in effect, the signal flag."""
 
     requested: RequestedLaunch
@@ -184,7 +184,7 @@ def _model_config(cfg: TrainConfig) -> Any:
     return model_config
 
 
-def _launch(cfg: TrainConfig, out: Path) -> _Launch:
+def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
     """The accelerator for the launch's strategy, the output folder ready, the seed set, the levers applied."""
     requested = requested_from_env(os.environ, cfg.run.strategy)
     wandb_mode = resolve_wandb_mode(cfg.run.wandb_mode)
@@ -195,13 +195,13 @@ def _launch(cfg: TrainConfig, out: Path) -> _Launch:
     set_seed(cfg.run.seed)
     levers = _levers(cfg, accelerator, requested.strategy)
     log_on_main(accelerator, _levers_line(levers))
-    return _Launch(requested, wandb_mode, signals, accelerator, levers)
+    return _Processes(requested, wandb_mode, signals, accelerator, levers)
 
 
-def _data(cfg: TrainConfig, launch: _Launch) -> _Data:
+def _data(cfg: TrainConfig, processes: _Processes) -> _Data:
     from data import build_datasets
 
-    accelerator = launch.accelerator
+    accelerator = processes.accelerator
     packed = build_datasets(cfg.data, main_process_first=accelerator.main_process_first,
                             log=functools.partial(log_on_main, accelerator))
     geometry = batch_geometry(cfg.optim, cfg.data.block_size, accelerator.num_processes)
@@ -209,15 +209,15 @@ def _data(cfg: TrainConfig, launch: _Launch) -> _Data:
     return _Data(packed, geometry, _schedule(cfg, len(packed.train), geometry))
 
 
-def _trainable(cfg: TrainConfig, model_config: Any, launch: _Launch, schedule: Schedule) -> _Trainable:
+def _trainable(cfg: TrainConfig, model_config: Any, processes: _Processes, schedule: Schedule) -> _Trainable:
     """Model, optimizer and schedule, prepared for the strategy, which is then checked against the request."""
-    model, optimizer, scheduler = _model_and_optimizer(cfg, model_config, schedule.total_steps, launch.levers)
+    model, optimizer, scheduler = _model_and_optimizer(cfg, model_config, schedule.total_steps, processes.levers)
     n_params = model.num_parameters()
     n_params_non_embedding = model.num_parameters(exclude_position_embeddings=True)
     flops_per_token = model.flops_per_token(cfg.data.block_size)
-    model, optimizer = launch.accelerator.prepare(model, optimizer)  # FSDP2 needs both in one call
-    effective = effective_strategy(launch.accelerator, model)
-    check_strategy(launch.requested, effective)
+    model, optimizer = processes.accelerator.prepare(model, optimizer)  # FSDP2 needs both in one call
+    effective = effective_strategy(processes.accelerator, model)
+    check_strategy(processes.requested, effective)
     observer = ShardingObserver(model, getattr(optimizer, "optimizer", optimizer))
     return _Trainable(model, model_config, optimizer, scheduler, effective, observer.result, n_params, n_params_non_embedding,
                       flops_per_token)
@@ -242,15 +242,15 @@ def _loaders(cfg: TrainConfig, accelerator: Accelerator, data: _Data, levers: Le
     return _Loaders(sampler, train, val)
 
 
-def _launch_record(cfg: TrainConfig, launch: _Launch, data: _Data, trainable: _Trainable, eval_blocks: int,
+def _launch_record(cfg: TrainConfig, processes: _Processes, data: _Data, trainable: _Trainable, eval_blocks: int,
                    peak: PeakFlops) -> LaunchRecord:
     """config.json's "launch": what was requested and is in effect, and the run's sizes and settings."""
-    requested, effective, geometry, schedule = launch.requested, trainable.effective, data.geometry, data.schedule
+    requested, effective, geometry, schedule = processes.requested, trainable.effective, data.geometry, data.schedule
     return LaunchRecord(
         requested=RequestedRecord(requested.strategy, requested.world_size, requested.mixed_precision),
         effective=EffectiveRecord(**effective.to_dict()),
         run_name=cfg.run.run_name or f"{effective.strategy}-{effective.world_size}x-{effective.precision}",
-        device_name=_device_name(launch.accelerator.device),
+        device_name=_device_name(processes.accelerator.device),
         threads_per_process=torch.get_num_threads(),
         batch=BatchRecord(geometry.micro_batch_size, geometry.grad_accum_steps, geometry.world_size,
                           geometry.tokens_per_step, geometry.samples_per_step),
@@ -258,7 +258,7 @@ def _launch_record(cfg: TrainConfig, launch: _Launch, data: _Data, trainable: _T
         eval_blocks=eval_blocks, model_config=trainable.model_config.to_dict(), n_params=trainable.n_params,
         n_params_non_embedding=trainable.n_params_non_embedding, flops_per_token=trainable.flops_per_token,
         peak_flops_per_device=peak.flops_per_s, peak_flops_source=peak.source,
-        data_stats=data.packed.stats.to_dict(), wandb_mode=launch.wandb_mode, levers=launch.levers.to_dict(),
+        data_stats=data.packed.stats.to_dict(), wandb_mode=processes.wandb_mode, levers=processes.levers.to_dict(),
     )
 
 
@@ -270,9 +270,9 @@ def _write_config(cfg: TrainConfig, accelerator: Accelerator, out: Path, record:
     return resolved
 
 
-def _session(cfg: TrainConfig, out: Path, launch: _Launch, data: _Data, trainable: _Trainable, loaders: _Loaders,
+def _session(cfg: TrainConfig, out: Path, processes: _Processes, data: _Data, trainable: _Trainable, loaders: _Loaders,
              record: LaunchRecord, peak_flops_per_s: float, wall_start: float) -> Session:
-    accelerator, geometry = launch.accelerator, data.geometry
+    accelerator, geometry = processes.accelerator, data.geometry
     facts = ThroughputFacts(geometry.tokens_per_step, geometry.samples_per_step, accelerator.num_processes,
                             trainable.flops_per_token, peak_flops_per_s)
     return Session(
@@ -281,7 +281,7 @@ def _session(cfg: TrainConfig, out: Path, launch: _Launch, data: _Data, trainabl
         train_loader=loaders.train, val_loader=loaders.val, geometry=geometry, schedule=data.schedule,
         state=TrainState(), tracker=MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps), times=RunTimes(),
         launch=record, jsonl=JsonlSink(out / "metrics.jsonl"),
-        wandb=WandbSink(accelerator, enabled=launch.wandb_mode != "disabled"), signals=launch.signals,
+        wandb=WandbSink(accelerator, enabled=processes.wandb_mode != "disabled"), signals=processes.signals,
         wall_start=wall_start, sharding_observed=trainable.sharding_observed,
     )
 
