@@ -7,21 +7,23 @@ A run that cannot be compared is not an error here: whatever is wrong with it is
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+from training import registry
+from training.record import Record, RunSummary
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 
-# Canonical order of strategies in tables and legends: the reference's baseline first.
-STRATEGY_ORDER = ("single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload")
-
-
 @dataclass
 class Run:
-    """One training run as read from its directory; `summary` is None when it could not be read."""
+    """One training run as read from its directory; `summary` is None when it could not be read.
+
+    `summary` is summary.json's object as read; `record` is the same read into training.record's types.
+    """
 
     path: Path
     summary: dict[str, Any] | None = None
@@ -32,33 +34,53 @@ class Run:
     label: str = ""  # unique name in tables and legends; set by `assign_labels`
 
     @property
+    def record(self) -> RunSummary | None:
+        """The summary as training.record.RunSummary (read afresh, so it follows edits to `summary`)."""
+        return None if self.summary is None else RunSummary.from_dict(self.summary)
+
+    @property
     def usable(self) -> bool:
         """A run is compared when its summary has whole-run figures, even if it is partial."""
-        return self.summary is not None and isinstance(self.summary.get("total"), dict)
+        record = self.record
+        return record is not None and record.total is not None
 
     @property
     def complete(self) -> bool:
-        return bool(self.summary and self.summary.get("complete") is True)
+        record = self.record
+        return record is not None and record.complete is True
 
     @property
     def strategy(self) -> str:
-        return str((self.summary or {}).get("strategy") or "unknown")
+        record = self.record
+        return str(record.strategy if record is not None and record.strategy else "unknown")
 
     @property
     def total(self) -> dict[str, Any]:
-        return (self.summary or {}).get("total") or {}
+        record = self.record
+        return {} if record is None or record.total is None else record.total.to_dict()
 
     @property
     def epochs(self) -> list[dict[str, Any]]:
-        return list((self.summary or {}).get("epochs") or [])
+        record = self.record
+        return [] if record is None or not record.epochs else [e.to_dict() for e in record.epochs]
 
     @property
     def step_times_s(self) -> list[float]:
-        return [float(t) for t in (self.summary or {}).get("step_times_s") or []]
+        record = self.record
+        return [float(t) for t in (record.step_times_s if record is not None and record.step_times_s else [])]
 
     def fact(self, key: str) -> Any:
-        """A top-level summary value (world_size, seed, precision, ...), None when absent."""
-        return (self.summary or {}).get(key)
+        """A top-level summary value (world_size, seed, precision, ...), None when absent or not a summary field."""
+        record = self.record
+        if record is None or key not in _SUMMARY_FIELDS:
+            return None
+        value = getattr(record, key)
+        if isinstance(value, Record):
+            return value.to_dict()
+        return list(value) if isinstance(value, tuple) else value  # as summary.json holds it
+
+
+_SUMMARY_FIELDS = frozenset(f.name for f in fields(RunSummary))
 
 
 def load_run(path: Path) -> Run:
@@ -153,10 +175,9 @@ def assign_labels(runs: list[Run]) -> None:
 
 
 def sort_runs(runs: list[Run]) -> list[Run]:
-    """single, ddp, fsdp first (as in the reference), then anything else by name."""
+    """In the strategy registry's order (the reference's baseline first), then anything else by name."""
     def key(run: Run) -> tuple[int, str]:
-        rank = STRATEGY_ORDER.index(run.strategy) if run.strategy in STRATEGY_ORDER else len(STRATEGY_ORDER)
-        return rank, run.label
+        return registry.order(run.strategy), run.label
 
     return sorted(runs, key=key)
 

@@ -6,6 +6,8 @@ import json
 import math
 import sys
 import time
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from training.batching import chunks
@@ -13,6 +15,7 @@ from training.checkpoint import save_checkpoint
 from training.errors import RunError
 from training.hardware import reset_peak_memory, synchronize
 from training.metrics import epoch_summary, total_summary
+from training.record import EpochFigures, RunFacts, RunSummary, RunTotals, StopRecord, run_summary
 from training.rundir import write_atomic
 from training.session import Session, set_up
 from training.sinks import wandb_summary_key
@@ -101,47 +104,117 @@ def _optimizer_step(s: Session, micro_batches: list[Any], clock: _StepClock) -> 
     return health
 
 
-def _after_step(s: Session, progress: Any, health: StepHealth) -> bool:
-    """Log, validate, close the epoch and checkpoint as due, or stop; True when any of them paused training.
+# ---------------------------------------------------------------------------------------------
+# After each step: what is due, decided from the loop's state alone
 
-    On a signal the step in flight is finished, logged and checkpointed, and the run stops (RunStopped).
-    During a streak of non-finite steps nothing is checkpointed, so the newest checkpoint stays a good one.
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often things happen, fixed for the run (--log_interval, ... and the schedule); 0: never."""
+
+    log_interval: int
+    eval_interval: int
+    checkpoint_interval: int
+    max_nonfinite_steps: int
+    steps_per_epoch: int
+    stop_at: int  # where this launch stops
+    total_steps: int  # where the schedule ends (the end validates anyway)
+
+
+@dataclass(frozen=True)
+class LoopState:
+    """Where the loop is after an optimizer step: the facts `decide` needs."""
+
+    cadence: Cadence
+    step: int  # the step just finished
+    steps_in_epoch: int  # steps of the current epoch, this one included
+    nonfinite: bool  # this step's loss or grad norm was not finite
+    nonfinite_since: int | None  # first step of the streak of non-finite steps before this one
+    signal: int  # a signal that arrived (0: none); on any rank, as the step's health all-reduce says
+
+
+class Stop(Enum):
+    DIVERGED = "diverged"  # --max_nonfinite_steps non-finite steps in a row
+    SIGNAL = "signal"  # preempted: stop after this step's checkpoint
+
+
+@dataclass(frozen=True)
+class Actions:
+    """What the loop does after the step, in this order, then whether it stops."""
+
+    log: bool
+    evaluate: bool  # an --eval_interval validation (an epoch's end validates when it closes)
+    close_epoch: bool
+    checkpoint: bool
+    write_summary: bool
+    nonfinite_since: int | None  # the streak of non-finite steps, this one included; None after a finite step
+    stop: Stop | None
+
+    @property
+    def pauses(self) -> bool:
+        """Whether training pauses (evaluation and checkpointing are not training time)."""
+        return self.evaluate or self.close_epoch or self.checkpoint
+
+
+def decide(state: LoopState) -> Actions:
+    """Log, validate, close the epoch and checkpoint as due, or stop.
+
+    On a signal the step in flight is finished, logged and checkpointed, and the run stops. During a
+    streak of non-finite steps nothing is checkpointed, so the newest checkpoint stays a good one; the
+    streak reaching --max_nonfinite_steps stops the run (before a signal would).
     """
-    state, run_cfg = s.state, s.cfg.run
-    _track_nonfinite(s, health)
-    epoch_done = state.steps_in_epoch == s.schedule.steps_per_epoch
-    stopping = state.step >= s.schedule.stop_at or health.signal != 0
-    if state.step % run_cfg.log_interval == 0 or epoch_done or stopping or health.nonfinite:
+    c = state.cadence
+    since = None if not state.nonfinite else state.step if state.nonfinite_since is None else state.nonfinite_since
+    epoch_done = state.steps_in_epoch == c.steps_per_epoch
+    stopping = state.step >= c.stop_at or state.signal != 0
+    final_eval_follows = stopping and state.step >= c.total_steps
+    due = bool(c.checkpoint_interval) and state.step % c.checkpoint_interval == 0
+    diverged = since is not None and bool(c.max_nonfinite_steps) and \
+        state.step - since + 1 >= c.max_nonfinite_steps
+    return Actions(
+        log=state.step % c.log_interval == 0 or epoch_done or stopping or state.nonfinite,
+        evaluate=(bool(c.eval_interval) and state.step % c.eval_interval == 0 and not epoch_done
+                  and not final_eval_follows and not state.signal),
+        close_epoch=epoch_done,
+        checkpoint=(due or stopping) and since is None,
+        write_summary=epoch_done or stopping,
+        nonfinite_since=since,
+        stop=Stop.DIVERGED if diverged else Stop.SIGNAL if state.signal else None,
+    )
+
+
+def _loop_state(s: Session, health: StepHealth) -> LoopState:
+    run_cfg, schedule = s.cfg.run, s.schedule
+    cadence = Cadence(run_cfg.log_interval, run_cfg.eval_interval, run_cfg.checkpoint_interval,
+                      run_cfg.max_nonfinite_steps, schedule.steps_per_epoch, schedule.stop_at, schedule.total_steps)
+    return LoopState(cadence, s.state.step, s.state.steps_in_epoch, health.nonfinite, s.nonfinite_since,
+                     health.signal)
+
+
+def _after_step(s: Session, progress: Any, health: StepHealth) -> bool:
+    """Carry out what `decide` says is due after this step; True when any of it paused training."""
+    actions = decide(_loop_state(s, health))
+    s.nonfinite_since = actions.nonfinite_since
+    if health.nonfinite:
+        _warn_nonfinite(s)
+    if actions.log:
         _log_interval(s, progress)
-    paused = False
-    final_eval_follows = stopping and state.step >= s.schedule.total_steps  # the end validates anyway
-    if (run_cfg.eval_interval and state.step % run_cfg.eval_interval == 0 and not epoch_done
-            and not final_eval_follows and not health.signal):
+    if actions.evaluate:
         evaluate_now(s)
-        paused = True
-    if epoch_done:
+    if actions.close_epoch:
         _close_epoch(s, partial=False)
-        paused = True
-    due = (run_cfg.checkpoint_interval and state.step % run_cfg.checkpoint_interval == 0) or stopping
-    if due and s.nonfinite_since is None:
+    if actions.checkpoint:
         checkpoint_now(s)
-        paused = True
-    if epoch_done or stopping:
+    if actions.write_summary:
         _write_summary(s, complete=False)
-    if s.nonfinite_since is not None and run_cfg.max_nonfinite_steps and \
-            state.step - s.nonfinite_since + 1 >= run_cfg.max_nonfinite_steps:
-        raise diverged(s.nonfinite_since, state.step, s.last_checkpoint)
-    if health.signal:
-        raise preempted(health.signal, state.step)
-    return paused
+    if actions.stop is Stop.DIVERGED:
+        raise diverged(s.nonfinite_since, s.state.step, s.last_checkpoint)
+    if actions.stop is Stop.SIGNAL:
+        raise preempted(health.signal, s.state.step)
+    return actions.pauses
 
 
-def _track_nonfinite(s: Session, health: StepHealth) -> None:
-    if not health.nonfinite:
-        s.nonfinite_since = None
-        return
-    if s.nonfinite_since is None:
-        s.nonfinite_since = s.state.step
+def _warn_nonfinite(s: Session) -> None:
     streak = s.state.step - s.nonfinite_since + 1
     limit = s.cfg.run.max_nonfinite_steps
     s.log(f"warning: step {s.state.step}: non-finite loss or grad norm ({streak} in a row"
@@ -205,7 +278,7 @@ def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
     if complete and s.cfg.run.export_hf:
         _export_hf(s)
     summary = _write_summary(s, complete, stop)
-    s.wandb.summary({wandb_summary_key(k): v for k, v in summary["total"].items() if v is not None})
+    s.wandb.summary({wandb_summary_key(k): v for k, v in summary.total.to_dict().items() if v is not None})
     s.wandb.finish()
     s.log(_closing_line(s, summary))
     sync_line = s.wandb.sync_line()
@@ -214,93 +287,43 @@ def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
     s.accelerator.wait_for_everyone()
     # Last: after this no rank may touch a collective.
     s.accelerator.state.destroy_process_group()
-    return summary
+    return summary.to_dict()
 
 
-def _write_summary(s: Session, complete: bool, stop: RunStopped | None = None) -> dict[str, Any]:
-    summary = _summary(s, complete)
-    if stop is not None:
-        summary["stop"] = {"reason": stop.reason, "exit_status": stop.exit_status, "message": str(stop)}
+def _write_summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunSummary:
+    summary = _summary(s, complete, stop)
     if s.is_main:
-        write_atomic(s.out / "summary.json", json.dumps(summary, indent=2))
+        write_atomic(s.out / "summary.json", json.dumps(summary.to_dict(), indent=2))
     return summary
 
 
-def _closing_line(s: Session, summary: dict[str, Any]) -> str:
-    t = summary["total"]
-    skipped = f", {t['skipped_steps']} skipped (fp16 overflow)" if t["skipped_steps"] else ""
-    return (f"{'done' if summary['complete'] else 'stopped'}: {s.state.step} of {s.schedule.total_steps} steps"
-            f"{skipped}, loss {_shown(t['final_loss'], '.4f')}, val loss {_shown(t['final_val_loss'], '.4f')}, "
-            f"{_shown(t['tokens_per_s'], ',.0f')} tokens/s, peak allocated {_shown(t['peak_mem_allocated_mib_max'], '.0f')} "
-            f"MiB, train time {t['train_time_s']:.1f} s -> {s.out}")
+def _closing_line(s: Session, summary: RunSummary) -> str:
+    t = summary.total
+    skipped = f", {t.skipped_steps} skipped (fp16 overflow)" if t.skipped_steps else ""
+    return (f"{'done' if summary.complete else 'stopped'}: {s.state.step} of {s.schedule.total_steps} steps"
+            f"{skipped}, loss {_shown(t.final_loss, '.4f')}, val loss {_shown(t.final_val_loss, '.4f')}, "
+            f"{_shown(t.tokens_per_s, ',.0f')} tokens/s, peak allocated {_shown(t.peak_mem_allocated_mib_max, '.0f')} "
+            f"MiB, train time {t.train_time_s:.1f} s -> {s.out}")
 
 
 def _shown(value: float | None, spec: str) -> str:
     """A figure of the closing line; a non-finite one (null in summary.json) shows as n/a."""
-    return "n/a" if value is None else format(value, spec)
+    return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
 
 
-def _summary(s: Session, complete: bool) -> dict[str, Any]:
-    layout, geometry, state, cfg = s.layout, s.geometry, s.state, s.cfg
-    effective = layout["effective"]
-    return {
-        "run_name": layout["run_name"],
-        "experiment": cfg.run.experiment,
-        "strategy": effective["strategy"],
-        "requested_strategy": layout["requested"]["strategy"],
-        "world_size": effective["world_size"],
-        "num_machines": effective["num_machines"],
-        "precision": effective["precision"],
-        "requested_precision": {"no": "fp32"}.get(layout["requested"]["mixed_precision"],
-                                                  layout["requested"]["mixed_precision"]),
-        "device_type": effective["device_type"],
-        "device_name": layout["device_name"],
-        "threads_per_process": layout["threads_per_process"],
-        "backend": effective["backend"],
-        "wrapper": effective["wrapper"],
-        "params_sharded": effective["params_sharded"],
-        "local_param_numel": effective["local_param_numel"],
-        "block_shard_fractions": list(effective["block_shard_fractions"]),
-        "fsdp_reshard_after_forward": effective["fsdp_reshard_after_forward"],
-        "fsdp_offload_params": effective["fsdp_offload_params"],
-        "param_devices": list(effective["param_devices"]),
-        "checkpoint_wrapped_blocks": effective["checkpoint_wrapped_blocks"],
-        "sharding_observed": s.sharding_observed,
-        "memory": s.memory.result,
-        "levers": layout["levers"],
-        "peak_flops_per_device": layout["peak_flops_per_device"],
-        "peak_flops_source": layout["peak_flops_source"],
-        "preset": cfg.preset,
-        "n_params": layout["n_params"],
-        "n_params_non_embedding": layout["n_params_non_embedding"],
-        "seed": cfg.run.seed,
-        # Content hash of the packed data (corpus bytes, tokenizer, block size, split): equal keys and
-        # seeds mean the runs saw the same tokens in the same order.
-        "data_key": layout["data_stats"]["cache_key"],
-        "eval_blocks": layout["eval_blocks"],
-        "block_size": geometry.block_size,
-        "micro_batch_size": geometry.micro_batch_size,
-        "grad_accum_steps": geometry.grad_accum_steps,
-        "global_batch_tokens": geometry.tokens_per_step,
-        "steps": state.step,
-        "tokens_trained": state.step * geometry.tokens_per_step,
-        "complete": complete,
-        "epochs": _json_ready(state.epochs),
-        "total": _json_ready(total_summary(s.tracker, state.epochs, s.times, time.perf_counter() - s.wall_start,
-                                           s.last_val, open_epoch=state.steps_in_epoch > 0)),
-        "step_times_s": [r.step_time_s for r in s.tracker.records],
-        "skipped_step_numbers": [r.step for r in s.tracker.records if r.skipped],
-    }
-
-
-def _json_ready(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _json_ready(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_json_ready(v) for v in value]
-    return value
+def _summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunSummary:
+    """The run's summary: its launch record and how far it got."""
+    geometry, state, records = s.geometry, s.state, s.tracker.records
+    total = total_summary(s.tracker, state.epochs, s.times, time.perf_counter() - s.wall_start, s.last_val,
+                          open_epoch=state.steps_in_epoch > 0)
+    return run_summary(s.launch, RunFacts(
+        experiment=s.cfg.run.experiment, preset=s.cfg.preset, seed=s.cfg.run.seed, block_size=geometry.block_size,
+        sharding_observed=s.sharding_observed, memory=s.memory.result, steps=state.step,
+        tokens_trained=state.step * geometry.tokens_per_step, complete=complete,
+        epochs=[EpochFigures.from_dict(e) for e in state.epochs], total=RunTotals(**total),
+        step_times_s=[r.step_time_s for r in records], skipped_step_numbers=[r.step for r in records if r.skipped],
+        stop=None if stop is None else StopRecord(stop.reason, stop.exit_status, str(stop)),
+    ))
 
 
 def _export_hf(s: Session) -> None:

@@ -1,14 +1,16 @@
 """The five metrics: loss, grad norm, peak memory, time, throughput (and MFU).
 
-Per-step values stay on the device until the log interval; then one reduction across ranks and one
-host transfer turn them into numbers. Keys carry their units (see docs/run_directory.md).
+Each step's loss and grad norm stay on the device until the log interval; then one reduction across
+ranks and one host transfer turn them into numbers. That is not the only host synchronization: every
+step also all-reduces its health (training.stopping.step_health) and synchronizes the device for the
+step clock (training.loop). Keys carry their units (see docs/run_directory.md).
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -31,6 +33,20 @@ class StepRecord:
     step_time_s: float
     warmup: bool
     skipped: bool = False  # the fp16 grad scaler found inf/nan gradients and skipped the optimizer step
+
+
+@dataclass(frozen=True)
+class _PendingStep:
+    """A finished step whose loss and grad norm are still on the device (until the next flush)."""
+
+    step: int
+    epoch: int
+    tokens: int
+    loss_and_tokens: torch.Tensor  # this rank's (token-weighted loss sum, tokens)
+    grad_norm: torch.Tensor  # already the global norm, on every rank
+    lr: float
+    step_time_s: float
+    skipped: bool
 
 
 @dataclass
@@ -62,7 +78,7 @@ class MetricsTracker:
         device = accelerator.device
         self._step_loss_sum = torch.zeros((), device=device, dtype=torch.float64)
         self._step_tokens = torch.zeros((), device=device, dtype=torch.float64)
-        self._pending: list[tuple[int, int, int, torch.Tensor, torch.Tensor, float, float, bool]] = []
+        self._pending: list[_PendingStep] = []
         self.records: list[StepRecord] = []
         self.memory = EpochMemory()
 
@@ -79,8 +95,8 @@ class MetricsTracker:
     def end_step(self, step: int, epoch: int, tokens: int, grad_norm: torch.Tensor, lr: float,
                  step_time_s: float, skipped: bool = False) -> None:
         local = torch.stack([self._step_loss_sum, self._step_tokens])
-        self._pending.append((step, epoch, tokens, local, grad_norm.detach().double().reshape(()), lr, step_time_s,
-                              skipped))
+        self._pending.append(_PendingStep(step, epoch, tokens, local, grad_norm.detach().double().reshape(()), lr,
+                                          step_time_s, skipped))
         self._step_loss_sum = torch.zeros_like(self._step_loss_sum)
         self._step_tokens = torch.zeros_like(self._step_tokens)
 
@@ -88,15 +104,15 @@ class MetricsTracker:
         """Reduce the pending steps over ranks (one collective), move them to the host, return them."""
         if not self._pending:
             return []
-        local = torch.stack([p[3] for p in self._pending])  # (n_steps, 2): loss*tokens, tokens
-        grad_norms = torch.stack([p[4] for p in self._pending])
+        local = torch.stack([p.loss_and_tokens for p in self._pending])  # (n_steps, 2): loss*tokens, tokens
+        grad_norms = torch.stack([p.grad_norm for p in self._pending])
         summed = self.accelerator.reduce(local, reduction="sum")
         losses = (summed[:, 0] / summed[:, 1]).tolist()
         norms = grad_norms.tolist()  # already the global norm on every rank
         new = [
-            StepRecord(step=s, epoch=e, tokens=t, loss=loss, grad_norm=norm, lr=lr, step_time_s=dt,
-                       warmup=s <= self.perf_warmup_steps, skipped=skipped)
-            for (s, e, t, _, _, lr, dt, skipped), loss, norm in zip(self._pending, losses, norms, strict=True)
+            StepRecord(step=p.step, epoch=p.epoch, tokens=p.tokens, loss=loss, grad_norm=norm, lr=p.lr,
+                       step_time_s=p.step_time_s, warmup=p.step <= self.perf_warmup_steps, skipped=p.skipped)
+            for p, loss, norm in zip(self._pending, losses, norms, strict=True)
         ]
         self._pending.clear()
         self.records.extend(new)
@@ -202,7 +218,6 @@ class RunTimes:
     train_s: float = 0.0
     eval_s: float = 0.0
     checkpoint_s: float = 0.0
-    extra: dict[str, float] = field(default_factory=dict)
 
 
 def total_summary(tracker: MetricsTracker, epochs: list[dict[str, Any]], times: RunTimes, wall_time_s: float,

@@ -24,10 +24,11 @@ from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry
 from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
-from training.hardware import peak_flops
+from training.hardware import PeakFlops, peak_flops
 from training.levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
+from training.record import BatchRecord, EffectiveRecord, LaunchRecord, RequestedRecord, ScheduleRecord
 from training.rundir import check_output_dir, clear_run_files, truncate_metrics, wandb_run_id, write_atomic
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finish_settings
 from training.step import eval_subset, lr_factor, make_optimizer
@@ -70,7 +71,7 @@ class Session:
     state: TrainState
     tracker: MetricsTracker
     times: RunTimes
-    layout: dict[str, Any]  # the launch record: config.json's "launch"
+    launch: LaunchRecord  # config.json's "launch"
     jsonl: JsonlSink
     wandb: WandbSink
     signals: SignalFlag
@@ -97,19 +98,94 @@ class Session:
 
 
 def set_up(cfg: TrainConfig) -> Session:
-    from data import build_datasets
-    from model import GPT2Config
+    """Start the processes, then build data, model, loaders, the launch record and the sinks, in that order.
 
+    The order matters: the seed is set before anything draws from the random state, the model is built
+    after the data (as every earlier run did), and a resume comes last.
+    """
     wall_start = time.perf_counter()
     out = Path(cfg.run.output_dir)
+    model_config = _model_config(cfg)
+    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
+    processes = _start_processes(cfg, out)
+    data = _data(cfg, processes)
+    trainable = _trainable(cfg, model_config, processes, data.schedule)
+    loaders = _loaders(cfg, processes.accelerator, data, processes.levers)
+    # Measured once per machine and thread count and cached (the ranks take turns through a file lock),
+    # so every run of an experiment divides by the same peak; read before a resume restores the RNG.
+    peak = peak_flops(processes.accelerator.device, trainable.effective.precision, cfg.data.resolved_cache_dir())
+    record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
+    resolved = _write_config(cfg, processes.accelerator, out, record)
+    log_on_main(processes.accelerator, _start_line(record, data.geometry))
+    session = _session(cfg, out, processes, data, trainable, loaders, record, peak.flops_per_s, wall_start)
+    _start_wandb(session, resolved, record)
+    if resume_from is not None:
+        _resume(session, resume_from)  # last: nothing after it draws from the random state it restores
+    session.memory = MemoryProbe(processes.accelerator.device, _probe_step(cfg, session.state.step, data.schedule),
+                                 session.model, getattr(session.optimizer, "optimizer", session.optimizer))
+    return session
+
+
+# ---------------------------------------------------------------------------------------------
+# The builders set_up calls, in its order
+
+
+@dataclass
+class _Processes:
+    """The processes: what the launch asked for, the accelerator, the levers in effect, the signal flag."""
+
+    requested: RequestedLaunch
+    wandb_mode: str
+    signals: SignalFlag
+    accelerator: Accelerator
+    levers: Levers
+
+
+@dataclass
+class _Data:
+    """The packed datasets (with their statistics) and how they are cut into steps and epochs."""
+
+    packed: Any  # data.PackedData
+    geometry: BatchGeometry
+    schedule: Schedule
+
+
+@dataclass
+class _Trainable:
+    """The prepared model and optimizer, the strategy really in effect, and the model's size."""
+
+    model: nn.Module
+    model_config: Any  # model.GPT2Config
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    effective: EffectiveStrategy
+    sharding_observed: dict[str, Any]
+    n_params: int
+    n_params_non_embedding: int
+    flops_per_token: float
+
+
+@dataclass
+class _Loaders:
+    sampler: EpochOrderSampler
+    train: DataLoader
+    val: DataLoader
+
+
+def _model_config(cfg: TrainConfig) -> Any:
+    from model import GPT2Config
+
     model_config = GPT2Config.from_preset(
         cfg.model.model_preset, embd_pdrop=cfg.model.dropout, attn_pdrop=cfg.model.dropout,
         resid_pdrop=cfg.model.dropout, attn_impl=cfg.model.attn_impl,
     )
     if cfg.data.block_size > model_config.n_positions:
         raise RunError(f"--block_size {cfg.data.block_size} exceeds the model's {model_config.n_positions} positions")
-    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
+    return model_config
 
+
+def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
+    """The accelerator for the launch's strategy, the output folder ready, the seed set, the levers applied."""
     requested = requested_from_env(os.environ, cfg.run.strategy)
     wandb_mode = resolve_wandb_mode(cfg.run.wandb_mode)
     signals = SignalFlag()
@@ -117,95 +193,110 @@ def set_up(cfg: TrainConfig) -> Session:
     accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
     _prepare_output_dir(accelerator, out, cfg.run.overwrite)
     set_seed(cfg.run.seed)
-
-    log = functools.partial(log_on_main, accelerator)
     levers = _levers(cfg, accelerator, requested.strategy)
-    log(_levers_line(levers))
-    data = build_datasets(cfg.data, main_process_first=accelerator.main_process_first, log=log)
+    log_on_main(accelerator, _levers_line(levers))
+    return _Processes(requested, wandb_mode, signals, accelerator, levers)
+
+
+def _data(cfg: TrainConfig, processes: _Processes) -> _Data:
+    from data import build_datasets
+
+    accelerator = processes.accelerator
+    packed = build_datasets(cfg.data, main_process_first=accelerator.main_process_first,
+                            log=functools.partial(log_on_main, accelerator))
     geometry = batch_geometry(cfg.optim, cfg.data.block_size, accelerator.num_processes)
     accelerator.gradient_accumulation_steps = geometry.grad_accum_steps
-    schedule = _schedule(cfg, len(data.train), geometry)
+    return _Data(packed, geometry, _schedule(cfg, len(packed.train), geometry))
 
-    model, optimizer, scheduler = _model_and_optimizer(cfg, model_config, schedule.total_steps, levers)
+
+def _trainable(cfg: TrainConfig, model_config: Any, processes: _Processes, schedule: Schedule) -> _Trainable:
+    """Model, optimizer and schedule, prepared for the strategy, which is then checked against the request."""
+    model, optimizer, scheduler = _model_and_optimizer(cfg, model_config, schedule.total_steps, processes.levers)
     n_params = model.num_parameters()
     n_params_non_embedding = model.num_parameters(exclude_position_embeddings=True)
     flops_per_token = model.flops_per_token(cfg.data.block_size)
-    model, optimizer = accelerator.prepare(model, optimizer)  # FSDP2 needs both in one call
-    effective = effective_strategy(accelerator, model)
-    check_strategy(requested, effective)
+    model, optimizer = processes.accelerator.prepare(model, optimizer)  # FSDP2 needs both in one call
+    effective = effective_strategy(processes.accelerator, model)
+    check_strategy(processes.requested, effective)
     observer = ShardingObserver(model, getattr(optimizer, "optimizer", optimizer))
+    return _Trainable(model, model_config, optimizer, scheduler, effective, observer.result, n_params, n_params_non_embedding,
+                      flops_per_token)
 
-    sampler = EpochOrderSampler(len(data.train), schedule.steps_per_epoch * geometry.samples_per_step, cfg.run.seed)
-    train_loader = accelerator.prepare_data_loader(DataLoader(
-        data.train, batch_size=geometry.micro_batch_size, sampler=sampler, drop_last=True,
+
+def _loaders(cfg: TrainConfig, accelerator: Accelerator, data: _Data, levers: Levers) -> _Loaders:
+    geometry, schedule = data.geometry, data.schedule
+    sampler = EpochOrderSampler(len(data.packed.train), schedule.steps_per_epoch * geometry.samples_per_step,
+                                cfg.run.seed)
+    train = accelerator.prepare_data_loader(DataLoader(
+        data.packed.train, batch_size=geometry.micro_batch_size, sampler=sampler, drop_last=True,
         num_workers=cfg.run.dataloader_workers, pin_memory=levers.pin_memory,
         # Its own generator: starting an iterator (every epoch, and after a resume) would otherwise draw
         # from the global RNG that dropout uses, and a resumed run would draw at a step the
         # uninterrupted one did not.
         generator=torch.Generator().manual_seed(cfg.run.seed),
     ))
-    val_loader = accelerator.prepare_data_loader(DataLoader(
-        eval_subset(data.val, cfg.run.eval_blocks), batch_size=geometry.micro_batch_size, shuffle=False,
+    val = accelerator.prepare_data_loader(DataLoader(
+        eval_subset(data.packed.val, cfg.run.eval_blocks), batch_size=geometry.micro_batch_size, shuffle=False,
         num_workers=cfg.run.dataloader_workers, pin_memory=levers.pin_memory,
     ))
-    # Measured once per machine and thread count and cached (the ranks take turns through a file lock),
-    # so every run of an experiment divides by the same peak; read before a resume restores the RNG.
-    peak = peak_flops(accelerator.device, effective.precision, cfg.data.resolved_cache_dir())
+    return _Loaders(sampler, train, val)
 
-    facts = ThroughputFacts(geometry.tokens_per_step, geometry.samples_per_step, accelerator.num_processes,
-                            flops_per_token, peak.flops_per_s)
 
-    layout = {
-        "requested": {"strategy": requested.strategy, "world_size": requested.world_size,
-                      "mixed_precision": requested.mixed_precision},
-        "effective": effective.to_dict(),
-        "run_name": cfg.run.run_name or f"{effective.strategy}-{effective.world_size}x-{effective.precision}",
-        "device_name": _device_name(accelerator.device),
-        # On CPU a process stands in for a device; `accelerate launch` gives each process one thread
-        # unless OMP_NUM_THREADS says otherwise, while plain `python train.py` uses every core.
-        "threads_per_process": torch.get_num_threads(),
-        "batch": {"micro_batch_size": geometry.micro_batch_size, "grad_accum_steps": geometry.grad_accum_steps,
-                  "world_size": geometry.world_size, "global_batch_tokens": geometry.tokens_per_step,
-                  "global_batch_samples": geometry.samples_per_step},
-        "schedule": {"total_steps": schedule.total_steps, "steps_per_epoch": schedule.steps_per_epoch,
-                     "epochs": schedule.epochs},
-        "eval_blocks": len(val_loader.dataset),
-        "model_config": model_config.to_dict(),
-        "n_params": n_params,
-        "n_params_non_embedding": n_params_non_embedding,
-        "flops_per_token": flops_per_token,
-        "peak_flops_per_device": peak.flops_per_s,
-        "peak_flops_source": peak.source,
-        "data_stats": data.stats.to_dict(),
-        "wandb_mode": wandb_mode,
-        "levers": levers.to_dict(),
-    }
-    resolved = {**cfg.to_dict(), "launch": layout}
+def _launch_record(cfg: TrainConfig, processes: _Processes, data: _Data, trainable: _Trainable, eval_blocks: int,
+                   peak: PeakFlops) -> LaunchRecord:
+    """config.json's "launch": what was requested and is in effect, and the run's sizes and settings."""
+    requested, effective, geometry, schedule = processes.requested, trainable.effective, data.geometry, data.schedule
+    return LaunchRecord(
+        requested=RequestedRecord(requested.strategy, requested.world_size, requested.mixed_precision),
+        effective=EffectiveRecord(**effective.to_dict()),
+        run_name=cfg.run.run_name or f"{effective.strategy}-{effective.world_size}x-{effective.precision}",
+        device_name=_device_name(processes.accelerator.device),
+        threads_per_process=torch.get_num_threads(),
+        batch=BatchRecord(geometry.micro_batch_size, geometry.grad_accum_steps, geometry.world_size,
+                          geometry.tokens_per_step, geometry.samples_per_step),
+        schedule=ScheduleRecord(schedule.total_steps, schedule.steps_per_epoch, schedule.epochs),
+        eval_blocks=eval_blocks, model_config=trainable.model_config.to_dict(), n_params=trainable.n_params,
+        n_params_non_embedding=trainable.n_params_non_embedding, flops_per_token=trainable.flops_per_token,
+        peak_flops_per_device=peak.flops_per_s, peak_flops_source=peak.source,
+        data_stats=data.packed.stats.to_dict(), wandb_mode=processes.wandb_mode, levers=processes.levers.to_dict(),
+    )
+
+
+def _write_config(cfg: TrainConfig, accelerator: Accelerator, out: Path, record: LaunchRecord) -> dict[str, Any]:
+    """Write config.json (the configuration as resolved, and the launch record); returns what it holds."""
+    resolved = {**cfg.to_dict(), "launch": record.to_dict()}
     if accelerator.is_main_process:
         write_atomic(out / "config.json", json.dumps(resolved, indent=2, default=str))
-    log(_start_line(layout, effective, geometry, schedule, peak.source))
+    return resolved
 
-    session = Session(
-        cfg=cfg, out=out, accelerator=accelerator, model=model, model_config=model_config, optimizer=optimizer,
-        scheduler=scheduler, sampler=sampler, train_loader=train_loader, val_loader=val_loader, geometry=geometry,
-        schedule=schedule, state=TrainState(), tracker=MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps),
-        times=RunTimes(), layout=layout, jsonl=JsonlSink(out / "metrics.jsonl"),
-        wandb=WandbSink(accelerator, enabled=wandb_mode != "disabled"), signals=signals, wall_start=wall_start,
-        sharding_observed=observer.result,
+
+def _session(cfg: TrainConfig, out: Path, processes: _Processes, data: _Data, trainable: _Trainable, loaders: _Loaders,
+             record: LaunchRecord, peak_flops_per_s: float, wall_start: float) -> Session:
+    accelerator, geometry = processes.accelerator, data.geometry
+    facts = ThroughputFacts(geometry.tokens_per_step, geometry.samples_per_step, accelerator.num_processes,
+                            trainable.flops_per_token, peak_flops_per_s)
+    return Session(
+        cfg=cfg, out=out, accelerator=accelerator, model=trainable.model, model_config=trainable.model_config,
+        optimizer=trainable.optimizer, scheduler=trainable.scheduler, sampler=loaders.sampler,
+        train_loader=loaders.train, val_loader=loaders.val, geometry=geometry, schedule=data.schedule,
+        state=TrainState(), tracker=MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps), times=RunTimes(),
+        launch=record, jsonl=JsonlSink(out / "metrics.jsonl"),
+        wandb=WandbSink(accelerator, enabled=processes.wandb_mode != "disabled"), signals=processes.signals,
+        wall_start=wall_start, sharding_observed=trainable.sharding_observed,
     )
-    session.wandb.start(cfg.run.wandb_project, resolved, {
-        "name": layout["run_name"], "group": cfg.run.experiment, "job_type": effective.strategy, "mode": wandb_mode,
-        "dir": str(out), "entity": cfg.run.wandb_entity, "tags": [effective.strategy, effective.precision],
-        "id": wandb_run_id(out) if accelerator.is_main_process else None, "resume": "allow",
+
+
+def _start_wandb(s: Session, resolved: dict[str, Any], record: LaunchRecord) -> None:
+    effective = record.effective
+    s.wandb.start(s.cfg.run.wandb_project, resolved, {
+        "name": record.run_name, "group": s.cfg.run.experiment, "job_type": effective.strategy,
+        "mode": record.wandb_mode, "dir": str(s.out), "entity": s.cfg.run.wandb_entity,
+        "tags": [effective.strategy, effective.precision],
+        "id": wandb_run_id(s.out) if s.is_main else None, "resume": "allow",
         # W&B's console summary at the end would bury the run's own closing lines; W&B still gets
         # everything, and the closing line says where the offline run is.
-        "settings": {"quiet": True, **wandb_finish_settings(cfg.run.wandb_finish_timeout_s)},
+        "settings": {"quiet": True, **wandb_finish_settings(s.cfg.run.wandb_finish_timeout_s)},
     })
-    if resume_from is not None:
-        _resume(session, resume_from)  # last: nothing after it draws from the random state it restores
-    session.memory = MemoryProbe(accelerator.device, _probe_step(cfg, session.state.step, schedule), model,
-                                 getattr(optimizer, "optimizer", optimizer))
-    return session
 
 
 def _probe_step(cfg: TrainConfig, resumed_at: int, schedule: Schedule) -> int:
@@ -321,10 +412,11 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
-def _start_line(layout: dict[str, Any], effective: EffectiveStrategy, geometry: BatchGeometry, schedule: Schedule,
-                peak_source: str) -> str:
-    return (f"run {layout['run_name']}: strategy {effective.strategy} ({effective.wrapper}, "
+def _start_line(record: LaunchRecord, geometry: BatchGeometry) -> str:
+    effective = record.effective
+    return (f"run {record.run_name}: strategy {effective.strategy} ({effective.wrapper}, "
             f"{effective.world_size} process(es), {effective.backend}), precision {effective.precision}, global batch "
             f"{geometry.tokens_per_step} tokens = {geometry.micro_batch_size} x {geometry.block_size} x "
-            f"{geometry.world_size} x {geometry.grad_accum_steps} accumulation, {schedule.total_steps} steps, "
-            f"{layout['n_params']:,} parameters, validation on {layout['eval_blocks']} blocks; MFU peak: {peak_source}")
+            f"{geometry.world_size} x {geometry.grad_accum_steps} accumulation, {record.schedule.total_steps} steps, "
+            f"{record.n_params:,} parameters, validation on {record.eval_blocks} blocks; MFU peak: "
+            f"{record.peak_flops_source}")

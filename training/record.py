@@ -1,0 +1,329 @@
+"""What a run records, as types: the launch layout (config.json's "launch") and the summary (summary.json).
+
+train.py writes both files from these dataclasses and analysis/ reads summary.json back into them, so a
+key is spelled once, here. The field order is the files' key order (see docs/run_directory.md).
+
+Reading is tolerant, because run folders outlive the code that wrote them: a key the file lacks reads as
+None, a key no field has is ignored. Sub-records that other modules own and describe (the model config,
+the data statistics, the levers, the memory probe's result, the sharding observer's result) stay plain
+JSON objects here.
+
+Pure Python (no torch), so the analysis and notebook side can import it cheaply.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Mapping, TypeVar
+
+R = TypeVar("R", bound="Record")
+
+
+class Record:
+    """A dataclass that is one JSON object of a run's files; subclasses say which fields hold records."""
+
+    # field name -> the Record class of its value (or of each item, when the value is a list)
+    _nested: ClassVar[dict[str, type[Record]]] = {}
+    # fields that are tuples in memory and JSON arrays in the file
+    _tuples: ClassVar[frozenset[str]] = frozenset()
+    # fields left out of the file when they are None (rather than written as null)
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset()
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object, keys in field order; non-finite numbers become None (null), as JSON has none."""
+        return {f.name: _to_json(getattr(self, f.name)) for f in fields(self)  # type: ignore[arg-type]
+                if not (f.name in self._omitted_when_none and getattr(self, f.name) is None)}
+
+    @classmethod
+    def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
+        """Read a JSON object: missing keys are None, unknown keys are ignored."""
+        return cls(**{f.name: cls._read(f.name, data.get(f.name)) for f in fields(cls)})  # type: ignore[arg-type]
+
+    @classmethod
+    def _read(cls, name: str, value: Any) -> Any:
+        nested = cls._nested.get(name)
+        if nested is not None:
+            if isinstance(value, Mapping):
+                return nested.from_dict(value)
+            if isinstance(value, list):
+                return [nested.from_dict(v) for v in value if isinstance(v, Mapping)]
+            return None
+        if name in cls._tuples and isinstance(value, list):
+            return tuple(value)
+        return value
+
+
+def _to_json(value: Any) -> Any:
+    if isinstance(value, Record):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_to_json(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _to_json(v) for k, v in value.items()}
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+# ---------------------------------------------------------------------------------------------
+# The launch layout: config.json's "launch"
+
+
+@dataclass(frozen=True)
+class RequestedRecord(Record):
+    """What the launch asked for (training.strategy.RequestedLaunch, as recorded)."""
+
+    strategy: str | None
+    world_size: int | None  # None: the config asked for several processes, how many is not visible
+    mixed_precision: str | None  # no | fp16 | bf16
+
+
+@dataclass(frozen=True)
+class EffectiveRecord(Record):
+    """What was really running (training.strategy.EffectiveStrategy, field for field)."""
+
+    strategy: str | None
+    world_size: int | None
+    num_machines: int | None
+    backend: str | None
+    distributed_type: str | None
+    wrapper: str | None
+    params_sharded: bool | None
+    local_param_numel: int | None
+    global_param_numel: int | None
+    precision: str | None  # fp32 | fp16 | bf16
+    device_type: str | None
+    block_shard_fractions: tuple[float, ...] | None
+    fsdp_reshard_after_forward: bool | None
+    fsdp_offload_params: bool | None
+    param_devices: tuple[str, ...] | None
+    checkpoint_wrapped_blocks: int | None
+
+    _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
+
+
+@dataclass(frozen=True)
+class BatchRecord(Record):
+    micro_batch_size: int | None
+    grad_accum_steps: int | None
+    world_size: int | None
+    global_batch_tokens: int | None
+    global_batch_samples: int | None
+
+
+@dataclass(frozen=True)
+class ScheduleRecord(Record):
+    total_steps: int | None  # the learning-rate schedule's length
+    steps_per_epoch: int | None
+    epochs: int | None
+
+
+@dataclass(frozen=True)
+class LaunchRecord(Record):
+    """How the run was laid out, as config.json's "launch" holds it."""
+
+    requested: RequestedRecord | None
+    effective: EffectiveRecord | None
+    run_name: str | None
+    device_name: str | None
+    # On CPU a process stands in for a device; `accelerate launch` gives each process one thread
+    # unless OMP_NUM_THREADS says otherwise, while plain `python train.py` uses every core.
+    threads_per_process: int | None
+    batch: BatchRecord | None
+    schedule: ScheduleRecord | None
+    eval_blocks: int | None
+    model_config: dict[str, Any] | None  # model.GPT2Config.to_dict()
+    n_params: int | None
+    n_params_non_embedding: int | None
+    flops_per_token: float | None
+    peak_flops_per_device: float | None
+    peak_flops_source: str | None
+    data_stats: dict[str, Any] | None  # data.DataStats.to_dict()
+    wandb_mode: str | None
+    levers: dict[str, Any] | None  # training.levers.Levers.to_dict()
+
+    _nested: ClassVar[dict[str, type[Record]]] = {
+        "requested": RequestedRecord, "effective": EffectiveRecord, "batch": BatchRecord, "schedule": ScheduleRecord,
+    }
+
+    @property
+    def data_key(self) -> str | None:
+        """Content hash of the packed data (corpus bytes, tokenizer, block size, split)."""
+        return (self.data_stats or {}).get("cache_key")
+
+
+# ---------------------------------------------------------------------------------------------
+# The summary: summary.json
+
+
+@dataclass(frozen=True)
+class EpochFigures(Record):
+    """One epoch's figures (training.metrics.epoch_summary); `partial`: the step budget ended inside it."""
+
+    epoch: int | None
+    partial: bool | None
+    steps: int | None
+    tokens: int | None
+    loss_mean: float | None
+    loss_nonfinite_steps: int | None
+    grad_norm_mean: float | None
+    grad_norm_nonfinite_steps: int | None
+    skipped_steps: int | None
+    time_s: float | None
+    tokens_per_s: float | None
+    tokens_per_s_per_device: float | None
+    samples_per_s: float | None
+    peak_mem_allocated_mib_max: float | None
+    peak_mem_allocated_mib_mean: float | None
+    peak_mem_reserved_mib_max: float | None
+    peak_mem_reserved_mib_mean: float | None
+    val_loss: float | None
+    val_ppl: float | None
+
+
+@dataclass(frozen=True)
+class RunTotals(Record):
+    """Whole-run figures (training.metrics.total_summary): times, throughput, step times, losses, memory."""
+
+    train_time_s: float | None
+    eval_time_s: float | None
+    checkpoint_time_s: float | None
+    wall_time_s: float | None
+    warmup_time_s: float | None
+    tokens_per_s: float | None
+    tokens_per_s_per_device: float | None
+    tokens_per_s_excl_warmup: float | None
+    tokens_per_s_per_device_excl_warmup: float | None
+    samples_per_s: float | None
+    step_time_s_mean: float | None
+    step_time_s_p50: float | None
+    step_time_s_p90: float | None
+    loss_mean: float | None
+    loss_nonfinite_steps: int | None
+    grad_norm_mean: float | None
+    grad_norm_nonfinite_steps: int | None
+    skipped_steps: int | None
+    final_loss: float | None
+    mfu: float | None
+    peak_mem_allocated_mib_max: float | None
+    peak_mem_allocated_mib_mean: float | None
+    peak_mem_reserved_mib_max: float | None
+    peak_mem_reserved_mib_mean: float | None
+    final_val_loss: float | None
+    final_val_ppl: float | None
+
+
+@dataclass(frozen=True)
+class StopRecord(Record):
+    """Why a run stopped early on purpose, and the exit status train.py ends with."""
+
+    reason: str | None  # training.stopping.RunStopped.reason
+    exit_status: int | None
+    message: str | None
+
+
+@dataclass(frozen=True)
+class RunSummary(Record):
+    """summary.json: who the run was (strategy, devices, model, data, batch), then how far it got and its figures."""
+
+    run_name: str | None
+    experiment: str | None
+    strategy: str | None
+    requested_strategy: str | None
+    world_size: int | None
+    num_machines: int | None
+    precision: str | None
+    requested_precision: str | None
+    device_type: str | None
+    device_name: str | None
+    threads_per_process: int | None
+    backend: str | None
+    wrapper: str | None
+    params_sharded: bool | None
+    local_param_numel: int | None
+    block_shard_fractions: tuple[float, ...] | None
+    fsdp_reshard_after_forward: bool | None
+    fsdp_offload_params: bool | None
+    param_devices: tuple[str, ...] | None
+    checkpoint_wrapped_blocks: int | None
+    sharding_observed: dict[str, Any] | None  # training.strategy.ShardingObserver's result
+    memory: dict[str, Any] | None  # training.memory.MemoryProbe's result
+    levers: dict[str, Any] | None
+    peak_flops_per_device: float | None
+    peak_flops_source: str | None
+    preset: str | None
+    n_params: int | None
+    n_params_non_embedding: int | None
+    seed: int | None
+    # Content hash of the packed data (corpus bytes, tokenizer, block size, split): equal keys and
+    # seeds mean the runs saw the same tokens in the same order.
+    data_key: str | None
+    eval_blocks: int | None
+    block_size: int | None
+    micro_batch_size: int | None
+    grad_accum_steps: int | None
+    global_batch_tokens: int | None
+    steps: int | None
+    tokens_trained: int | None
+    complete: bool | None
+    epochs: list[EpochFigures] | None
+    total: RunTotals | None
+    step_times_s: list[float] | None
+    skipped_step_numbers: list[int] | None
+    stop: StopRecord | None = None  # only when the run stopped early on purpose
+
+    _nested: ClassVar[dict[str, type[Record]]] = {"epochs": EpochFigures, "total": RunTotals, "stop": StopRecord}
+    _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"stop"})
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the summary holds besides the launch layout: the run's settings and how far it got."""
+
+    experiment: str | None
+    preset: str | None
+    seed: int
+    block_size: int
+    sharding_observed: dict[str, Any]
+    memory: dict[str, Any] | None
+    steps: int
+    tokens_trained: int
+    complete: bool
+    epochs: list[EpochFigures]
+    total: RunTotals
+    step_times_s: list[float]
+    skipped_step_numbers: list[int]
+    stop: StopRecord | None = None
+
+
+def recorded_precision(mixed_precision: str | None) -> str | None:
+    """accelerate's "no" is fp32 in the summary; fp16 and bf16 are themselves."""
+    return {"no": "fp32"}.get(mixed_precision or "", mixed_precision)
+
+
+def run_summary(launch: LaunchRecord, facts: RunFacts) -> RunSummary:
+    """The summary of a run laid out as `launch` that got as far as `facts` say."""
+    effective = launch.effective or EffectiveRecord.from_dict({})
+    requested = launch.requested or RequestedRecord.from_dict({})
+    batch = launch.batch or BatchRecord.from_dict({})
+    return RunSummary(
+        run_name=launch.run_name, experiment=facts.experiment, strategy=effective.strategy,
+        requested_strategy=requested.strategy, world_size=effective.world_size, num_machines=effective.num_machines,
+        precision=effective.precision, requested_precision=recorded_precision(requested.mixed_precision),
+        device_type=effective.device_type, device_name=launch.device_name,
+        threads_per_process=launch.threads_per_process, backend=effective.backend, wrapper=effective.wrapper,
+        params_sharded=effective.params_sharded, local_param_numel=effective.local_param_numel,
+        block_shard_fractions=effective.block_shard_fractions,
+        fsdp_reshard_after_forward=effective.fsdp_reshard_after_forward,
+        fsdp_offload_params=effective.fsdp_offload_params, param_devices=effective.param_devices,
+        checkpoint_wrapped_blocks=effective.checkpoint_wrapped_blocks, sharding_observed=facts.sharding_observed,
+        memory=facts.memory, levers=launch.levers, peak_flops_per_device=launch.peak_flops_per_device,
+        peak_flops_source=launch.peak_flops_source, preset=facts.preset, n_params=launch.n_params,
+        n_params_non_embedding=launch.n_params_non_embedding, seed=facts.seed, data_key=launch.data_key,
+        eval_blocks=launch.eval_blocks, block_size=facts.block_size, micro_batch_size=batch.micro_batch_size,
+        grad_accum_steps=batch.grad_accum_steps, global_batch_tokens=batch.global_batch_tokens, steps=facts.steps,
+        tokens_trained=facts.tokens_trained, complete=facts.complete, epochs=facts.epochs, total=facts.total,
+        step_times_s=facts.step_times_s, skipped_step_numbers=facts.skipped_step_numbers, stop=facts.stop,
+    )
