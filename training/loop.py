@@ -329,7 +329,7 @@ def _summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunS
 def _export_hf(s: Session) -> None:
     """Gather the full weights (under FSDP every rank takes part) and write the Hugging Face folder."""
     from data import load_tokenizer
-    from model import GPT2
+    from model import GPT2, save_hf
 
     state = s.accelerator.get_state_dict(s.model)
     if s.is_main:
@@ -341,7 +341,7 @@ def _export_hf(s: Session) -> None:
         # The pipeline's tokenizer has no length limit (documents are packed later); the export's
         # tokenizer should tell users the model's context length.
         tokenizer.model_max_length = s.model_config.n_positions
-        full.save_hf(s.out / "hf", tokenizer=tokenizer)
+        save_hf(full, s.out / "hf", tokenizer=tokenizer)
     s.accelerator.wait_for_everyone()
 
 

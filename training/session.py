@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
 from torch.utils.data import DataLoader
 
+from training import registry
 from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry
 from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
@@ -373,7 +374,7 @@ def _levers(cfg: TrainConfig, accelerator: Accelerator, strategy: str) -> Levers
         levers = decide_levers(cfg.speed, cfg.run.dataloader_workers, DeviceInfo.of(accelerator.device), strategy)
     except ValueError as exc:
         raise RunError(str(exc)) from None
-    if levers.activation_checkpointing == "fsdp":
+    if levers.activation_checkpointing == registry.CHECKPOINT_IN_FSDP:
         if cfg.model.dropout > 0:
             # accelerate's FSDP checkpoint wrapper does not restore the RNG state for the recompute, so the
             # recomputed dropout masks would differ from the forward's and the gradients would be wrong.
@@ -396,7 +397,7 @@ def _model_and_optimizer(cfg: TrainConfig, model_config: Any, total_steps: int,
     from model import GPT2
 
     model = GPT2(model_config)  # same seed on every rank: identical initial weights
-    model.activation_checkpointing = levers.activation_checkpointing == "model"
+    model.activation_checkpointing = levers.activation_checkpointing == registry.CHECKPOINT_IN_MODEL
     if levers.compile:
         compile_blocks(model.transformer.h)
     optimizer = make_optimizer(model, cfg.optim, fused=levers.fused_adamw)
