@@ -53,6 +53,12 @@ class PeakFlops:
             return None
         return (self.spread[1] - self.spread[0]) / self.flops_per_s
 
+    def launch_fields(self) -> dict[str, Any]:
+        """The run record's peak fields (training.record.LaunchRecord): the figure, its source, when it was
+        measured and its trials' relative spread, so a report can tell runs divided by different peaks."""
+        return {"peak_flops_per_device": self.flops_per_s, "peak_flops_source": self.source,
+                "peak_flops_measured_at": self.measured_at, "peak_flops_relative_spread": self.relative_spread}
+
     @property
     def spread_wide(self) -> bool:
         """True for a measurement whose trials spread more than CPU_SPREAD_LIMIT: it was likely disturbed."""

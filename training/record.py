@@ -142,10 +142,15 @@ class LaunchRecord(Record):
     data_stats: dict[str, Any] | None  # data.DataStats.to_dict()
     wandb_mode: str | None
     levers: dict[str, Any] | None  # training.levers.Levers.to_dict()
+    # A measured (CPU) peak's kept measurement: when it was taken (UTC, ISO 8601) and its trials'
+    # (fastest - slowest) / median; absent for a table figure and in launch records written before them.
+    peak_flops_measured_at: str | None = None
+    peak_flops_relative_spread: float | None = None
 
     _nested: ClassVar[dict[str, type[Record]]] = {
         "requested": RequestedRecord, "effective": EffectiveRecord, "batch": BatchRecord, "schedule": ScheduleRecord,
     }
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"peak_flops_measured_at", "peak_flops_relative_spread"})
 
     @property
     def data_key(self) -> str | None:
@@ -252,6 +257,10 @@ class RunSummary(Record):
     levers: dict[str, Any] | None
     peak_flops_per_device: float | None
     peak_flops_source: str | None
+    # When the measured peak was taken and how widely its trials spread (as LaunchRecord); written only
+    # for a measured peak, so two runs with equal figures and times divided by the same measurement.
+    peak_flops_measured_at: str | None
+    peak_flops_relative_spread: float | None
     preset: str | None
     n_params: int | None
     n_params_non_embedding: int | None
@@ -275,7 +284,8 @@ class RunSummary(Record):
 
     _nested: ClassVar[dict[str, type[Record]]] = {"epochs": EpochFigures, "total": RunTotals, "stop": StopRecord}
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
-    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"stop"})
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
+        {"stop", "peak_flops_measured_at", "peak_flops_relative_spread"})
 
 
 @dataclass(frozen=True)
@@ -320,7 +330,8 @@ def run_summary(launch: LaunchRecord, facts: RunFacts) -> RunSummary:
         fsdp_offload_params=effective.fsdp_offload_params, param_devices=effective.param_devices,
         checkpoint_wrapped_blocks=effective.checkpoint_wrapped_blocks, sharding_observed=facts.sharding_observed,
         memory=facts.memory, levers=launch.levers, peak_flops_per_device=launch.peak_flops_per_device,
-        peak_flops_source=launch.peak_flops_source, preset=facts.preset, n_params=launch.n_params,
+        peak_flops_source=launch.peak_flops_source, peak_flops_measured_at=launch.peak_flops_measured_at,
+        peak_flops_relative_spread=launch.peak_flops_relative_spread, preset=facts.preset, n_params=launch.n_params,
         n_params_non_embedding=launch.n_params_non_embedding, seed=facts.seed, data_key=launch.data_key,
         eval_blocks=launch.eval_blocks, block_size=facts.block_size, micro_batch_size=batch.micro_batch_size,
         grad_accum_steps=batch.grad_accum_steps, global_batch_tokens=batch.global_batch_tokens, steps=facts.steps,

@@ -112,8 +112,10 @@ def set_up(cfg: TrainConfig) -> Session:
     data = _data(cfg, processes)
     trainable = _trainable(cfg, model_config, processes, data.schedule)
     loaders = _loaders(cfg, processes.accelerator, data, processes.levers)
-    # Measured once per machine and thread count and cached (the ranks take turns through a file lock),
-    # so every run of an experiment divides by the same peak; read before a resume restores the RNG.
+    # Cached per machine and thread count: the best measurement seen, measured again while its trials spread
+    # widely (the ranks take turns through a file lock and take the figure of the one that measured). The
+    # record holds its value, time and spread, so runs divided by different peaks can be told apart; read
+    # before a resume restores the RNG.
     peak = peak_flops(processes.accelerator.device, trainable.effective.precision, cfg.data.resolved_cache_dir())
     record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
     resolved = _write_config(cfg, processes.accelerator, out, record)
@@ -258,7 +260,7 @@ def _launch_record(cfg: TrainConfig, processes: _Processes, data: _Data, trainab
         schedule=ScheduleRecord(schedule.total_steps, schedule.steps_per_epoch, schedule.epochs),
         eval_blocks=eval_blocks, model_config=trainable.model_config.to_dict(), n_params=trainable.n_params,
         n_params_non_embedding=trainable.n_params_non_embedding, flops_per_token=trainable.flops_per_token,
-        peak_flops_per_device=peak.flops_per_s, peak_flops_source=peak.source,
+        **peak.launch_fields(),
         data_stats=data.packed.stats.to_dict(), wandb_mode=processes.wandb_mode, levers=processes.levers.to_dict(),
     )
 
