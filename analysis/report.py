@@ -36,6 +36,10 @@ FAIRNESS_FACTS = {
     "device_name": "device",
 }
 
+# The peak MFU is divided by, and when it was measured: runs compared on MFU must share one measurement,
+# since a CPU peak is the best measurement seen so far and can rise between runs (training/hardware.py).
+PEAK_FACTS = ("peak_flops_per_device", "peak_flops_measured_at")
+
 # Two curves with independent noise of std sigma differ by sqrt(2)*sigma RMS; 2*sigma leaves room for
 # that and still flags a systematic gap of the order of the noise.
 AGREEMENT_FACTOR = 2.0
@@ -118,6 +122,8 @@ class Fairness:
 
     differing: dict[str, dict[str, Any]] = field(default_factory=dict)
     agreed: dict[str, Any] = field(default_factory=dict)
+    # label -> (peak FLOP/s, measured at), only when the runs' peaks differ in figure or measurement time
+    peaks: dict[str, tuple[Any, ...]] = field(default_factory=dict)
 
     @property
     def fair(self) -> bool:
@@ -132,6 +138,9 @@ def fairness(runs: list[Run]) -> Fairness:
             result.differing[key] = values
         elif values:
             result.agreed[key] = next(iter(values.values()))
+    peaks = {run.label: tuple(run.fact(key) for key in PEAK_FACTS) for run in runs}
+    if len({repr(peak) for peak in peaks.values()}) > 1:
+        result.peaks = peaks
     return result
 
 
@@ -140,7 +149,7 @@ def fairness_lines(check: Fairness, runs: list[Run]) -> list[str]:
         return []
     if check.fair:
         agreed = ", ".join(f"{FAIRNESS_FACTS[k]} {_show(k, v)}" for k, v in check.agreed.items())
-        return [f"Fair comparison: all {len(runs)} runs share {agreed}."]
+        return [f"Fair comparison: all {len(runs)} runs share {agreed}.", *peak_lines(check)]
     lines = []
     for key, values in check.differing.items():
         shown = ", ".join(f"{label} {_show(key, value)}" for label, value in values.items())
@@ -148,7 +157,23 @@ def fairness_lines(check: Fairness, runs: list[Run]) -> list[str]:
     if "global_batch_tokens" in check.differing:
         lines.append("Unequal global batches change the optimisation itself (steps, noise, learning rate per "
                      "token), so the loss and grad-norm comparison is not like for like.")
-    return lines
+    return lines + peak_lines(check)
+
+
+def peak_lines(check: Fairness) -> list[str]:
+    """One line naming the runs whose MFU is divided by different peaks (figure or measurement time)."""
+    if not check.peaks:
+        return []
+    shown = ", ".join(f"{label} {_peak_text(flops, at)}" for label, (flops, at) in check.peaks.items())
+    return [f"**MFU is measured against different peaks** ({shown}): their MFU figures are not comparable "
+            "with each other; throughput is."]
+
+
+def _peak_text(flops: Any, measured_at: Any) -> str:
+    if not isinstance(flops, (int, float)) or isinstance(flops, bool) or not math.isfinite(flops):
+        return "peak not recorded"
+    figure = f"{flops / 1e12:,.1f} TFLOP/s" if flops >= 1e12 else f"{flops / 1e9:,.1f} GFLOP/s"
+    return f"{figure} measured {measured_at}" if measured_at else f"{figure} (no measurement time)"
 
 
 COUNTS = {"global_batch_tokens", "tokens_trained", "n_params"}  # shown with thousands separators
@@ -295,14 +320,14 @@ def build_reading(runs: list[Run], excluded: list[Run]) -> Reading:
     """The reading of the usable `runs`; `excluded` are listed with their problems only."""
     check = fairness(runs)
     fair = fairness_lines(check, runs)
-    warnings = [] if check.fair else fair
+    agreed = fair[:1] if check.fair else []  # the "Fair comparison" line is a reading, the rest are warnings
+    warnings = fair[len(agreed):]
     if excluded:
         warnings.append(f"**{len(excluded)} run(s) left out of the comparison**: "
                         + ", ".join(str(run.path) for run in excluded) + " (see Problems).")
     lines = [*fastest_reading(runs), *memory_reading(runs),
              *agreement_lines(loss_agreement(runs), check), *final_loss_line(runs)]
-    if check.fair:
-        lines += fair
+    lines += agreed
     problems = [f"{run.path}: {problem}" for run in [*runs, *excluded] for problem in run.problems]
     method = [
         "Throughput is tokens trained / training time of the optimizer steps (evaluation and checkpointing "
@@ -314,7 +339,8 @@ def build_reading(runs: list[Run], excluded: list[Run]) -> Reading:
          "'mean over devices' the average device."),
         "MFU is achieved FLOP/s per device / the device's peak FLOP/s, in percent.",
         CRITERION,
-        f"Fairness: the runs are compared like for like when {', '.join(FAIRNESS_FACTS.values())} agree.",
+        f"Fairness: the runs are compared like for like when {', '.join(FAIRNESS_FACTS.values())} agree; "
+        "their MFU when they were divided by the same peak (the same figure, measured at the same time).",
     ]
     return Reading(warnings, lines, problems, method)
 

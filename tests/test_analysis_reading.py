@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.report import (agreement_lines, fairness, fairness_lines, fastest_reading, loss_agreement,
-                             memory_reading)
+from analysis.report import (agreement_lines, build_reading, fairness, fairness_lines, fastest_reading,
+                             loss_agreement, memory_reading)
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from tests.analysis_fixtures import three_strategies
 
@@ -125,3 +125,52 @@ def test_identical_curves_agree_even_without_noise(tmp_path: Path) -> None:
 def test_loss_agreement_needs_two_curves(tmp_path: Path) -> None:
     runs = runs_of(tmp_path)[:1]
     assert loss_agreement(runs).verdict == "undetermined"
+
+
+def with_peaks(runs: list[Run], **peaks: tuple[float, str | None]) -> list[Run]:
+    """Give the named runs a measured CPU peak (figure, measurement time), as summary.json records it."""
+    for run in runs:
+        if run.label in peaks:
+            run.summary["peak_flops_per_device"], run.summary["peak_flops_measured_at"] = peaks[run.label]
+    return runs
+
+
+PEAK_LINE = "**MFU is measured against different peaks**"
+
+
+def test_runs_divided_by_different_peaks_are_named_in_one_line(tmp_path: Path) -> None:
+    early, late = "2026-12-03T10:00:00Z", "2026-12-03T11:30:00Z"
+    runs = with_peaks(runs_of(tmp_path), single=(48e9, early), ddp=(150e9, late), fsdp=(150e9, late))
+    check = fairness(runs)
+    assert check.fair  # the loss and throughput comparison is still like for like
+    lines = fairness_lines(check, runs)
+    (line,) = [line for line in lines if PEAK_LINE in line]
+    assert line == (f"{PEAK_LINE} (single 48.0 GFLOP/s measured {early}, ddp 150.0 GFLOP/s measured {late}, "
+                    f"fsdp 150.0 GFLOP/s measured {late}): their MFU figures are not comparable with each other; "
+                    "throughput is.")
+    reading = build_reading(runs, [])
+    assert line in reading.warnings and line not in reading.lines
+    assert any(text.startswith("Fair comparison") for text in reading.lines)
+
+
+def test_an_equal_figure_measured_at_another_time_is_another_peak(tmp_path: Path) -> None:
+    runs = with_peaks(runs_of(tmp_path), single=(150e9, "2026-12-03T10:00:00Z"), ddp=(150e9, "2026-12-03T10:00:00Z"),
+                      fsdp=(150e9, "2026-12-03T12:00:00Z"))
+    assert set(fairness(runs).peaks) == {"single", "ddp", "fsdp"}
+    assert sum(PEAK_LINE in line for line in fairness_lines(fairness(runs), runs)) == 1
+
+
+def test_one_peak_for_every_run_is_not_flagged(tmp_path: Path) -> None:
+    table = runs_of(tmp_path / "table")  # the fixture's datasheet figure, no measurement time
+    measured = with_peaks(runs_of(tmp_path / "measured"), single=(150e9, "2026-12-03T10:00:00Z"),
+                          ddp=(150e9, "2026-12-03T10:00:00Z"), fsdp=(150e9, "2026-12-03T10:00:00Z"))
+    for runs in (table, measured):
+        assert not fairness(runs).peaks
+        assert not any(PEAK_LINE in line for line in [*fairness_lines(fairness(runs), runs),
+                                                      *build_reading(runs, []).warnings])
+
+
+def test_a_run_without_a_recorded_peak_time_differs_from_a_measured_one(tmp_path: Path) -> None:
+    runs = with_peaks(runs_of(tmp_path), ddp=(150e9, "2026-12-03T10:00:00Z"))
+    (line,) = [line for line in fairness_lines(fairness(runs), runs) if PEAK_LINE in line]
+    assert "single 65.0 TFLOP/s (no measurement time)" in line and "ddp 150.0 GFLOP/s measured" in line
