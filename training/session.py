@@ -115,14 +115,14 @@ def set_up(cfg: TrainConfig) -> Session:
 
     The order matters: the seed is set before anything draws from the random state, the model is built
     after the data (as every earlier run did), and a resume comes last. Every check that can fail on bad
-    input either fails alike in every process before its first collective (the model's size), or is
-    agreed through one (the output folder, the data), so all processes stop with the same one-line error
-    and none is left waiting in a collective for one that has gone.
+    input fails alike in every process after the process group is up (the model's size, the batch), or is
+    agreed through a collective (the output folder, the data), so all processes stop with the same
+    one-line error, none is left waiting in a collective for one that has gone, and they leave together.
     """
     wall_start = time.perf_counter()
     out = Path(cfg.run.output_dir)
-    model_config = _model_config(cfg)
     processes = _start_processes(cfg, out)
+    model_config = _model_config(cfg)  # fails alike in every process, which then leave together (train.py)
     resume_from = processes.resume_from
     data = _data(cfg, processes)
     trainable = _trainable(cfg, model_config, processes, data.schedule)
