@@ -10,7 +10,7 @@ import shutil
 import socket
 import uuid
 from pathlib import Path
-from typing import Any
+from typing import TextIO
 
 from training.checkpoint import newest_good_checkpoint
 from training.errors import RunError
@@ -91,11 +91,12 @@ class RunLock:
     longer has a name, and two runs would both think they hold the folder.
     """
 
-    def __init__(self, stream: Any, path: Path) -> None:
+    def __init__(self, stream: TextIO, path: Path) -> None:
         self._stream = stream
         self.path = path
 
     def release(self) -> None:
+        """Empty the file (no holder named), then let go; a second call does nothing (atexit calls it too)."""
         if self._stream.closed:
             return
         self._stream.seek(0)
