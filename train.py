@@ -28,9 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         summary = run_training(config)
     except (DataError, RunError, StrategyMismatch, ValueError, FileNotFoundError) as exc:
-        # Every rank fails the same way; one line from the first is enough.
+        # Every rank fails the same way (set-up agrees on failures); one line from the first is enough.
         if os.environ.get("RANK", "0") == "0":
-            print(f"error: {exc}", file=sys.stderr)
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        _leave_together()
         return 3 if isinstance(exc, StrategyMismatch) else 2
     stop = summary.get("stop")
     if stop is None:
@@ -38,6 +39,20 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RANK", "0") == "0":
         print(f"{'error' if stop['reason'] == 'nonfinite' else 'stopped'}: {stop['message']}", file=sys.stderr)
     return int(stop["exit_status"])
+
+
+def _leave_together() -> None:
+    """After a failure every process agreed on: wait for all (so the first has printed its line before
+    torchrun, seeing one process end, stops the others), then close the process group.
+
+    A process that exits with its gloo group open can abort in C++ ("terminate called without an
+    active exception", SIGABRT) instead of ending with its status.
+    """
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -1,12 +1,16 @@
-"""The run directory: one run per directory, atomic writes, and what a resume rewrites."""
+"""The run directory: one run per directory (and one at a time: its lock), atomic writes, and what a resume rewrites."""
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import json
 import os
 import shutil
+import socket
 import uuid
 from pathlib import Path
+from typing import TextIO
 
 from training.checkpoint import newest_good_checkpoint
 from training.errors import RunError
@@ -68,3 +72,71 @@ def wandb_run_id(out: Path) -> str:
     run_id = uuid.uuid4().hex[:12]
     path.write_text(run_id)
     return run_id
+
+
+# ---------------------------------------------------------------------------------------------
+# One run per directory at a time
+
+LOCK_FILE = ".lock"
+
+
+class RunLock:
+    """An exclusive lock on a run directory, held by one process of the job from set-up to exit.
+
+    fcntl.flock, so the kernel drops it when the holder dies however it dies (kill -9 included): a
+    lock that can be taken is free, whatever the file says. The file names the holder (pid, host) so a
+    refused launch can say who holds the folder, and so a lock left by a killed run can be reported
+    when it is taken over. A holder that ends normally empties the file (atexit) before letting go.
+    The file is never deleted: a launch that opened it just before a delete would lock a file that no
+    longer has a name, and two runs would both think they hold the folder.
+    """
+
+    def __init__(self, stream: TextIO, path: Path) -> None:
+        self._stream = stream
+        self.path = path
+
+    def release(self) -> None:
+        """Empty the file (no holder named), then let go; a second call does nothing (atexit calls it too)."""
+        if self._stream.closed:
+            return
+        self._stream.seek(0)
+        self._stream.truncate()
+        self._stream.flush()
+        fcntl.flock(self._stream, fcntl.LOCK_UN)
+        self._stream.close()
+
+
+def lock_holder() -> str:
+    return f"pid {os.getpid()} on {socket.gethostname()}"
+
+
+def acquire_run_lock(out: Path) -> tuple[RunLock, str | None]:
+    """Take OUT/.lock without waiting; return the lock and the holder a killed run left named, if any.
+
+    Raises RunError (one line) when a live run holds it.
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_FILE
+    stream = open(path, "a+", encoding="utf-8")  # "a+": create if missing, never truncate another's record
+    try:
+        fcntl.flock(stream, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        stream.seek(0)
+        holder = stream.read().strip() or "another process"
+        stream.close()
+        raise RunError(f"{out} is in use by a running training run ({holder}); wait for it to end or choose "
+                       f"another --output_dir") from None
+    stream.seek(0)
+    left = stream.read().strip() or None
+    stream.seek(0)
+    stream.truncate()
+    stream.write(lock_holder() + "\n")
+    stream.flush()
+    lock = RunLock(stream, path)
+    atexit.register(lock.release)
+    return lock, left
+
+
+def stale_lock_warning(out: Path, left: str) -> str:
+    """The one line for a lock whose named holder no longer holds it: a run that was killed (kill -9, out of memory)."""
+    return f"warning: {out / LOCK_FILE} names {left}, which no longer holds it (a killed run?); taking the folder over"

@@ -5,11 +5,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,9 +20,10 @@ from typing import Any
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, set_seed
+from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, broadcast_object_list, set_seed
 from torch.utils.data import DataLoader
 
+from data.errors import DataError
 from training import registry
 from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry
 from training.checkpoint import TrainState, checkpoint_step, read_train_state
@@ -30,7 +34,15 @@ from training.levers import DeviceInfo, Levers, apply_tf32, compile_blocks, deci
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
 from training.record import BatchRecord, EffectiveRecord, LaunchRecord, RequestedRecord, ScheduleRecord
-from training.rundir import check_output_dir, clear_run_files, truncate_metrics, wandb_run_id, write_atomic
+from training.rundir import (
+    acquire_run_lock,
+    check_output_dir,
+    clear_run_files,
+    stale_lock_warning,
+    truncate_metrics,
+    wandb_run_id,
+    write_atomic,
+)
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finish_settings
 from training.step import eval_subset, lr_factor, make_optimizer
 from training.stopping import SignalFlag
@@ -102,13 +114,16 @@ def set_up(cfg: TrainConfig) -> Session:
     """Start the processes, then build data, model, loaders, the launch record and the sinks, in that order.
 
     The order matters: the seed is set before anything draws from the random state, the model is built
-    after the data (as every earlier run did), and a resume comes last.
+    after the data (as every earlier run did), and a resume comes last. Every check that can fail on bad
+    input fails alike in every process after the process group is up (the model's size, the batch), or is
+    agreed through a collective (the output folder, the data), so all processes stop with the same
+    one-line error, none is left waiting in a collective for one that has gone, and they leave together.
     """
     wall_start = time.perf_counter()
     out = Path(cfg.run.output_dir)
-    model_config = _model_config(cfg)
-    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
     processes = _start_processes(cfg, out)
+    model_config = _model_config(cfg)  # fails alike in every process, which then leave together (train.py)
+    resume_from = processes.resume_from
     data = _data(cfg, processes)
     trainable = _trainable(cfg, model_config, processes, data.schedule)
     loaders = _loaders(cfg, processes.accelerator, data, processes.levers)
@@ -142,6 +157,7 @@ class _Processes:
     signals: SignalFlag
     accelerator: Accelerator
     levers: Levers
+    resume_from: Path | None  # the checkpoint --resume continues from
 
 
 @dataclass
@@ -194,20 +210,21 @@ def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
     signals = SignalFlag()
     signals.install()  # from here on a signal waits for a step boundary
     accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
-    _prepare_output_dir(accelerator, out, cfg.run.overwrite)
+    resume_from = _claim_output_dir(accelerator, cfg, out)
     set_seed(cfg.run.seed)
     levers = _levers(cfg, accelerator, requested.strategy)
     log_on_main(accelerator, _levers_line(levers))
-    return _Processes(requested, wandb_mode, signals, accelerator, levers)
+    return _Processes(requested, wandb_mode, signals, accelerator, levers, resume_from)
 
 
 def _data(cfg: TrainConfig, processes: _Processes) -> _Data:
     from data import build_datasets
 
     accelerator = processes.accelerator
-    packed = build_datasets(cfg.data, main_process_first=accelerator.main_process_first,
-                            log=functools.partial(log_on_main, accelerator))
+    # First: it fails alike in every process, before the data's collectives, so none waits for another.
     geometry = batch_geometry(cfg.optim, cfg.data.block_size, accelerator.num_processes)
+    packed = build_datasets(cfg.data, main_process_first=functools.partial(_main_process_first, accelerator),
+                            log=functools.partial(log_on_main, accelerator))
     accelerator.gradient_accumulation_steps = geometry.grad_accum_steps
     return _Data(packed, geometry, _schedule(cfg, len(packed.train), geometry))
 
@@ -350,12 +367,63 @@ def log_on_main(accelerator: Accelerator, message: str) -> None:
         print(message, flush=True)
 
 
-def _prepare_output_dir(accelerator: Accelerator, out: Path, overwrite: bool) -> None:
+# Failures that train.py reports as one `error:` line with exit status 2.
+_BAD_INPUT = (RunError, DataError, ValueError, FileNotFoundError)
+
+
+def _share_outcome(failure: str | None) -> str | None:
+    """The main process's outcome (None, or its one-line error) in every process: one collective."""
+    return broadcast_object_list([failure], from_process=0)[0]
+
+
+def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> Path | None:
+    """The main process locks and checks the output folder; every process learns the outcome and fails alike.
+
+    One lock holder per job: the other processes would otherwise see the folder locked by their own
+    main process. Returns the checkpoint to resume from, if any.
+    """
+    outcome: tuple[str | None, str | None] = (None, None)  # (failure, checkpoint to resume from)
     if accelerator.is_main_process:
-        out.mkdir(parents=True, exist_ok=True)
-        if overwrite:
-            clear_run_files(out)
-    accelerator.wait_for_everyone()
+        try:
+            outcome = (None, _claim_as_main(cfg, out))
+        except _BAD_INPUT as exc:
+            outcome = (str(exc), None)
+    failure, resume_from = broadcast_object_list([outcome], from_process=0)[0]
+    if failure is not None:
+        raise RunError(failure)
+    return Path(resume_from) if resume_from is not None else None
+
+
+def _claim_as_main(cfg: TrainConfig, out: Path) -> str | None:
+    """Lock first, then check and clear: a second launch must not touch the files of a run in progress."""
+    _lock, left = acquire_run_lock(out)  # held until this process exits (released at exit)
+    if left is not None:
+        print(stale_lock_warning(out, left), file=sys.stderr, flush=True)
+    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
+    if cfg.run.overwrite:
+        clear_run_files(out)
+    return str(resume_from) if resume_from is not None else None
+
+
+@contextlib.contextmanager
+def _main_process_first(accelerator: Accelerator) -> Iterator[None]:
+    """accelerate's main_process_first, where a bad-input failure of the main process fails every process.
+
+    With accelerate's own, the others wait in a barrier while the main process builds; if it raises, it
+    exits and leaves them in that collective, which then dies with a gloo/NCCL traceback per process.
+    """
+    if not accelerator.is_main_process:
+        failure = _share_outcome(None)
+        if failure is not None:
+            raise RunError(failure)
+        yield
+        return
+    try:
+        yield
+    except _BAD_INPUT as exc:
+        _share_outcome(str(exc))
+        raise
+    _share_outcome(None)
 
 
 def _schedule(cfg: TrainConfig, train_blocks: int, geometry: BatchGeometry) -> Schedule:
