@@ -150,6 +150,7 @@ def test_wandb_without_login_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path), NETRC=str(tmp_path / ".netrc"), WANDB_CONFIG_DIR=str(tmp_path / "wandb"),
                PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    # timeout: a bound only; without a key wandb refuses at once, and a hang would be the failure.
     done = subprocess.run([sys.executable, "-m", "analysis.compare", "--from_wandb", "me/proj", "--group", "g",
                            "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2

@@ -68,6 +68,7 @@ def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def offline_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
     """(config, summary, history rows) as W&B holds them, read back from the run's offline record."""
     (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    # timeout: a bound only, so that a reader that hangs fails the test instead of stalling it.
     out = subprocess.run([str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(log)],
                          capture_output=True, text=True, timeout=120, check=True).stdout
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]

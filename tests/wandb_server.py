@@ -381,4 +381,4 @@ class FakeWandbServer:
     def stop(self) -> None:
         self.drop()
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=5)  # a bound only: shutdown() above already ended serve_forever
