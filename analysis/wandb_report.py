@@ -244,7 +244,10 @@ def default_entity() -> str:
 
 
 def _first_line(err: BaseException) -> str:
-    return (str(err).strip().splitlines() or [type(err).__name__])[0]
+    line = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    # wandb-core passes the server's GraphQL error on as "input: <message>" (the Go GraphQL client's
+    # format); the server's message is what the user needs.
+    return line.removeprefix("input: ") or line
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
 import re
@@ -148,8 +150,41 @@ def test_wandb_without_login_is_one_line_and_exit_2(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(HOME=str(tmp_path), NETRC=str(tmp_path / ".netrc"), WANDB_CONFIG_DIR=str(tmp_path / "wandb"),
                PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    # timeout: a bound only; without a key wandb refuses at once, and a hang would be the failure.
     done = subprocess.run([sys.executable, "-m", "analysis.compare", "--from_wandb", "me/proj", "--group", "g",
                            "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot fetch W&B runs of me/proj, group 'g'")
+
+
+def test_from_wandb_fetches_through_the_wandb_client(tmp_path: Path) -> None:
+    """`--from_wandb` with the real W&B client against a W&B server on 127.0.0.1 holding the three runs:
+    the report's table is the local one, and the client asked nothing the server does not implement."""
+    from analysis.wandb_fetch import wandb_namespace
+    from tests.test_analysis_wandb import as_wandb
+    from tests.wandb_server import ENTITY, FakeWandbServer, RemoteRun
+
+    local = three_strategies(tmp_path / "runs")
+    assert main([*map(str, local), "--out", str(tmp_path / "local")]) == 0
+    namespace = wandb_namespace()
+    server = FakeWandbServer(projects={(ENTITY, "proj")}).start()
+    server.runs.extend(RemoteRun(ENTITY, "proj", path.name, "tiny-test", *as_wandb(path, namespace)) for path in local)
+    server.runs.append(RemoteRun(ENTITY, "proj", "elsewhere", "other-group", {}, {}, []))  # not in the group
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), NETRC=str(tmp_path / ".netrc"), WANDB_CONFIG_DIR=str(tmp_path / "wandb"),
+               WANDB_BASE_URL=server.base_url, WANDB_API_KEY="f" * 40,  # a made-up key: only this server sees it
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    try:
+        # 300 s: a bound only, so that a client retrying forever fails the test instead of stalling it.
+        done = subprocess.run([sys.executable, "-m", "analysis.compare", "--from_wandb", f"{ENTITY}/proj",
+                               "--group", "tiny-test", "--out", str(tmp_path / "fetched")],
+                              env=env, capture_output=True, text=True, timeout=300)
+    finally:
+        server.stop()
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert server.unknown_operations == []
+    assert sorted(p.name for p in (tmp_path / "fetched" / "wandb_runs").iterdir()) == ["ddp", "fsdp", "single"]
+    fetched_table = list(csv.reader(io.StringIO((tmp_path / "fetched" / "table.csv").read_text())))
+    local_table = list(csv.reader(io.StringIO((tmp_path / "local" / "table.csv").read_text())))
+    assert len(local_table) == 4 and fetched_table == local_table

@@ -1,9 +1,14 @@
-"""A W&B run (config, summary, history as train.py logs them) rebuilds the run directory's files."""
+"""A W&B run rebuilds the run directory's files: read back from the offline record of a real train.py
+run (config, summary and history as train.py logged them), and `as_wandb`, the conversion the W&B
+report's tests serve from the local W&B server, checked against that record."""
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -11,10 +16,12 @@ from analysis.runs import load_run
 from analysis.table import build_table
 from analysis.wandb_fetch import _write_run_files, run_files_from_wandb, wandb_namespace
 from tests.analysis_fixtures import FakeRun, write_run
+from tests.launch import REPO, launch_env
 
 
 def as_wandb(run_dir: Path, namespace: dict[str, str]) -> tuple[dict, dict, list[dict]]:
-    """What train.py hands W&B for this run: resolved config, total/* summary, namespaced history."""
+    """What train.py hands W&B for this run, rebuilt from its files: resolved config, total/* summary,
+    namespaced history (test_as_wandb_holds_what_a_real_record_holds checks it against a real record)."""
     summary = json.loads((run_dir / "summary.json").read_text())
     config = {
         "preset": summary["preset"],
@@ -25,8 +32,9 @@ def as_wandb(run_dir: Path, namespace: dict[str, str]) -> tuple[dict, dict, list
             "run_name": summary["run_name"], "data_stats": {"cache_key": summary["data_key"]},
             "device_name": summary["device_name"], "n_params": summary["n_params"],
             "effective": {"strategy": summary["strategy"], "world_size": summary["world_size"],
-                          "num_machines": 1, "precision": summary["precision"], "device_type": "cuda"},
-            "batch": {"micro_batch_size": 4, "grad_accum_steps": summary["grad_accum_steps"],
+                          "num_machines": summary["num_machines"], "precision": summary["precision"],
+                          "device_type": summary["device_type"]},
+            "batch": {"micro_batch_size": summary["micro_batch_size"], "grad_accum_steps": summary["grad_accum_steps"],
                       "global_batch_tokens": summary["global_batch_tokens"]},
             "schedule": {"total_steps": summary["steps"]},
         },
@@ -42,6 +50,77 @@ def as_wandb(run_dir: Path, namespace: dict[str, str]) -> tuple[dict, dict, list
 @pytest.fixture(scope="module")
 def namespace() -> dict[str, str]:
     return wandb_namespace()
+
+
+@pytest.fixture(scope="module")
+def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real tiny train.py run, one process, W&B offline (its default without credentials): 2 epochs."""
+    out = tmp_path_factory.mktemp("recorded") / "single"
+    args = ["--preset", "tiny", "--epochs", "2", "--log_interval", "1", "--eval_interval", "0",
+            "--perf_warmup_steps", "2", "--experiment", "fetch-test", "--seed", "5", "--no-export_hf",
+            "--output_dir", str(out), "--cache_dir", str(tmp_path_factory.mktemp("cache"))]
+    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=launch_env(), capture_output=True,
+                            text=True, timeout=900)  # a bound only, so a hung run fails instead of stalling
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out
+
+
+def offline_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
+    """(config, summary, history rows) as W&B holds them, read back from the run's offline record."""
+    (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
+    # timeout: a bound only, so that a reader that hangs fails the test instead of stalling it.
+    out = subprocess.run([str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(log)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout
+    records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    config: dict[str, Any] = {}
+    summary: dict[str, Any] = {}
+    for record in records:
+        if record["type"] == "config":
+            config.update(record["config"]["update"])
+        elif record["type"] == "summary":
+            summary.update(record["summary"]["update"])
+    rows = [record["history"]["item"] for record in records if record["type"] == "history"]
+    assert config and summary and rows, sorted({record["type"] for record in records})
+    return config, summary, rows
+
+
+def test_a_real_record_rebuilds_the_run_files(recorded_run: Path, tmp_path: Path, namespace) -> None:
+    files = run_files_from_wandb(*offline_record(recorded_run), namespace)
+    rebuilt = load_run(_write_run_files(tmp_path / "fetched", files))
+    original = load_run(recorded_run)
+    assert rebuilt.usable and rebuilt.complete and not rebuilt.problems
+    assert build_table([rebuilt]).rows[0][1:] == build_table([original]).rows[0][1:]
+    assert len(original.epochs) == 2 and [e["epoch"] for e in files.summary["epochs"]] == [1, 2]
+    for got, want in zip(files.summary["epochs"], original.epochs):
+        assert got["steps"] == want["steps"] and got["tokens"] == want["tokens"]
+        assert got["loss_mean"] == pytest.approx(want["loss_mean"], rel=1e-9)
+        assert got["tokens_per_s"] == pytest.approx(want["tokens_per_s"], rel=1e-9)
+    # Every train line of metrics.jsonl comes back, with its loss.
+    local = {line["step"]: line for line in map(json.loads, (recorded_run / "metrics.jsonl").read_text().splitlines())
+             if line["kind"] == "train"}
+    fetched = {line["step"]: line for line in files.metrics if line["kind"] == "train"}
+    assert sorted(fetched) == sorted(local)
+    assert all(fetched[step]["loss"] == local[step]["loss"] for step in local)
+
+
+def test_as_wandb_holds_what_a_real_record_holds(recorded_run: Path, namespace) -> None:
+    """The hand conversion the W&B report's tests serve says what a real run's record says."""
+    config, summary, rows = offline_record(recorded_run)
+    our_config, our_summary, our_rows = as_wandb(recorded_run, namespace)
+    assert our_summary == {k: v for k, v in summary.items() if k.startswith("total/")}
+
+    def nested_items(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+        flat = {}
+        for key, value in d.items():
+            flat.update(nested_items(value, f"{prefix}{key}.") if isinstance(value, dict) else {prefix + key: value})
+        return flat
+
+    real = nested_items(config)
+    for key, value in nested_items(our_config).items():
+        assert real[key] == value, key
+    by_step = {row["_step"]: row for row in rows}
+    for row in our_rows:
+        assert {k: v for k, v in by_step[row["_step"]].items() if k in row} == row, row["_step"]
 
 
 def test_rebuilt_run_gives_the_same_table_row(tmp_path: Path, namespace) -> None:

@@ -1,12 +1,14 @@
 """The W&B report: its specification (dry run), its panels against what train.py logs, the reading it
-carries, the wandb-workspaces objects it becomes, and the live path against a stub W&B backend."""
+carries, the wandb-workspaces objects it becomes, and the live path: the real `wandb.Api` and
+wandb-workspaces against a W&B server on 127.0.0.1 (tests/wandb_server.py), which answers only the
+GraphQL operations it implements; a test fails when any other arrives."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -16,7 +18,7 @@ from analysis.wandb_report import bar_panels, line_panels, main, to_wandb_report
 from analysis.wandb_fetch import wandb_namespace
 from tests.analysis_fixtures import three_strategies
 from tests.test_analysis_wandb import as_wandb
-from tests.wandb_stub import APP_URL, VIEW_ID, StubBackend, install, log_out
+from tests.wandb_server import ENTITY, VIEW_ID, FakeWandbServer, RemoteRun
 from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
 
 GROUP = "tiny-test"  # the experiment of the fixture runs
@@ -180,7 +182,43 @@ def test_the_specification_becomes_wandb_workspaces_objects_offline(runs: list[P
 
 
 # ---------------------------------------------------------------------------------------------
-# The live path: without a login, and against the stub backend
+# The live path: without a login, and against the local W&B server
+
+
+def log_out(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No W&B credentials in the environment or in a netrc file."""
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+
+
+@pytest.fixture
+def server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """The local W&B server, logged in to with a made-up key; the report's project exists there.
+
+    After the test, no GraphQL operation the server does not implement may have arrived: each was
+    answered with an error, and one the client sent unseen would make the test pass for the wrong reason.
+    """
+    fake = FakeWandbServer(projects={("team", "gpt2-strategies"), ("team", "proj"), (ENTITY, "p2")}).start()
+    for name in [k for k in os.environ if k.startswith("WANDB_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("WANDB_BASE_URL", fake.base_url)
+    monkeypatch.setenv("WANDB_API_KEY", "f" * 40)  # made up: only this server sees it
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.setenv("NETRC", str(tmp_path / "no-netrc"))
+    try:
+        yield fake
+    finally:
+        fake.stop()
+    assert fake.unknown_operations == []
+
+
+def graphql(fake: FakeWandbServer, operation: str) -> list[dict[str, Any]]:
+    """The variables of every `operation` request the server received, in order."""
+    return [json.loads(r.body).get("variables") or {} for r in fake.requests if r.operation == operation]
+
+
+def report_url(fake: FakeWandbServer, entity: str, project: str) -> str:
+    return f"{fake.base_url}/{entity}/{project}/reports/Strategy-comparison:-{GROUP}--{VIEW_ID}"
 
 
 def test_without_a_login_it_is_one_line_and_exit_2(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -191,18 +229,17 @@ def test_without_a_login_it_is_one_line_and_exit_2(tmp_path: Path, monkeypatch, 
     assert "wandb login" in err[0] and "--dry_run" in err[0]
 
 
-def test_live_path_saves_the_report_on_a_stub_backend(runs: list[Path], tmp_path: Path, monkeypatch, capsys) -> None:
-    backend = install(monkeypatch, StubBackend())
+def test_live_path_saves_the_report_on_the_server(runs: list[Path], tmp_path: Path, server, capsys) -> None:
     out = tmp_path / "sent.json"
     assert main(["--experiment", GROUP, "--entity", "team", "--runs", *map(str, runs), "--out", str(out)]) == 0
     url = capsys.readouterr().out.strip().splitlines()[-1]
-    assert url == f"{APP_URL}/team/gpt2-strategies/reports/Strategy-comparison:-{GROUP}--{VIEW_ID}"
+    assert url == report_url(server, "team", "gpt2-strategies")
 
-    lookups = [v for q, v in backend.requests if "ProjectInternalId" in q]
+    lookups = graphql(server, "ProjectInternalId")
     assert lookups and all(v == {"entityName": "team", "projectName": "gpt2-strategies"} for v in lookups)
-    (sent,) = [v for q, v in backend.requests if "upsertView" in q]
+    (sent,) = server.views
     assert sent["entityName"] == "team" and sent["type"] == "runs" and sent["displayName"].endswith(GROUP)
-    (saved,) = backend.saved_specs()
+    saved = json.loads(sent["spec"])
     blocks = saved["blocks"]
     grids = [b for b in blocks if b["type"] == "panel-grid"]
     assert len(grids) == 2
@@ -217,34 +254,37 @@ def test_live_path_saves_the_report_on_a_stub_backend(runs: list[Path], tmp_path
     assert json.loads(out.read_text())["entity"] == "team"  # --out records what was sent
 
 
-def test_live_path_fetches_the_reading_from_wandb(tmp_path: Path, monkeypatch, capsys) -> None:
+def test_live_path_fetches_the_reading_from_wandb(tmp_path: Path, server, capsys) -> None:
     namespace = wandb_namespace()
-    remote = []
     for number, run_dir in enumerate(three_strategies(tmp_path / "runs")):
-        config, summary, rows = as_wandb(run_dir, namespace)
-        remote.append(SimpleNamespace(id=f"run{number}", config=config, summary=summary,
-                                      scan_history=lambda rows=rows: iter(rows)))
-    backend = install(monkeypatch, StubBackend(runs=remote, entity="me"))
+        server.runs.append(RemoteRun(ENTITY, "p2", f"run{number}", GROUP, *as_wandb(run_dir, namespace)))
+    server.runs.append(RemoteRun(ENTITY, "p2", "other", "another-group", {}, {}, []))  # not fetched
     assert main(["--experiment", GROUP, "--project", "p2"]) == 0
-    assert capsys.readouterr().out.strip().endswith(f"/me/p2/reports/Strategy-comparison:-{GROUP}--{VIEW_ID}")
-    assert backend.runs_asked == [("me/p2", {"group": GROUP})]  # the login's default entity
-    text = json.dumps(backend.saved_specs()[0])
-    assert "Throughput: **ddp** is fastest" in text and "fetched from W&B (me/p2)" in text
+    assert capsys.readouterr().out.strip().endswith(report_url(server, ENTITY, "p2"))  # the login's default entity
+    asked = graphql(server, "Runs")
+    assert asked and all((v["entity"], v["project"], json.loads(v["filters"])) == (ENTITY, "p2", {"group": GROUP})
+                         for v in asked)
+    histories = {v["run"] for v in graphql(server, "HistoryPage")} | {v["runName"] for v in
+                                                                      graphql(server, "RunParquetHistory")}
+    assert histories == {"run0", "run1", "run2"}
+    text = server.views[0]["spec"]
+    assert "Throughput: **ddp** is fastest" in text and f"fetched from W&B ({ENTITY}/p2)" in text
 
 
-def test_a_backend_that_refuses_is_one_line_and_exit_2(runs: list[Path], monkeypatch, capsys) -> None:
-    install(monkeypatch, StubBackend(fail_with=PermissionError("permission denied for entity team\ndetails")))
+def test_a_backend_that_refuses_is_one_line_and_exit_2(runs: list[Path], server, capsys) -> None:
+    server.refuse = "permission denied for entity team"
     assert main(["--experiment", GROUP, "--entity", "team", "--runs", *map(str, runs)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1
     assert err[0] == "error: cannot save the W&B report to team/gpt2-strategies: permission denied for entity team"
+    assert server.views == []
 
 
-def test_an_empty_group_on_wandb_is_one_line_and_exit_2(monkeypatch, capsys) -> None:
-    install(monkeypatch, StubBackend(runs=[]))
+def test_an_empty_group_on_wandb_is_one_line_and_exit_2(server, capsys) -> None:
     assert main(["--experiment", "nothing-here", "--entity", "team"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no W&B runs in team/gpt2-strategies with group 'nothing-here'" in err[0]
+    assert [json.loads(v["filters"]) for v in graphql(server, "Runs")] == [{"group": "nothing-here"}]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -260,10 +300,10 @@ def logged_as(run_dirs: list[Path], mode: str) -> None:
         (run_dir / "config.json").write_text(json.dumps(config))
 
 
-def test_after_an_experiment_logged_offline_it_says_how_to_sync_and_build(runs, monkeypatch, capsys) -> None:
+def test_after_an_experiment_logged_offline_it_says_how_to_sync_and_build(runs, server, capsys) -> None:
     from analysis.wandb_report import report_after_experiment
 
-    backend = install(monkeypatch, StubBackend())  # logged in now, but the runs went to offline files
+    # logged in now (the server fixture), but the runs went to offline files
     logged_as(runs, "offline")
     assert report_after_experiment(GROUP, runs) is False
     (line,) = capsys.readouterr().out.strip().splitlines()
@@ -271,28 +311,25 @@ def test_after_an_experiment_logged_offline_it_says_how_to_sync_and_build(runs, 
                            "wandb sync ")
     assert "wandb login" not in line
     assert line.endswith(f"--experiment {GROUP} --project proj --entity team --runs {' '.join(map(str, runs))}")
-    assert backend.requests == []
+    assert server.requests == []
 
 
-def test_after_an_experiment_without_wandb_nothing_is_built(runs, monkeypatch, capsys) -> None:
+def test_after_an_experiment_without_wandb_nothing_is_built(runs, server, capsys) -> None:
     from analysis.wandb_report import report_after_experiment
 
-    backend = install(monkeypatch, StubBackend())
     logged_as(runs, "disabled")
     assert report_after_experiment(GROUP, runs) is False
     assert capsys.readouterr().err.strip() == ("W&B report not built: the runs were not logged to W&B "
                                                "(--wandb_mode disabled)")
     assert report_after_experiment("it's", runs) is False  # no exit from inside the experiment driver
     assert "which a W&B report filter cannot express" in capsys.readouterr().err
-    assert backend.requests == []
+    assert server.requests == []
 
 
-def test_after_an_experiment_logged_online_the_report_goes_to_the_runs_project(runs, monkeypatch, capsys) -> None:
+def test_after_an_experiment_logged_online_the_report_goes_to_the_runs_project(runs, server, capsys) -> None:
     from analysis.wandb_report import report_after_experiment
 
-    backend = install(monkeypatch, StubBackend())
     logged_as(runs, "online")
     assert report_after_experiment(GROUP, runs) is True
-    assert capsys.readouterr().out.strip() == (f"W&B report: {APP_URL}/team/proj/reports/"
-                                               f"Strategy-comparison:-{GROUP}--{VIEW_ID}")
-    assert [v["projectName"] for q, v in backend.requests if "upsertView" in q] == ["proj"]
+    assert capsys.readouterr().out.strip() == f"W&B report: {report_url(server, 'team', 'proj')}"
+    assert [v["projectName"] for v in server.views] == ["proj"]

@@ -24,8 +24,16 @@ def test_presets_have_the_documented_sizes():
 
 
 def test_every_preset_is_a_valid_config():
+    from model.config import _PRESETS
+
     for name in preset_names():
-        GPT2Config.from_preset(name)
+        cfg = GPT2Config.from_preset(name)
+        # The preset's sizes are the config's, and they split into whole heads.
+        assert {key: getattr(cfg, key) for key in _PRESETS[name]} == _PRESETS[name], name
+        assert cfg.head_size * cfg.n_head == cfg.n_embd, name
+        assert cfg.n_positions >= 1 and cfg.vocab_size >= 1 and cfg.n_layer >= 1, name
+        # Built again from its own fields, it passes validation and is the same config.
+        assert GPT2Config(**cfg.to_dict()) == cfg, name
 
 
 def test_preset_overrides_apply_on_top():

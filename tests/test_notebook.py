@@ -18,6 +18,8 @@ import pytest
 from tests.launch import REPO
 
 NOTEBOOK = REPO / "notebooks" / "compare_strategies.ipynb"
+# A bound, not a measurement: a hung kernel or launch fails the test instead of stalling CI. The CPU run
+# takes a few minutes; 20 minutes leaves room for a loaded machine.
 RUN_TIMEOUT_S = 1200
 
 # What a committed notebook must not carry: a W&B key is 40 hex digits; the rest are the usual shapes of
@@ -83,7 +85,7 @@ def _clean_env(tmp: Path) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def executed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """The notebook run once, as `-p preset tiny -p max_steps 4`: (the executed notebook, its out_dir)."""
-    pytest.importorskip("papermill")
+    import papermill  # noqa: F401 - in requirements.txt: a missing or broken install fails, never skips
     tmp = tmp_path_factory.mktemp("notebook")
     executed_path, out_dir = tmp / "executed.ipynb", tmp / "out"
     result = subprocess.run(
@@ -96,6 +98,13 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
         tail = _outputs_text(json.loads(executed_path.read_text())) if executed_path.exists() else ""
         pytest.fail(f"papermill exited {result.returncode}:\n{result.stderr[-3000:]}\n{tail[-4000:]}")
     return json.loads(executed_path.read_text(encoding="utf-8")), out_dir
+
+
+def test_papermill_is_installed() -> None:
+    # requirements.txt lists papermill; without it the notebook test cannot run, which is a failure.
+    import papermill
+
+    assert papermill.__version__
 
 
 def _outputs(notebook: dict) -> list[dict]:

@@ -4,9 +4,12 @@ credentials from the environment only, the requirements check and the driver com
 from __future__ import annotations
 
 import os
+import signal
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from notebooks import support
@@ -77,11 +80,35 @@ def test_a_hanging_allreduce_is_killed_and_retried_without_p2p(monkeypatch) -> N
         support.allreduce_check(2, timeout_s=1)
 
 
+def _gone(pid: int) -> bool:
+    """The process has ended: it no longer exists, or only its exit status is left (a zombie)."""
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
 def test_a_command_past_its_timeout_is_killed_with_its_children() -> None:
+    # The parent starts a child that would sleep a minute, says its id, and sleeps too. The child does not
+    # hold the output pipe, so a child that is not killed does not keep the call waiting: it outlives it.
     command = [sys.executable, "-c", "import subprocess, sys, time; "
-               "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); time.sleep(60)"]
-    result = support._run_with_timeout(command, dict(os.environ), timeout_s=2)
+               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+               "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+               "print('child', child.pid, flush=True); time.sleep(60)"]
+    # 5 s: long enough for a loaded machine to start the two interpreters before the timeout strikes.
+    result = support._run_with_timeout(command, dict(os.environ), timeout_s=5)
     assert not result.ok and result.problem.startswith("hung")
+    (child,) = [int(line.split()[1]) for line in result.output.splitlines() if line.startswith("child ")]
+    try:
+        # Polled until the child has ended; the bound only stops a survivor from hanging the test, and is
+        # far below the child's own 60 s, so a child left alive fails here rather than ending by itself.
+        deadline = time.monotonic() + 15
+        while not _gone(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _gone(child), f"the child {child} outlived the timeout"
+    finally:
+        if not _gone(child):
+            os.kill(child, signal.SIGKILL)
 
 
 def test_wandb_key_from_the_environment_is_never_shown(monkeypatch, tmp_path: Path, capsys) -> None:

@@ -17,12 +17,13 @@ from typing import Any
 import pytest
 
 from analysis.compare import load_comparison, main
-from analysis.plan import compare_run
+from analysis.plan_model import Workload, model_state, step_memory
 from analysis.plan_report import NOT_MEASURED, plan_section
 from analysis.report import fastest_reading
 from analysis.runs import Run
 from analysis.scaling import COST_HEADER, SCALING_HEADER, scaling_lines, table_columns
 from analysis.table import build_table
+from model import GPT2Config
 
 SAMPLE = Path(__file__).resolve().parents[1] / "docs" / "sample_report" / "runs"
 MIB = 2**20
@@ -77,10 +78,44 @@ def row(table, label: str) -> dict[str, str]:
 # Plan beside measurement
 
 
+# The sample runs' shapes, written out from their config.json and summary.json: the tiny preset on CPU,
+# fp32, micro-batches of 8 sequences of 64 tokens; single accumulates 2 micro-batches, ddp and fsdp run 2 ranks.
+WORKLOADS = {
+    "single": Workload(GPT2Config.from_preset("tiny"), 8, 64, "fp32", 1, 2, device="cpu"),
+    "ddp": Workload(GPT2Config.from_preset("tiny"), 8, 64, "fp32", 2, 1, device="cpu"),
+    "fsdp": Workload(GPT2Config.from_preset("tiny"), 8, 64, "fp32", 2, 1, device="cpu"),
+}
+# A whole replica's model state, by hand: fp32 parameters and gradients (4 bytes each), AdamW's two fp32
+# moments (8 bytes) and its fp32 step counter for each of the tiny model's 28 parameter tensors (4 bytes).
+WHOLE_STATE = {"parameters": 4 * N_PARAMS, "gradients": 4 * N_PARAMS, "optimizer": 8 * N_PARAMS + 4 * 28}
+
+
+def planned(name: str) -> dict[str, Any]:
+    """Rank 0's plan for the sample run `name`, from the planner's model on the workload written out above
+    (not from the run reader that fills the report's table)."""
+    w = WORKLOADS[name]
+    state = model_state(w, name, 0)
+    peak = step_memory(w, name, 0, host_is_device=True)
+    predicted = {"parameters": state.parameters, "gradients": state.gradients, "optimizer": state.optimizer,
+                 "step_peak": peak.total}
+    if name != "fsdp":  # an unsharded replica: the hand count holds
+        assert {k: predicted[k] for k in WHOLE_STATE} == WHOLE_STATE
+    return {"predicted": predicted, "peak_phase": peak.peak_phase, "predicted_peak": peak.to_dict()}
+
+
+def test_the_hand_written_workloads_are_the_sample_runs() -> None:
+    for name, w in WORKLOADS.items():
+        summary = json.loads((SAMPLE / name / "summary.json").read_text())
+        assert (w.micro_batch_size, w.block_size, w.precision, w.world_size, w.grad_accum_steps) == (
+            summary["micro_batch_size"], summary["block_size"], summary["precision"], summary["world_size"],
+            summary["grad_accum_steps"])
+        assert summary["n_params"] == N_PARAMS and summary["device_type"] == "cpu"
+
+
 @pytest.fixture
 def section(tmp_path: Path):
     paths = measured_runs(tmp_path)
-    return plan_section(loaded(paths)), {path.name: compare_run(path) for path in paths}
+    return plan_section(loaded(paths)), {path.name: planned(path.name) for path in paths}
 
 
 def test_table_puts_rank_0_prediction_beside_measurement(section) -> None:
@@ -95,7 +130,7 @@ def test_table_puts_rank_0_prediction_beside_measurement(section) -> None:
         assert cells["step peak, predicted (MiB)"] == f"{predicted['step_peak'] / MIB:,.1f}"
         assert cells["step peak, measured (MiB)"] == f"{peak / MIB:,.1f}"
         assert cells["step peak error (%)"].startswith(f"{(predicted['step_peak'] - peak) / peak * 100:+.1f}")
-        assert cells["predicted peak phase"] == plans[name]["ranks"][0]["peak_phase"]
+        assert cells["predicted peak phase"] == plans[name]["peak_phase"]
     assert row(result.table, "fsdp")["model state, measured (MiB)"] == "25.4"  # half of single's 50.9
     assert row(result.table, "single")["model state, measured (MiB)"] == "50.9"
 
@@ -132,7 +167,7 @@ def test_fsdp_holds_half_the_model_state_but_its_peak_falls_less(section) -> Non
                            f"({fsdp_state / MIB:.1f} vs {single_state / MIB:.1f} MiB measured; "
                            f"1,666,496 of {N_PARAMS:,} parameters on rank 0), but its step peak falls only by "
                            f"{fall / MIB:.1f} MiB")
-    peak = plans["fsdp"]["ranks"][0]["predicted_peak"]
+    peak = plans["fsdp"]["predicted_peak"]
     share = (peak["activations"] + peak["logits"]) / peak["total"]
     assert f"which sharding does not divide, are {share:.0%} of it." in line and share > 0.5
 

@@ -5,6 +5,8 @@ The same fallbacks are reproduced with real processes in test_strategies.py.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from training.strategy import (
@@ -36,10 +38,18 @@ def test_launch_variables_name_the_requested_strategy() -> None:
     assert requested_from_env(MULTI_CPU_ONE_PROCESS).world_size is None
 
 
-def test_matching_strategies_pass() -> None:
-    check_strategy(requested_from_env(FSDP_LAUNCH), _effective("fsdp", 2, "FSDPModule", sharded=True))
-    check_strategy(requested_from_env(DDP_LAUNCH), _effective("ddp", 2, "DistributedDataParallel"))
-    check_strategy(requested_from_env({}), _effective("single", 1, "GPT2"))
+@pytest.mark.parametrize("launch, effective", [
+    (FSDP_LAUNCH, _effective("fsdp", 2, "FSDPModule", sharded=True)),
+    (DDP_LAUNCH, _effective("ddp", 2, "DistributedDataParallel")),
+    ({}, _effective("single", 1, "GPT2")),
+])
+def test_matching_strategies_pass(launch: dict[str, str], effective: EffectiveStrategy) -> None:
+    requested = requested_from_env(launch)
+    assert check_strategy(requested, effective) is None  # no StrategyMismatch
+    # The same pair with the world size changed is refused: the guard did compare this pair.
+    other = dataclasses.replace(effective, world_size=effective.world_size + 2)
+    with pytest.raises(StrategyMismatch, match=f"requested {requested.strategy}"):
+        check_strategy(requested, other)
 
 
 def test_fsdp_silently_become_ddp_is_refused() -> None:

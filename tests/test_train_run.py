@@ -136,7 +136,19 @@ def test_export_loads_in_transformers_and_generates(run_dir: Path) -> None:
     assert tokenizer.model_max_length == model.config.n_positions
     generator = transformers.pipeline("text-generation", model=model, tokenizer=tokenizer)
     text = generator("The mayor", max_new_tokens=3, do_sample=False)[0]["generated_text"]
-    assert text.startswith("The mayor")
+    # The greedy continuation, computed independently of the export: the trained model of the run's last
+    # checkpoint (step 12, the end of the run), one argmax per new token.
+    import torch
+
+    from training.checkpoint import load_model_from_checkpoint
+
+    ours = load_model_from_checkpoint(run_dir / "checkpoints" / "step_0000012").eval()
+    ids = tokenizer("The mayor")["input_ids"]
+    with torch.no_grad():
+        for _ in range(3):
+            logits = ours(torch.tensor([ids]))[0]
+            ids.append(int(logits[0, -1].argmax()))
+    assert text == tokenizer.decode(ids)
 
 
 def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:

@@ -1,4 +1,6 @@
-"""A stand-in for the W&B server behind `wandb.Api`, for the report's live path without network.
+"""A stand-in for the W&B server behind `wandb.Api`, for the experiment driver's test of the report it
+builds at the end (tests/test_analysis_experiment.py). The W&B report's own tests and `--from_wandb` run
+the real client against tests/wandb_server.py instead.
 
 wandb-workspaces reaches W&B only through `wandb.Api()`: GraphQL documents go to the API's
 `_service_api.execute_graphql`, and `projects`, `create_project` and `default_entity` are plain
