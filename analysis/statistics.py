@@ -432,8 +432,19 @@ class Statistics:
         for name, by_strategy in (self.mlperf or {}).items():
             for strategy, value in by_strategy.items():
                 figures[name][strategy]["mlperf_mean"] = value
-        return {"figures": figures, "comparisons": [c.to_dict() for c in self.comparisons],
-                "time_to_target": self.time_to_target}
+        return json_ready({"figures": figures, "comparisons": [c.to_dict() for c in self.comparisons],
+                           "time_to_target": self.time_to_target})
+
+
+def json_ready(value: Any) -> Any:
+    """`value` with every non-finite float as None: JSON has no nan or inf, and a reader must not meet them."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
 
 
 def build_statistics(runs: Sequence[Run], target_loss: float | None = None, price: float | None = None,
