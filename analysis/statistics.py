@@ -166,7 +166,8 @@ def single_run_ratio(x: np.ndarray, y: np.ndarray, ratio: float) -> Ratio:
 def _welch_log_ratio(log_x: np.ndarray, log_y: np.ndarray, ratio: float) -> Ratio:
     var_x, var_y = log_x.var(ddof=1) / log_x.size, log_y.var(ddof=1) / log_y.size
     se = math.sqrt(var_x + var_y)
-    if se == 0:
+    # Identical repeats on both sides: a point, not the rounding residue of a variance of equal numbers.
+    if se == 0 or (np.ptp(log_x) == 0 and np.ptp(log_y) == 0):
         return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio)), T_INTERVAL)
     # Welch-Satterthwaite degrees of freedom: unequal variances and unequal numbers of runs.
     df = (var_x + var_y) ** 2 / (var_x**2 / (log_x.size - 1) + var_y**2 / (log_y.size - 1))
