@@ -145,10 +145,12 @@ def ratio_over_runs(a: Sequence[float], b: Sequence[float], exact: bool = False)
     x, y = x[x > 0], y[y > 0]
     if x.size == 0 or y.size == 0:
         return None
-    ratio = math.exp(float(np.log(x).mean() - np.log(y).mean()))
+    constant = np.ptp(x) == 0 and np.ptp(y) == 0
+    # Equal repeats: the plain quotient, free of the logarithms' rounding.
+    ratio = float(x[0] / y[0]) if constant else math.exp(float(np.log(x).mean() - np.log(y).mean()))
     if exact and (x.size < 2 or y.size < 2):
         # A count repeats exactly; several runs that disagree fall through to the t-interval below.
-        if np.ptp(x) == 0 and np.ptp(y) == 0:
+        if constant:
             return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio)), EXACT)
     if x.size < 2 or y.size < 2:
         return single_run_ratio(x, y, ratio)
