@@ -20,10 +20,10 @@ import numpy as np
 from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
 from analysis.runs import Run, number
-from analysis.statistics import (HIGHER, LOWER, MIB, RESERVED, RESIDENT, SAME, STEP_BOOTSTRAP, STEP_PEAK, THROUGHPUT,
-                                 TOO_FEW, Comparison, Statistics, Summary, build_statistics)
 from analysis.scaling import (SCALING_FACTS, scaling_efficiency, scaling_lines, table_columns, throughput_key,
                               throughput_name)
+from analysis.statistics import (HIGHER, LOWER, MIB, RESERVED, RESIDENT, SAME, SINGLE, STEP_BOOTSTRAP, STEP_PEAK,
+                                 THROUGHPUT, TOO_FEW, Comparison, Statistics, Summary, build_statistics)
 from analysis.table import Table, build_table, to_csv, to_html, to_markdown
 from training.rundir import write_atomic
 
@@ -175,8 +175,11 @@ def _verdict_text(comparison: Comparison) -> str:
     if comparison.ci95 is None:
         return comparison.verdict
     low, high = comparison.ci95
-    interval = f"ratio {comparison.ratio:.3f}, exact" if low == high else f"95% interval {low:.3f}-{high:.3f}"
-    return f"{interval}: {comparison.verdict}"
+    if low != high:
+        return f"95% interval {low:.3f}-{high:.3f}: {comparison.verdict}"
+    # A point interval: identical single runs, a count, or repeats without spread.
+    how = "identical values" if comparison.method == SINGLE else f"ratio {comparison.ratio:.3f}, exact"
+    return f"{how}: {comparison.verdict}"
 
 
 @dataclass
