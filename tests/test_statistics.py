@@ -222,3 +222,22 @@ def test_time_to_target_over_repeats_is_the_median_with_its_spread() -> None:
     assert entry["runs"] == 4 and entry["reached"] == 3 and entry["seconds"] == pytest.approx(7.5)
     assert entry["spread"]["seconds"]["min"] == pytest.approx(6.0)
     assert entry["spread"]["seconds"]["max"] == pytest.approx(9.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures: a strategy's repeats as one median with its range, partial epochs marked
+
+
+def test_epoch_series_is_the_median_with_min_max_and_marks_partial_epochs() -> None:
+    from analysis.plots import epoch_series
+
+    runs = []
+    for i, (rate, partial) in enumerate(((100.0, False), (110.0, False), (130.0, True))):
+        run = make_run("single", name=f"r{i}")
+        run.summary["epochs"] = [{"epoch": 1, "tokens_per_s": rate}, {"epoch": 2, "tokens_per_s": rate * 2,
+                                                                      "partial": partial}]
+        runs.append(run)
+    series = epoch_series(runs, "tokens_per_s")
+    assert series.epochs == [1, 2] and series.runs == 3
+    assert series.median == [110.0, 220.0] and series.low == [100.0, 200.0] and series.high == [130.0, 260.0]
+    assert series.partial == [False, True]
