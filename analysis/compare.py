@@ -1,7 +1,10 @@
 """Compare run directories: `python -m analysis.compare RUN_DIR... --out DIR`.
 
 Writes table.md, table.csv, the figures, report.md and a self-contained report.html into DIR;
-`--gpu_hour_price PRICE` (one device for one hour, any currency) adds each run's cost per million tokens.
+`--gpu_hour_price PRICE` (one device for one hour, any currency) adds each run's cost per million tokens;
+`--target_loss L` adds each strategy's training time, tokens and (with a price) cost to the first validation
+loss at or below L; `--mlperf` adds MLPerf's mean of the runs less the fastest and the slowest. Runs of one
+strategy are its repeats: every figure gets a 95% interval and every pair a verdict (report.json).
 Exit status: 0 when a report was written, 2 when an argument is bad, a run directory does not exist, no
 run is usable, or W&B could not be asked. Problems with single runs go to stderr, one line each.
 """
@@ -9,6 +12,7 @@ run is usable, or W&B could not be asked. Problems with single runs go to stderr
 from __future__ import annotations
 
 import argparse
+import math
 import shlex
 import sys
 from pathlib import Path
@@ -31,12 +35,27 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--group", help="W&B group (the experiment name) to fetch with --from_wandb")
     parser.add_argument("--gpu_hour_price", type=gpu_hour_price, metavar="PRICE",
                         help="price of one device for one hour, any currency: adds cost per million tokens")
+    parser.add_argument("--target_loss", type=target_loss, metavar="L",
+                        help="validation loss to reach: adds time, tokens and cost to first reach it")
+    parser.add_argument("--mlperf", action="store_true",
+                        help="also give the MLPerf-style mean of the runs less the fastest and the slowest")
     args = parser.parse_args(argv)
     if not args.run_dirs and not args.from_wandb:
         parser.error("give at least one RUN_DIR or --from_wandb ENTITY/PROJECT --group NAME")
     if bool(args.from_wandb) != bool(args.group):
         parser.error("--from_wandb and --group go together")
     return args
+
+
+def target_loss(text: str) -> float:
+    """A validation loss to reach: a positive finite number of nats."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number of nats, got {text!r}")
+    return value
 
 
 def load_comparison(run_dirs: list[Path]) -> tuple[list[Run], list[Run]]:
@@ -48,9 +67,9 @@ def load_comparison(run_dirs: list[Path]) -> tuple[list[Run], list[Run]]:
 
 
 def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] | None = None,
-            gpu_hour_price: float | None = None) -> int:
+            gpu_hour_price: float | None = None, target_loss: float | None = None, mlperf: bool = False) -> int:
     """Load `run_dirs`, report problems on stderr, write the report of the usable runs into `out_dir`;
-    `gpu_hour_price` (per device-hour) prices the runs."""
+    `gpu_hour_price` (per device-hour) prices the runs, `target_loss` and `mlperf` as the flags say."""
     usable, excluded = load_comparison(run_dirs)
     for run in [*usable, *excluded]:
         for problem in run.problems:
@@ -59,7 +78,7 @@ def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] 
         print(f"error: none of the {len(excluded)} run directories has a usable summary.json; no report written",
               file=sys.stderr)
         return EXIT_UNUSABLE
-    report = build_report(usable, excluded, command, notes, gpu_hour_price)
+    report = build_report(usable, excluded, command, notes, gpu_hour_price, target_loss, mlperf)
     written = write_report(report, out_dir)
     print(f"wrote {len(written)} files to {out_dir} (open {out_dir / 'report.html'})")
     return EXIT_OK
@@ -90,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         run_dirs += fetched
         notes += [f"{path}: {APPROXIMATION_NOTE}" for path in fetched]
     command = shlex.join(["python", "-m", "analysis.compare", *argv])
-    return compare(run_dirs, args.out, command, notes, args.gpu_hour_price)
+    return compare(run_dirs, args.out, command, notes, args.gpu_hour_price, args.target_loss, args.mlperf)
 
 
 if __name__ == "__main__":

@@ -10,24 +10,30 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from matplotlib.axes import Axes
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 
 from analysis.runs import Run, number
+from analysis.statistics import group_by_strategy, warmup_steps
 from training import registry
 
 # One colour and marker per strategy in every figure (each registry entry's), so a reader learns them once;
-# repeats of a strategy and runs under names no entry has get spare colours and the fallback marker.
+# strategies no entry has get spare colours and the fallback marker. The runs of one strategy are its
+# repeats: one line (their median) with a band or error bars from their minimum to their maximum.
 SPARE_COLOURS = ("#d62728", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 FALLBACK_MARKER = "D"
 # DDP and FSDP can train bit-identical curves: drawn one over the other, the first vanished. Each
-# later line is thinner and broken, so a curve underneath still shows at its edges and in the gaps.
+# later line is thinner and broken, so a curve underneath still shows at its edges and in the gaps; points
+# stay at their true x (no sideways offset, which made equal curves look as if one lagged).
 LINE_STYLES = (("-", 2.6), ("--", 1.9), (":", 1.6), ("-.", 1.3))
+MARKER_SIZES = (9, 7, 5.5, 4)  # later strategies' markers smaller, so equal points show as rings
+BAND_ALPHA = 0.18
+PARTIAL_NOTE = "A ring around a point: a partial epoch (the step budget ended inside it)."
 
 DPI = 120
-DODGE = 0.07  # epochs
 MAX_EPOCH_TICKS = 12  # up to this many epochs every one gets a tick
 # 72,000 rather than 72000, yet 2.5 stays 2.5: a fixed "{x:,.0f}" turned 2.5 s ticks into "2".
 THOUSANDS = FuncFormatter(lambda x, _: f"{x:,.0f}" if abs(x) >= 1000 else f"{x:g}")
@@ -44,17 +50,15 @@ class FigureFile:
 
 
 def assign_colours(runs: list[Run]) -> dict[str, str]:
-    """Colour by label: a strategy's first run gets the strategy's colour, repeats get spare ones."""
+    """Colour by strategy: the registry entry's, or a spare one for a strategy no entry has."""
     colours: dict[str, str] = {}
     spare = iter(SPARE_COLOURS * (1 + len(runs) // len(SPARE_COLOURS)))
-    taken: set[str] = set()
-    for run in runs:
-        entry = registry.find(run.strategy)
+    for strategy in group_by_strategy(runs):
+        entry = registry.find(strategy)
         colour = entry.colour if entry is not None else None
-        if colour is None or colour in taken:
-            colour = next(c for c in spare if c not in taken)
-        colours[run.label] = colour
-        taken.add(colour)
+        if colour is None or colour in colours.values():
+            colour = next(c for c in spare if c not in colours.values())
+        colours[strategy] = colour
     return colours
 
 
@@ -110,26 +114,61 @@ def _png(figure: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _epoch_series(run: Run, key: str) -> tuple[list[int], list[float]]:
-    xs, ys = [], []
+def _style(strategy: str, index: int, colours: dict[str, str]) -> dict[str, Any]:
+    """The strategy's colour and marker; its line style and marker size by its place in the figure."""
+    entry = registry.find(strategy)
+    linestyle, linewidth = LINE_STYLES[index % len(LINE_STYLES)]
+    return {"color": colours[strategy], "marker": entry.marker if entry is not None else FALLBACK_MARKER,
+            "markersize": MARKER_SIZES[index % len(MARKER_SIZES)], "linestyle": linestyle, "linewidth": linewidth}
+
+
+@dataclass(frozen=True)
+class Series:
+    """One strategy's figure per epoch over its runs: median, min and max, and which epochs were partial."""
+
+    epochs: list[int]
+    median: list[float]
+    low: list[float]
+    high: list[float]
+    partial: list[bool]
+    runs: int
+
+
+def _epoch_values(run: Run, key: str) -> dict[int, tuple[float, bool]]:
+    out = {}
     for epoch in run.epochs:
         value = number(epoch.get(key))
         if value is not None and isinstance(epoch.get("epoch"), int):
-            xs.append(epoch["epoch"])
-            ys.append(value)
-    return xs, ys
+            out[epoch["epoch"]] = (value, epoch.get("partial") is True)
+    return out
 
 
-def _dodge(runs: list[Run], run: Run, xs: list[int]) -> list[float]:
-    """Shift each run's markers a little sideways so equal values (DDP = single) do not hide each other."""
-    offset = DODGE * (runs.index(run) - (len(runs) - 1) / 2)
-    return [x + offset for x in xs]
+def epoch_series(runs: list[Run], key: str) -> Series:
+    """Median, min and max over `runs` at each epoch any of them recorded; partial if any run's was."""
+    per_run = [_epoch_values(run, key) for run in runs]
+    epochs = sorted({e for values in per_run for e in values})
+    at = [[values[e] for values in per_run if e in values] for e in epochs]
+    return Series(epochs, [float(np.median([v for v, _ in points])) for points in at],
+                  [min(v for v, _ in points) for points in at], [max(v for v, _ in points) for points in at],
+                  [any(p for _, p in points) for points in at], len(runs))
 
 
-def _style(run: Run, colours: dict[str, str]) -> dict[str, Any]:
-    entry = registry.find(run.strategy)
-    return {"color": colours[run.label], "marker": entry.marker if entry is not None else FALLBACK_MARKER,
-            "markersize": 7}
+def _plot_series(axes: Axes, series: Series, label: str, style: dict[str, Any], **extra: Any) -> None:
+    """The median line; error bars from min to max when there are repeats; partial epochs hollow."""
+    if not series.epochs:
+        return
+    axes.plot(series.epochs, series.median, label=label + (f" (median of {series.runs})" if series.runs > 1 else ""),
+              **{**style, **extra})
+    if series.runs > 1:
+        errors = [[m - lo for m, lo in zip(series.median, series.low)],
+                  [hi - m for m, hi in zip(series.median, series.high)]]
+        axes.errorbar(series.epochs, series.median, yerr=errors, fmt="none", ecolor=style["color"], capsize=4,
+                      elinewidth=1.2)
+    partial = [(e, m) for e, m, p in zip(series.epochs, series.median, series.partial) if p]
+    if partial:
+        xs, ys = zip(*partial)
+        axes.plot(xs, ys, linestyle="none", marker=style["marker"], markersize=style["markersize"] + 3,
+                  markerfacecolor="white", markeredgecolor=style["color"], markeredgewidth=1.8)
 
 
 def _epoch_axis(axes: Axes, runs: list[Run]) -> None:
@@ -154,11 +193,10 @@ def _legend(figure: Figure, axes: Axes) -> None:
 def _epoch_figure(runs: list[Run], colours: dict[str, str], filename: str, title: str,
                   panels: list[tuple[str, str]], ylabel: str, caption: str) -> FigureFile:
     figure, axes_list = _new_figure(len(panels))
+    groups = group_by_strategy(runs)
     for axes, (panel_title, key) in zip(axes_list, panels):
-        for run in runs:
-            xs, ys = _epoch_series(run, key)
-            if xs:
-                axes.plot(_dodge(runs, run, xs), ys, label=run.label, **_style(run, colours))
+        for index, (strategy, members) in enumerate(groups.items()):
+            _plot_series(axes, epoch_series(members, key), strategy, _style(strategy, index, colours))
         _epoch_axis(axes, runs)
         axes.set_ylabel(ylabel)
         # Costs start at zero so that a bar-sized difference looks bar-sized; a grad norm need not.
@@ -169,42 +207,62 @@ def _epoch_figure(runs: list[Run], colours: dict[str, str], filename: str, title
             axes.set_title(panel_title)
     _legend(figure, axes_list[0])
     figure.suptitle(title)
-    return FigureFile(filename, title, caption, _png(figure))
+    return FigureFile(filename, title, f"{caption} {_repeats_caption(groups)}", _png(figure))
+
+
+def _repeats_caption(groups: dict[str, list[Run]]) -> str:
+    """What a line and its bars are, and the partial-epoch mark."""
+    spread = ("Lines: the median over a strategy's runs; error bars: their minimum to maximum. "
+              if any(len(members) > 1 for members in groups.values()) else "")
+    return spread + PARTIAL_NOTE
 
 
 def _loss_per_epoch(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     figure, (axes,) = _new_figure(1)
-    for run in runs:
-        xs, ys = _epoch_series(run, "loss_mean")
-        if xs:
-            axes.plot(_dodge(runs, run, xs), ys, label=f"{run.label} train", **_style(run, colours))
-        xs, ys = _epoch_series(run, "val_loss")
-        if xs:
-            axes.plot(_dodge(runs, run, xs), ys, label=f"{run.label} validation", linestyle="--",
-                      markerfacecolor="white", **_style(run, colours))
+    groups = group_by_strategy(runs)
+    for index, (strategy, members) in enumerate(groups.items()):
+        style = _style(strategy, index, colours)
+        _plot_series(axes, epoch_series(members, "loss_mean"), f"{strategy} train", style)
+        _plot_series(axes, epoch_series(members, "val_loss"), f"{strategy} validation", style,
+                     linestyle="--", markerfacecolor="white")
     _epoch_axis(axes, runs)
     axes.set_ylabel("cross-entropy loss (nats)")
     _legend(figure, axes)
     title = "Loss per epoch"
     figure.suptitle(title)
-    caption = "Solid: mean training loss of the epoch's steps. Dashed, open markers: validation loss at the epoch end."
+    caption = ("Filled markers: mean training loss of the epoch's steps. Dashed, open markers: validation loss at "
+               f"the epoch end. {_repeats_caption(groups)}")
     return FigureFile("loss_per_epoch.png", title, caption, _png(figure))
+
+
+def loss_band(runs: list[Run], kind: str, key: str) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Tokens, median, min and max of `key` over `runs` at the token counts every run logged (`kind`:
+    "train" or "evals"); a resumed run's repeated step keeps its later line."""
+    per_run = [{line["tokens"]: line[key] for line in getattr(run, kind) if _has_numbers(line, "tokens", key)}
+               for run in runs]
+    common = sorted(set.intersection(*(set(values) for values in per_run))) if per_run else []
+    values = [[float(v[t]) for v in per_run] for t in common]
+    return ([float(t) for t in common], [float(np.median(v)) for v in values], [min(v) for v in values],
+            [max(v) for v in values])
 
 
 def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     figure, (axes,) = _new_figure(1)
-    for run in runs:
-        points = [(line["tokens"], line["loss"]) for line in run.train if _has_numbers(line, "tokens", "loss")]
-        if points:
-            xs, ys = zip(*points)
-            linestyle, linewidth = LINE_STYLES[runs.index(run) % len(LINE_STYLES)]
-            axes.plot(xs, ys, color=colours[run.label], linestyle=linestyle, linewidth=linewidth,
-                      label=f"{run.label} train")
-        points = [(line["tokens"], line["val_loss"]) for line in run.evals if _has_numbers(line, "tokens", "val_loss")]
-        if points:
-            xs, ys = zip(*points)
-            axes.plot(xs, ys, linestyle="none", markerfacecolor="white", markeredgewidth=1.5,
-                      label=f"{run.label} validation", **_style(run, colours))
+    groups = group_by_strategy(runs)
+    for index, (strategy, members) in enumerate(groups.items()):
+        style = _style(strategy, index, colours)
+        tokens, median, low, high = loss_band(members, "train", "loss")
+        if tokens:
+            axes.plot(tokens, median, color=style["color"], linestyle=style["linestyle"],
+                      linewidth=style["linewidth"], label=f"{strategy} train")
+            if len(members) > 1:
+                axes.fill_between(tokens, low, high, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
+        tokens, median, low, high = loss_band(members, "evals", "val_loss")
+        if tokens:
+            axes.errorbar(tokens, median, yerr=[np.subtract(median, low), np.subtract(high, median)],
+                          linestyle="none", color=style["color"], marker=style["marker"],
+                          markersize=style["markersize"], markerfacecolor="white", markeredgewidth=1.5,
+                          capsize=3, label=f"{strategy} validation")
     axes.xaxis.set_major_formatter(EngFormatter(sep=""))
     axes.set_xlabel("tokens trained (whole job)")
     axes.set_ylabel("cross-entropy loss (nats)")
@@ -212,29 +270,36 @@ def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     _legend(figure, axes)
     title = "Loss against tokens trained"
     figure.suptitle(title)
+    spread = ("With repeats: lines are the median over a strategy's runs, bands and bars their minimum to "
+              "maximum. " if any(len(m) > 1 for m in groups.values()) else "")
     caption = ("Lines: training loss of each logged step (metrics.jsonl); open markers: validation loss. "
                "Tokens, not steps or epochs, are the fair x-axis when batches differ. A line seen only at its "
-               "edges lies under another: the two curves are the same.")
+               f"edges lies under another: the two curves are the same. {spread}").strip()
     return FigureFile("loss_vs_tokens.png", title, caption, _png(figure))
 
 
 def _step_time_distribution(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     figure, (axes,) = _new_figure(1)
-    with_times = [run for run in runs if run.step_times_s]
-    if with_times:
-        boxes = axes.boxplot([run.step_times_s for run in with_times], patch_artist=True, widths=0.5,
+    groups = group_by_strategy(runs)
+    # Warm-up steps left out, as the throughput's interval leaves them out; a strategy's runs pooled.
+    pooled = {strategy: [t for run in members for t in run.step_times_s[warmup_steps(run):]]
+              for strategy, members in groups.items()}
+    pooled = {strategy: times for strategy, times in pooled.items() if times}
+    if pooled:
+        boxes = axes.boxplot(list(pooled.values()), patch_artist=True, widths=0.5,
                              medianprops={"color": "black"}, flierprops={"markersize": 4})
-        for patch, run in zip(boxes["boxes"], with_times):
-            patch.set_facecolor(colours[run.label])
+        for patch, strategy in zip(boxes["boxes"], pooled):
+            patch.set_facecolor(colours[strategy])
             patch.set_alpha(0.75)
-        axes.set_xticks(range(1, len(with_times) + 1), [run.label for run in with_times])
+        axes.set_xticks(range(1, len(pooled) + 1),
+                        [f"{s} ({len(groups[s])} runs)" if len(groups[s]) > 1 else s for s in pooled])
     axes.set_xlabel("strategy")
     axes.set_ylabel("optimizer step time (s)")
     axes.grid(True, axis="y", alpha=0.3)
     title = "Step time distribution"
     figure.suptitle(title)
-    caption = ("Wall time of every optimizer step (summary.json step_times_s), warm-up steps included: "
-               "box = quartiles, line = median, whiskers = 1.5 IQR, dots = outliers.")
+    caption = ("Wall time of every optimizer step after the warm-up steps (summary.json step_times_s), all runs of "
+               "a strategy together: box = quartiles, line = median, whiskers = 1.5 IQR, dots = outliers.")
     return FigureFile("step_time_distribution.png", title, caption, _png(figure))
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import math
 import re
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from analysis.plots import FigureFile, make_figures
 from analysis.runs import Run, number
 from analysis.scaling import (SCALING_FACTS, scaling_efficiency, scaling_lines, table_columns, throughput_key,
                               throughput_name)
+from analysis.statistics import (HIGHER, LOWER, MIB, RESERVED, RESIDENT, SAME, SINGLE, STEP_BOOTSTRAP, STEP_PEAK,
+                                 THROUGHPUT, TOO_FEW, Comparison, Statistics, Summary, build_statistics)
 from analysis.table import Table, build_table, to_csv, to_html, to_markdown
 from training.rundir import write_atomic
 
@@ -44,32 +47,65 @@ PEAK_FACTS = ("peak_flops_per_device", "peak_flops_measured_at")
 # that and still flags a systematic gap of the order of the noise.
 AGREEMENT_FACTOR = 2.0
 MIN_CURVE_POINTS = 3
-TIE_RELATIVE = 0.01  # throughputs within 1% are called a tie: timing noise is at least that large
 
 
 # ---------------------------------------------------------------------------------------------
 # The reading
 
 
-def fastest_reading(runs: list[Run]) -> list[str]:
-    key = throughput_key(runs)
-    ranked = _ranked(runs, lambda run: number(run.total.get(key)), highest_first=True)
-    if len(ranked) < 2:
-        return ["Throughput: fewer than two runs with a throughput; nothing to rank."]
-    (best, best_value), rest = ranked[0], ranked[1:]
-    which = throughput_name(key)
-    if best_value <= rest[0][1] * (1 + TIE_RELATIVE):
-        lead = (f"Throughput: **{best.label}** and **{rest[0][0].label}** are practically tied "
-                f"(within {TIE_RELATIVE:.0%}): {best_value:,.0f} vs {rest[0][1]:,.0f} tokens/s ({which})")
+def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[str]:
+    """Throughput: the leader and every other strategy's ratio to it, with the verdict its interval allows."""
+    stats = stats if stats is not None else build_statistics(runs)
+    summaries = stats.figures.get(THROUGHPUT, {})
+    if len(summaries) < 2:
+        return ["Throughput: fewer than two strategies with a throughput; nothing to rank."]
+    which = throughput_name(throughput_key(runs))
+    order = sorted(summaries, key=lambda name: -summaries[name].median)
+    best, rest = order[0], order[1:]
+    against = {name: stats.comparison(THROUGHPUT, best, name) for name in rest}
+    verdicts = {name: c.verdict if c is not None else TOO_FEW for name, c in against.items()}
+    shown = f"{summaries[best].median:,.0f} tokens/s ({which}; {_interval_text(summaries[best], ',.0f')})"
+    tied = [name for name in rest if verdicts[name] == SAME]
+    if all(v == HIGHER for v in verdicts.values()):
+        lead = f"Throughput: **{best}** is fastest with {shown}"
+    elif tied:
+        lead = (f"Throughput: **{best}** and {_and([f'**{name}**' for name in tied])} are practically tied "
+                f"(no detectable difference): {best} {shown}")
     else:
-        lead = f"Throughput: **{best.label}** is fastest with {best_value:,.0f} tokens/s ({which})"
-    comparisons = ", ".join(
-        f"{best_value / value:.2f}x {run.label} ({value:,.0f} tokens/s, +{best_value / value - 1:.0%})"
-        for run, value in rest if value > 0
-    )
-    lines = [f"{lead}: {comparisons}." if comparisons else f"{lead}."]
-    lines += _per_device_line(runs, key)
+        lead = f"Throughput: **{best}** has the highest figure, {shown}, but it cannot be ranked"
+    parts = ", ".join(_ratio_text(against[name], name, f"{summaries[name].median:,.0f} tokens/s")
+                      for name in rest if against[name] is not None)
+    lines = [f"{lead}: {parts}." if parts else f"{lead}."]
+    if any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
+        lines.append(STEP_NOTE)
+    lines += _per_device_line(runs, throughput_key(runs))
     return lines
+
+
+STEP_NOTE = ("One run per strategy: the throughput intervals come from each run's own step times (warm-up steps "
+             "excluded), so they see step-to-step noise but not drift between runs (another job on the machine, "
+             "clocks, a different node); repeated runs (`--repeats`) see that too.")
+
+
+def _ratio_text(comparison: Comparison, name: str, value: str) -> str:
+    """'1.20x fsdp (60,600 tokens/s; 95% interval 1.17-1.23x: higher)'."""
+    if comparison.ci95 is None:
+        return f"{comparison.ratio:.2f}x {name} ({value}; no interval: {comparison.verdict})"
+    low, high = comparison.ci95
+    return f"{comparison.ratio:.2f}x {name} ({value}; 95% interval {low:.2f}-{high:.2f}x: {comparison.verdict})"
+
+
+def _interval_text(summary: Summary, spec: str) -> str:
+    """'n = 3 runs, 95% interval 1-2' or 'n = 1 run, no interval'."""
+    runs = f"n = {summary.n} run{'s' if summary.n != 1 else ''}"
+    if summary.ci95 is None:
+        return f"{runs}, no interval"
+    low, high = summary.ci95
+    return f"{runs}, 95% interval {low:{spec}}-{high:{spec}}" if low != high else f"{runs}, exact"
+
+
+def _and(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
 def _per_device_line(runs: list[Run], key: str) -> list[str]:
@@ -91,29 +127,63 @@ def on_cpu(runs: list[Run]) -> bool:
     return bool(runs) and all(run.fact("device_type") == "cpu" for run in runs)
 
 
-def memory_reading(runs: list[Run]) -> list[str]:
-    kinds = {"allocated": "Peak memory (resident set size, per process, max over processes)"} if on_cpu(runs) else {
-        "allocated": "Peak memory (allocated, per device, max over devices)",
-        "reserved": "Peak memory (reserved, per device, max over devices)",
-    }
+def memory_reading(runs: list[Run], stats: Statistics | None = None) -> list[str]:
+    """The live-tensor step peak is ranked by its comparisons; the figure beside it (resident set size on
+    CPU, reserved on a GPU) is shown, and ranked only where repeats put a difference outside its noise."""
+    stats = stats if stats is not None else build_statistics(runs)
+    cpu = on_cpu(runs)
     lines = []
-    for kind, title in kinds.items():
-        key = f"peak_mem_{kind}_mib_max"
-        ranked = _ranked(runs, lambda run, key=key: number(run.total.get(key)), highest_first=False)
-        if len(ranked) < 2:
-            continue
-        (best, best_value), rest = ranked[0], ranked[1:]
-        comparisons = ", ".join(
-            f"{1 - best_value / value:.0%} less than {run.label} ({value:,.0f} MiB)" for run, value in rest if value > 0
-        )
-        lines.append(f"{title}: **{best.label}** uses least, "
-                     f"{best_value:,.0f} MiB" + (f": {comparisons}." if comparisons else "."))
-    return lines or ["Peak memory: fewer than two runs with memory figures; nothing to rank."]
+    peaks = stats.figures.get(STEP_PEAK, {})
+    if len(peaks) >= 2:
+        title = ("Peak memory (live tensors at the step peak, per process, max over processes)" if cpu
+                 else "Peak memory (allocated, per device, max over devices)")
+        lines.append(_least_memory(stats, peaks, title))
+    beside = RESIDENT if cpu else RESERVED
+    if len(stats.figures.get(beside, {})) >= 2:
+        title = ("Peak memory (resident set size, per process, max over processes)" if cpu
+                 else "Peak memory (reserved, per device, max over devices)")
+        lines.append(_memory_beside(stats, beside, title))
+    return lines or ["Peak memory: fewer than two strategies with memory figures; nothing to rank."]
 
 
-def _ranked(runs: list[Run], value: Any, highest_first: bool) -> list[tuple[Run, float]]:
-    pairs = [(run, v) for run in runs if (v := value(run)) is not None and math.isfinite(v)]
-    return sorted(pairs, key=lambda pair: -pair[1] if highest_first else pair[1])
+def _least_memory(stats: Statistics, peaks: dict[str, Summary], title: str) -> str:
+    order = sorted(peaks, key=lambda name: peaks[name].median)
+    best, rest = order[0], order[1:]
+    against = {name: stats.comparison(STEP_PEAK, best, name) for name in rest}
+    verdicts = [c.verdict if c is not None else TOO_FEW for c in against.values()]
+    value = f"{peaks[best].median / MIB:,.0f} MiB"
+    if all(v == LOWER for v in verdicts):
+        lead = f"{title}: **{best}** uses least, {value}"
+    else:
+        lead = f"{title}: **{best}** has the lowest figure, {value}, but it cannot be ranked"
+    parts = ", ".join(
+        f"{1 - c.ratio:.0%} less than {name} ({peaks[name].median / MIB:,.0f} MiB; {_verdict_text(c)})"
+        for name, c in against.items() if c is not None)
+    return f"{lead}: {parts}." if parts else f"{lead}."
+
+
+def _memory_beside(stats: Statistics, figure: str, title: str) -> str:
+    summaries = stats.figures[figure]
+    values = ", ".join(f"{name} {s.median:,.0f} MiB" + (f" (n = {s.n})" if s.n > 1 else "")
+                       for name, s in summaries.items())
+    ranked = [c for c in stats.comparisons if c.figure == figure and c.verdict in (HIGHER, LOWER)]
+    if ranked:
+        outside = "; ".join(f"{c.a} / {c.b} = {c.ratio:.2f} ({_verdict_text(c)})" for c in ranked)
+        return f"{title}, shown beside: {values}; outside its noise: {outside}."
+    why = ("one run per strategy gives it no interval" if all(s.n == 1 for s in summaries.values())
+           else "no pair's 95% interval excludes 1")
+    return f"{title}, shown beside and not ranked ({why}): {values}."
+
+
+def _verdict_text(comparison: Comparison) -> str:
+    if comparison.ci95 is None:
+        return comparison.verdict
+    low, high = comparison.ci95
+    if low != high:
+        return f"95% interval {low:.3f}-{high:.3f}: {comparison.verdict}"
+    # A point interval: identical single runs, a count, or repeats without spread.
+    how = "identical values" if comparison.method == SINGLE else f"ratio {comparison.ratio:.3f}, exact"
+    return f"{how}: {comparison.verdict}"
 
 
 @dataclass
@@ -286,6 +356,53 @@ def final_loss_line(runs: list[Run]) -> list[str]:
     return [f"Final training loss (nats): {', '.join(parts)}."] if len(parts) > 1 else []
 
 
+LOSS_FIGURES = ("final_val_loss", "avg_loss")
+
+
+def loss_verdict_lines(stats: Statistics) -> list[str]:
+    """Each loss figure of every strategy against the first: a verdict only outside the noise between runs."""
+    lines = []
+    for figure in LOSS_FIGURES:
+        summaries = stats.figures.get(figure, {})
+        if len(summaries) < 2:
+            continue
+        first, *others = summaries
+        values = ", ".join(f"{name} {s.median:.4f} ({_interval_text(s, '.4f')})" for name, s in summaries.items())
+        verdicts = "; ".join(f"{name}: {_verdict_text(c)}" for name in others
+                             if (c := stats.comparison(figure, name, first)) is not None)
+        lines.append(f"{stats.titles[figure].capitalize()} (nats): {values}. Against {first}: {verdicts}.")
+    return lines
+
+
+def repeats_line(stats: Statistics) -> list[str]:
+    """How many runs each strategy has: the runs of one strategy are its repeats."""
+    counts = {name: s.n for name, s in next(iter(stats.figures.values()), {}).items()}
+    if not counts:
+        return []
+    shown = ", ".join(f"{name} {n}" for name, n in counts.items())
+    return [f"Runs per strategy (repeats, grouped by strategy): {shown}. A verdict (higher, lower) is stated "
+            "only where the ratio's 95% interval excludes 1."]
+
+
+def target_lines(stats: Statistics) -> list[str]:
+    """Time, tokens and cost to the first validation loss at or below --target_loss, per strategy."""
+    if not stats.time_to_target:
+        return []
+    target = next(iter(stats.time_to_target.values()))["target_loss"]
+    parts = []
+    for name, entry in stats.time_to_target.items():
+        if not entry["reached"]:
+            parts.append(f"{name} not reached ({entry['runs']} run{'s' if entry['runs'] != 1 else ''})")
+            continue
+        spread = entry["spread"]["seconds"]
+        seconds = f"{entry['seconds']:,.1f} s" + (f" (min-max {spread['min']:,.1f}-{spread['max']:,.1f} s)"
+                                                  if spread["n"] > 1 else "")
+        cost = f", cost {entry['cost']:,.4f}" if entry["cost"] is not None else ""
+        parts.append(f"{name} {seconds}, {entry['tokens']:,.0f} tokens{cost} "
+                     f"(reached in {entry['reached']} of {entry['runs']} runs)")
+    return [f"Time to validation loss {target:g} (training time, linear between evaluations): {'; '.join(parts)}."]
+
+
 # ---------------------------------------------------------------------------------------------
 # Putting it together
 
@@ -314,10 +431,13 @@ class Report:
     plan: PlanSection
     figures: list[FigureFile]
     method: list[str]
+    statistics: Statistics | None = None  # written as report.json beside the report
 
 
-def build_reading(runs: list[Run], excluded: list[Run]) -> Reading:
-    """The reading of the usable `runs`; `excluded` are listed with their problems only."""
+def build_reading(runs: list[Run], excluded: list[Run], stats: Statistics | None = None) -> Reading:
+    """The reading of the usable `runs`; `excluded` are listed with their problems only; `stats` (default:
+    computed here, without a target) holds the intervals and verdicts."""
+    stats = stats if stats is not None else build_statistics(runs)
     check = fairness(runs)
     fair = fairness_lines(check, runs)
     agreed = fair[:1] if check.fair else []  # the "Fair comparison" line is a reading, the rest are warnings
@@ -325,24 +445,42 @@ def build_reading(runs: list[Run], excluded: list[Run]) -> Reading:
     if excluded:
         warnings.append(f"**{len(excluded)} run(s) left out of the comparison**: "
                         + ", ".join(str(run.path) for run in excluded) + " (see Problems).")
-    lines = [*fastest_reading(runs), *memory_reading(runs),
-             *agreement_lines(loss_agreement(runs), check), *final_loss_line(runs)]
+    lines = [*repeats_line(stats), *fastest_reading(runs, stats), *memory_reading(runs, stats),
+             *target_lines(stats), *agreement_lines(loss_agreement(runs), check), *final_loss_line(runs),
+             *loss_verdict_lines(stats)]
     lines += agreed
     problems = [f"{run.path}: {problem}" for run in [*runs, *excluded] for problem in run.problems]
     method = [
         "Throughput is tokens trained / training time of the optimizer steps (evaluation and checkpointing "
         "excluded); per-device figures are the whole-job figures divided by the world size, as stored.",
-        ("Memory on CPU is each process's peak resident set size since it started (the operating system "
-         "cannot reset it per epoch); 'device' means process. 'max over devices' is the worst process, "
-         "'mean over devices' the average one." if on_cpu(runs) else
+        ("Memory on CPU: the reading ranks the live-tensor peak of the probe step (summary.json "
+         "memory.step_peak_bytes, max over processes), the same quantity as torch.cuda.max_memory_allocated on "
+         "a GPU; the process's peak resident set size (since it started: the operating system cannot reset it "
+         "per epoch) is shown beside it and ranked only outside its noise. 'device' means process; 'max over "
+         "devices' is the worst process, 'mean over devices' the average one." if on_cpu(runs) else
          "Memory is each device's peak since its epoch started; 'max over devices' is the worst device, "
-         "'mean over devices' the average device."),
+         "'mean over devices' the average device. The allocated peak is a count that repeats exactly and is "
+         "ranked; the reserved peak is shown beside it and ranked only outside its noise."),
         "MFU is achieved FLOP/s per device / the device's peak FLOP/s, in percent.",
         CRITERION,
         f"Fairness: the runs are compared like for like when {', '.join(FAIRNESS_FACTS.values())} agree; "
         "their MFU when they were divided by the same peak (the same figure, measured at the same time).",
+        *STATISTICS_METHOD,
     ]
     return Reading(warnings, lines, problems, method)
+
+
+STATISTICS_METHOD = [
+    "Runs of one strategy are its repeats. Each figure of a strategy: n, median, min-max and a 95% interval: "
+    "Student's t-interval of the mean over the runs; with one run, the throughput's interval is a bootstrap "
+    "(2,000 resamples, fixed seed) of the median step time after warm-up, placed around the recorded figure, "
+    "and other figures have none, except the live-tensor step peak, a count that repeats exactly.",
+    "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale (one run "
+    "each: the bootstrap of the ratio of median step times). Verdict: higher when the interval lies above 1, "
+    "lower when below, no detectable difference when it contains 1; with one run and no interval, equal "
+    "values are no detectable difference and different ones not enough runs. Rules and sources: "
+    "docs/statistics.md; every figure and comparison is in report.json.",
+]
 
 
 def report_title(runs: list[Run]) -> str:
@@ -366,13 +504,26 @@ SECTION_METHOD = [
 
 
 def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list[str] | None = None,
-                 gpu_hour_price: float | None = None) -> Report:
+                 gpu_hour_price: float | None = None, target_loss: float | None = None,
+                 mlperf: bool = False) -> Report:
     """The report of the usable `runs`; `excluded` are listed with their problems only; `gpu_hour_price`
-    (per device-hour) prices the runs."""
-    reading = build_reading(runs, excluded)
-    return Report(report_title(runs), command, reading.warnings, reading.lines, [*reading.problems, *(notes or [])],
+    (per device-hour) prices the runs; `target_loss` adds the time to that validation loss; `mlperf` adds
+    MLPerf's mean of the runs less the fastest and the slowest."""
+    stats = build_statistics(runs, target_loss, gpu_hour_price, mlperf)
+    reading = build_reading(runs, excluded, stats)
+    return Report(report_title(runs), command, reading.warnings, [*reading.lines, *mlperf_lines(stats)],
+                  [*reading.problems, *(notes or [])],
                   build_table(runs, table_columns(runs, gpu_hour_price)), scaling_lines(runs, gpu_hour_price),
-                  plan_section(runs), make_figures(runs), [*reading.method, *SECTION_METHOD])
+                  plan_section(runs), make_figures(runs), [*reading.method, *SECTION_METHOD], stats)
+
+
+def mlperf_lines(stats: Statistics) -> list[str]:
+    """MLPerf Training's summary of times: the mean of the runs after dropping the fastest and the slowest."""
+    if stats.mlperf is None:
+        return []
+    parts = [f"{name} {value:,.1f} s" if value is not None else f"{name} n/a (fewer than 3 runs)"
+             for name, value in stats.mlperf.get("train_time_s", {}).items()]
+    return [f"MLPerf-style training time (mean of the runs less the fastest and the slowest): {', '.join(parts)}."]
 
 
 def render_markdown(report: Report) -> str:
@@ -438,7 +589,7 @@ def render_html(report: Report) -> str:
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:
-    """Write table.md, table.csv, the PNGs, report.md and report.html into `out_dir`."""
+    """Write table.md, table.csv, the PNGs, report.md, report.html and report.json into `out_dir`."""
     out_dir.mkdir(parents=True, exist_ok=True)
     files: dict[str, bytes] = {
         "table.md": to_markdown(report.table).encode(),
@@ -447,6 +598,8 @@ def write_report(report: Report, out_dir: Path) -> list[Path]:
         "report.md": render_markdown(report).encode(),
         "report.html": render_html(report).encode(),
     }
+    if report.statistics is not None:
+        files["report.json"] = (json.dumps(report.statistics.to_dict(), indent=2, allow_nan=False) + "\n").encode()
     for name, data in files.items():
         write_atomic(out_dir / name, data)
     return [out_dir / name for name in files]

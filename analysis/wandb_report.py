@@ -68,6 +68,10 @@ class PanelSpec:
     x: str | None = None  # W&B key of the x-axis; line plots only
     x_title: str | None = None
     layout: tuple[int, int, int, int] = (0, 0, 8, 6)  # x, y, width, height in grid units
+    # How a group of runs (one strategy's repeats) is drawn: W&B aggregates them natively, here as their
+    # mean with a band (line plots) or range (bar charts) from their minimum to their maximum.
+    group_agg: str = "mean"
+    group_range: str = "minmax"
 
 
 @dataclass(frozen=True)
@@ -146,7 +150,11 @@ def reading_markdown(reading: Reading | None, source: str) -> str:
 def method_markdown(reading: Reading | None, command: str) -> str:
     out = ["## How the panels are built", "",
            "- Runs: the experiment's W&B group, grouped by strategy (the run's job type), so repeated runs of "
-           "one strategy form one group.",
+           "one strategy form one group. W&B draws a group natively: line plots show the strategy's mean with a "
+           "band from its runs' minimum to their maximum, bar charts its mean with that range. The band is the "
+           "runs' range, not a 95% interval, and the mean is not the local report's median: the verdicts "
+           "(higher, lower, no detectable difference) are the reading's above, computed from the runs' "
+           "intervals (docs/statistics.md).",
            f"- Line plots use {X_TITLE} as x-axis, so runs with different global batches line up at equal data "
            "seen. Memory is the peak per device since the epoch started, the maximum over the run's devices.",
            "- Bar charts show the whole-run figures train.py writes to the run summary (`total/...`, as in "
@@ -213,10 +221,11 @@ def _panel(panel: PanelSpec) -> Any:
     layout = wr.Layout(*panel.layout)
     if panel.kind == "line":
         return wr.LinePlot(title=panel.title, x=panel.x, y=list(panel.metrics), title_x=panel.x_title,
-                           title_y=panel.y_title, layout=layout)
+                           title_y=panel.y_title, layout=layout, groupby_aggfunc=panel.group_agg,
+                           groupby_rangefunc=panel.group_range)
     if panel.kind == "bar":
         return wr.BarPlot(title=panel.title, metrics=list(panel.metrics), orientation="v", title_y=panel.y_title,
-                          layout=layout)
+                          layout=layout, groupby_aggfunc=panel.group_agg, groupby_rangefunc=panel.group_range)
     raise ReportError(f"unknown panel kind {panel.kind!r}")
 
 

@@ -1,0 +1,476 @@
+"""Figures with their uncertainty, and verdicts that are stated only outside the noise (docs/statistics.md).
+
+Two sources of noise, two methods:
+- across repeated runs of one strategy (the unit is a run, usually 2 to 5 of them): Student's t-interval
+  of the mean, and for a pair of strategies Welch's t-interval of the difference of mean logarithms,
+  i.e. the ratio of geometric means;
+- within one run (its optimizer step times, dozens to thousands of them): a bootstrap of the median step
+  time with a fixed seed, which a rare slow step (a pause, the memory probe) cannot drag.
+
+A verdict (`higher`, `lower`) is stated only when the ratio's 95% interval excludes 1; otherwise it is
+`no detectable difference`. With one run and no within-run distribution there is no interval: equal values
+are `no detectable difference`, different ones `not enough runs`. Pure numpy, no torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+
+from analysis.runs import Run, number
+from analysis.scaling import throughput, throughput_key, throughput_name
+from training.config import RunConfig
+
+CONFIDENCE = 0.95
+BOOTSTRAP_RESAMPLES = 2000
+BOOTSTRAP_SEED = 1993  # fixed, so the same records give the same interval (Efron & Tibshirani, 1993)
+_BOOTSTRAP_CHUNK = 250  # resamples drawn at once: bounds memory for runs of many thousand steps
+
+HIGHER, LOWER, SAME, TOO_FEW = "higher", "lower", "no detectable difference", "not enough runs"
+
+T_INTERVAL = "t-interval of the mean over runs"
+STEP_BOOTSTRAP = "bootstrap of the median step time of one run"
+EXACT = "exact (a count with no run-to-run noise)"
+SINGLE = "none (one run)"
+
+
+@dataclass(frozen=True)
+class Summary:
+    """One figure of one strategy over its runs."""
+
+    n: int  # runs
+    median: float
+    minimum: float
+    maximum: float
+    mean: float
+    ci95: tuple[float, float] | None  # None: no interval can be computed (one run, no within-run samples)
+    method: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"n": self.n, "median": self.median, "min": self.minimum, "max": self.maximum, "mean": self.mean,
+                "ci95": list(self.ci95) if self.ci95 is not None else None, "method": self.method}
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """a / b with its 95% interval and the verdict it allows."""
+
+    ratio: float
+    ci95: tuple[float, float] | None
+    verdict: str
+    method: str
+
+
+# ---------------------------------------------------------------------------------------------
+# Student's t quantile (numpy has none, and scipy is not a dependency)
+
+
+def t_quantile(probability: float, df: float) -> float:
+    """The `probability` quantile (above 0.5) of Student's t with `df` degrees of freedom (may be fractional)."""
+    # Rounded so that Welch's fractional degrees of freedom still hit the cache.
+    return _t_quantile(probability, round(df, 3))
+
+
+@lru_cache(maxsize=256)
+def _t_quantile(probability: float, df: float) -> float:
+    """Integrates the density numerically; accurate to about 1e-4 for df >= 1, enough for an interval."""
+    if df <= 0 or not 0.5 < probability < 1:
+        raise ValueError(f"t_quantile needs df > 0 and 0.5 < p < 1, got df={df}, p={probability}")
+    if df > 1e4:
+        df = 1e4  # the t is a normal by then; larger df only costs precision in the constant
+    log_constant = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
+    # Heavy tails at df ~ 1 put the 97.5% quantile at 12.7: the grid must reach well beyond it.
+    grid = np.linspace(0.0, 40.0 if df >= 1 else 400.0, 100_001)
+    density = np.exp(log_constant - (df + 1) / 2 * np.log1p(grid**2 / df))
+    cumulative = 0.5 + np.concatenate(([0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(grid))))
+    return float(np.interp(probability, cumulative, grid))
+
+
+# ---------------------------------------------------------------------------------------------
+# One strategy's figure
+
+
+def _finite(values: Sequence[float]) -> np.ndarray:
+    array = np.asarray([float(v) for v in values], dtype=float)
+    return array[np.isfinite(array)]
+
+
+def summarize(values: Sequence[float], exact: bool = False) -> Summary | None:
+    """n, median, min, max and the 95% t-interval of the mean of one strategy's runs; None without values.
+
+    `exact`: the figure is a count with no run-to-run noise, so one run's interval is its value.
+    """
+    data = _finite(values)
+    if data.size == 0:
+        return None
+    mean = float(data.mean())
+    if data.size == 1:
+        value = float(data[0])
+        return Summary(1, value, value, value, value, (value, value) if exact else None, EXACT if exact else SINGLE)
+    half = t_quantile((1 + CONFIDENCE) / 2, data.size - 1) * float(data.std(ddof=1)) / math.sqrt(data.size)
+    return Summary(int(data.size), float(np.median(data)), float(data.min()), float(data.max()), mean,
+                   (mean - half, mean + half), T_INTERVAL)
+
+
+def mlperf_mean(values: Sequence[float]) -> float | None:
+    """MLPerf Training's score: the mean of the runs after dropping the fastest and the slowest (n >= 3)."""
+    data = np.sort(_finite(values))
+    return float(data[1:-1].mean()) if data.size >= 3 else None
+
+
+def verdict(ci95: tuple[float, float] | None) -> str:
+    """`higher` / `lower` only when the ratio's interval excludes 1."""
+    if ci95 is None:
+        return TOO_FEW
+    low, high = ci95
+    return HIGHER if low > 1 else LOWER if high < 1 else SAME
+
+
+# ---------------------------------------------------------------------------------------------
+# Two strategies: the ratio a / b
+
+
+def ratio_over_runs(a: Sequence[float], b: Sequence[float], exact: bool = False) -> Ratio | None:
+    """Ratio of geometric means of positive per-run values with Welch's 95% interval on the log scale.
+
+    With fewer than two runs on a side there is no variance to use: the rule for one run applies
+    (`single_run_ratio`), unless the figure is `exact`.
+    """
+    x, y = _finite(a), _finite(b)
+    x, y = x[x > 0], y[y > 0]
+    if x.size == 0 or y.size == 0:
+        return None
+    constant = np.ptp(x) == 0 and np.ptp(y) == 0
+    # Equal repeats: the plain quotient, free of the logarithms' rounding.
+    ratio = float(x[0] / y[0]) if constant else math.exp(float(np.log(x).mean() - np.log(y).mean()))
+    if exact and (x.size < 2 or y.size < 2):
+        # A count repeats exactly; several runs that disagree fall through to the t-interval below.
+        if constant:
+            return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio)), EXACT)
+    if x.size < 2 or y.size < 2:
+        return single_run_ratio(x, y, ratio)
+    return _welch_log_ratio(np.log(x), np.log(y), ratio)
+
+
+def single_run_ratio(x: np.ndarray, y: np.ndarray, ratio: float) -> Ratio:
+    """One run on a side and no within-run samples: identical values are no detectable difference,
+    anything else cannot be judged."""
+    if np.ptp(np.concatenate([x, y])) == 0:
+        return Ratio(1.0, (1.0, 1.0), SAME, SINGLE)
+    return Ratio(ratio, None, TOO_FEW, SINGLE)
+
+
+def _welch_log_ratio(log_x: np.ndarray, log_y: np.ndarray, ratio: float) -> Ratio:
+    var_x, var_y = log_x.var(ddof=1) / log_x.size, log_y.var(ddof=1) / log_y.size
+    se = math.sqrt(var_x + var_y)
+    # Identical repeats on both sides: a point, not the rounding residue of a variance of equal numbers.
+    if se == 0 or (np.ptp(log_x) == 0 and np.ptp(log_y) == 0):
+        return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio)), T_INTERVAL)
+    # Welch-Satterthwaite degrees of freedom: unequal variances and unequal numbers of runs.
+    df = (var_x + var_y) ** 2 / (var_x**2 / (log_x.size - 1) + var_y**2 / (log_y.size - 1))
+    half = t_quantile((1 + CONFIDENCE) / 2, df) * se
+    ci = (ratio * math.exp(-half), ratio * math.exp(half))
+    return Ratio(ratio, ci, verdict(ci), T_INTERVAL)
+
+
+def bootstrap_medians(samples: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
+    """The medians of `resamples` resamples (with replacement) of `samples`."""
+    out = []
+    for start in range(0, resamples, _BOOTSTRAP_CHUNK):
+        count = min(_BOOTSTRAP_CHUNK, resamples - start)
+        out.append(np.median(samples[rng.integers(0, samples.size, (count, samples.size))], axis=1))
+    return np.concatenate(out)
+
+
+def bootstrap_median_interval(samples: Sequence[float], seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
+    """Median of `samples` and its 95% percentile-bootstrap interval (fixed seed: deterministic)."""
+    data = _finite(samples)
+    rng = np.random.default_rng(seed)
+    medians = bootstrap_medians(data, BOOTSTRAP_RESAMPLES, rng)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(medians, [tail, 100 - tail])
+    return float(np.median(data)), float(low), float(high)
+
+
+def step_ratio(a_rates: Sequence[float], b_rates: Sequence[float], seed: int = BOOTSTRAP_SEED
+               ) -> tuple[float, tuple[float, float]]:
+    """Ratio of the median per-step rates of two runs and its 95% bootstrap interval (each run resampled
+    on its own, with one fixed seed)."""
+    x, y = _finite(a_rates), _finite(b_rates)
+    rng = np.random.default_rng(seed)
+    ratios = bootstrap_medians(x, BOOTSTRAP_RESAMPLES, rng) / bootstrap_medians(y, BOOTSTRAP_RESAMPLES, rng)
+    tail = (1 - CONFIDENCE) / 2 * 100
+    low, high = np.percentile(ratios, [tail, 100 - tail])
+    return float(np.median(x) / np.median(y)), (float(low), float(high))
+
+
+# ---------------------------------------------------------------------------------------------
+# The figures of runs, grouped by strategy: several runs of one strategy are repeats
+
+MIB = 2**20
+MIN_STEPS = 5  # fewer steps after warm-up than this give no within-run interval
+THROUGHPUT, STEP_PEAK, RESIDENT, RESERVED = "tokens_per_s", "step_peak_bytes", "peak_rss_mib", "peak_reserved_mib"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """A whole-run figure the report summarizes and compares across strategies."""
+
+    name: str  # report.json's key
+    title: str  # how the reading names it
+    unit: str
+    exact: bool  # a count that repeats exactly; a timing or a loss does not
+    value: Callable[[Run], float | None]
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """figure of strategy a / figure of strategy b."""
+
+    figure: str
+    a: str
+    b: str
+    ratio: float
+    ci95: tuple[float, float] | None
+    verdict: str
+    method: str
+
+    def inverted(self) -> Comparison:
+        """b / a: the same evidence read the other way round."""
+        ci = None if self.ci95 is None else (1 / self.ci95[1], 1 / self.ci95[0])
+        flipped = {HIGHER: LOWER, LOWER: HIGHER}.get(self.verdict, self.verdict)
+        return Comparison(self.figure, self.b, self.a, 1 / self.ratio, ci, flipped, self.method)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"figure": self.figure, "a": self.a, "b": self.b, "ratio": self.ratio,
+                "ci95": list(self.ci95) if self.ci95 is not None else None, "verdict": self.verdict,
+                "method": self.method}
+
+
+def group_by_strategy(runs: Sequence[Run]) -> dict[str, list[Run]]:
+    """Runs by Run.strategy, strategies in the order of their first run (the table's order)."""
+    groups: dict[str, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(run.strategy, []).append(run)
+    return groups
+
+
+def _total(key: str) -> Callable[[Run], float | None]:
+    return lambda run: _finite_or_none(number(run.total.get(key)))
+
+
+def _finite_or_none(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def step_peak_bytes(run: Run) -> float | None:
+    """The live-tensor peak of the probe step, max over ranks (summary.json memory.step_peak_bytes); on a GPU
+    without that record, the epochs' torch.cuda max allocated, which is the same quantity."""
+    memory = run.fact("memory") or {}
+    ranks = [v for v in (number(x) for x in memory.get("step_peak_bytes") or []) if v is not None]
+    if ranks:
+        return max(ranks)
+    allocated = number(run.total.get("peak_mem_allocated_mib_max"))
+    return allocated * MIB if allocated is not None and run.fact("device_type") != "cpu" else None
+
+
+def run_figures(runs: Sequence[Run]) -> list[Figure]:
+    """The figures of report.json; the memory beside the step peak is the process's resident set on CPU."""
+    key = throughput_key(list(runs))
+    cpu = bool(runs) and all(run.fact("device_type") == "cpu" for run in runs)
+    beside = (Figure(RESIDENT, "peak resident set size (per process, max over processes)", "MiB", False,
+                     _total("peak_mem_allocated_mib_max")) if cpu else
+              Figure(RESERVED, "peak memory reserved (per device, max over devices)", "MiB", False,
+                     _total("peak_mem_reserved_mib_max")))
+    return [
+        Figure(THROUGHPUT, f"throughput ({throughput_name(key)})", "tokens/s", False, lambda run: throughput(run, key)),
+        Figure(STEP_PEAK, "live-tensor step peak (per device, max over devices)", "bytes", True, step_peak_bytes),
+        beside,
+        Figure("train_time_s", "training time", "s", False, _total("train_time_s")),
+        Figure("final_val_loss", "final validation loss", "nats", False, _total("final_val_loss")),
+        Figure("avg_loss", "mean training loss", "nats", False, _total("loss_mean")),
+    ]
+
+
+def warmup_steps(run: Run) -> int:
+    """The run's --perf_warmup_steps as config.json records it, train.py's default otherwise."""
+    recorded = ((run.config or {}).get("run") or {}).get("perf_warmup_steps")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 0:
+        return recorded
+    return next(f.default for f in fields(RunConfig) if f.name == "perf_warmup_steps")
+
+
+def step_rates(run: Run) -> np.ndarray:
+    """Tokens per second of each optimizer step after warm-up: the global batch / the step's time."""
+    tokens = number(run.fact("global_batch_tokens"))
+    times = _finite(run.step_times_s[warmup_steps(run):])
+    if tokens is None or tokens <= 0:
+        return np.empty(0)
+    return tokens / times[times > 0]
+
+
+def summarize_figure(figure: Figure, runs: Sequence[Run]) -> Summary | None:
+    """One strategy's figure; one run's throughput takes its interval from its own step times."""
+    summary = summarize(_values(figure, runs), figure.exact)
+    if summary is None or summary.n != 1 or figure.name != THROUGHPUT:
+        return summary
+    rates = step_rates(runs[0])
+    if rates.size < MIN_STEPS:
+        return summary
+    middle, low, high = bootstrap_median_interval(rates)
+    value = summary.median
+    # The interval's relative width is the median step's; it is placed around the recorded figure.
+    return Summary(1, value, value, value, value, (value * low / middle, value * high / middle), STEP_BOOTSTRAP)
+
+
+def compare_figure(figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b: Sequence[Run]
+                   ) -> Comparison | None:
+    """a / b for one figure: over runs, or from the step times when each side is one run."""
+    values_a, values_b = _values(figure, runs_a), _values(figure, runs_b)
+    if figure.name == THROUGHPUT and len(values_a) == 1 and len(values_b) == 1:
+        rates_a, rates_b = step_rates(runs_a[0]), step_rates(runs_b[0])
+        if rates_a.size >= MIN_STEPS and rates_b.size >= MIN_STEPS and values_b[0] > 0:
+            middle, (low, high) = step_ratio(rates_a, rates_b)
+            ratio = values_a[0] / values_b[0]
+            ci = (ratio * low / middle, ratio * high / middle)
+            return Comparison(figure.name, a, b, ratio, ci, verdict(ci), STEP_BOOTSTRAP)
+    result = ratio_over_runs(values_a, values_b, figure.exact)
+    if result is None:
+        return None
+    return Comparison(figure.name, a, b, result.ratio, result.ci95, result.verdict, result.method)
+
+
+# ---------------------------------------------------------------------------------------------
+# Time, tokens and cost to a target validation loss
+
+
+@dataclass(frozen=True)
+class TargetPoint:
+    """Where one run first reached the target validation loss."""
+
+    seconds: float  # training time (steps only) up to that point
+    tokens: float
+    cost: float | None  # at --gpu_hour_price per device-hour; None without a price
+
+
+def _elapsed_at(run: Run) -> Callable[[float], float]:
+    """Training time at a (fractional) step, linear between the logged train lines' elapsed_s."""
+    points = sorted({int(s): e for line in run.train
+                     if (s := number(line.get("step"))) is not None and (e := number(line.get("elapsed_s"))) is not None
+                     }.items())
+    steps, elapsed = [0.0, *(float(s) for s, _ in points)], [0.0, *(e for _, e in points)]
+    return lambda step: float(np.interp(step, steps, elapsed))
+
+
+def _eval_points(run: Run) -> list[tuple[float, float, float]]:
+    """(step, tokens, val_loss) of each evaluation, in step order; a resumed run's repeat keeps the later line."""
+    points: dict[float, tuple[float, float]] = {}
+    for line in run.evals:
+        step, tokens, loss = (number(line.get(k)) for k in ("step", "tokens", "val_loss"))
+        if step is not None and tokens is not None and loss is not None and math.isfinite(loss):
+            points[step] = (tokens, loss)
+    return [(step, *points[step]) for step in sorted(points)]
+
+
+def time_to_target(run: Run, target: float, price: float | None = None) -> TargetPoint | None:
+    """The first point where the validation loss reaches `target`, linear between the two evaluations
+    around it; at the first evaluation when it already reaches it. None when it never does."""
+    elapsed = _elapsed_at(run)
+    previous: tuple[float, float, float] | None = None
+    for step, tokens, loss in _eval_points(run):
+        if loss <= target:
+            fraction = 1.0 if previous is None or previous[2] == loss else (previous[2] - target) / (previous[2] - loss)
+            start_step, start_tokens = (step, tokens) if previous is None else previous[:2]
+            at_step = start_step + fraction * (step - start_step)
+            seconds = elapsed(at_step)
+            devices = run.fact("world_size") if isinstance(run.fact("world_size"), int) else 1
+            cost = None if price is None else price * devices * seconds / 3600
+            return TargetPoint(seconds, start_tokens + fraction * (tokens - start_tokens), cost)
+        previous = (step, tokens, loss)
+    return None
+
+
+def target_summary(runs: Sequence[Run], target: float, price: float | None) -> dict[str, Any]:
+    """report.json's time_to_target entry of one strategy: medians over the runs that reached the target,
+    with their spread; `reached` counts those runs out of `runs`."""
+    points = [p for p in (time_to_target(run, target, price) for run in runs) if p is not None]
+    spread = {key: summarize([getattr(p, key) for p in points if getattr(p, key) is not None])
+              for key in ("seconds", "tokens", "cost")}
+    return {"target_loss": target, "runs": len(runs), "reached": len(points),
+            **{key: (s.median if s is not None else None) for key, s in spread.items()},
+            "spread": {key: (s.to_dict() if s is not None else None) for key, s in spread.items()}}
+
+
+# ---------------------------------------------------------------------------------------------
+# Everything report.json holds
+
+
+@dataclass(frozen=True)
+class Statistics:
+    figures: dict[str, dict[str, Summary]]  # figure -> strategy -> summary
+    comparisons: list[Comparison]  # every pair of strategies (a before b in table order), every figure
+    time_to_target: dict[str, dict[str, Any]]  # strategy -> target_summary; empty without a target
+    titles: dict[str, str]  # figure -> how the reading names it
+    # figure -> strategy -> MLPerf's mean of the runs less the fastest and the slowest; None: not asked for
+    mlperf: dict[str, dict[str, float | None]] | None = None
+
+    def comparison(self, figure: str, a: str, b: str) -> Comparison | None:
+        """a / b, read off the stored pair in whichever order it was stored."""
+        for item in self.comparisons:
+            if item.figure == figure and (item.a, item.b) == (a, b):
+                return item
+            if item.figure == figure and (item.a, item.b) == (b, a):
+                return item.inverted()
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """report.json (docs/statistics.md describes its shape)."""
+        figures = {name: {strategy: summary.to_dict() for strategy, summary in by_strategy.items()}
+                   for name, by_strategy in self.figures.items()}
+        for name, by_strategy in (self.mlperf or {}).items():
+            for strategy, value in by_strategy.items():
+                figures[name][strategy]["mlperf_mean"] = value
+        return json_ready({"figures": figures, "comparisons": [c.to_dict() for c in self.comparisons],
+                           "time_to_target": self.time_to_target})
+
+
+def json_ready(value: Any) -> Any:
+    """`value` with every non-finite float as None: JSON has no nan or inf, and a reader must not meet them."""
+    if isinstance(value, dict):
+        return {k: json_ready(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def build_statistics(runs: Sequence[Run], target_loss: float | None = None, price: float | None = None,
+                     mlperf: bool = False) -> Statistics:
+    """Every figure of every strategy, every pair's comparisons and, with a target, the time to it."""
+    groups = group_by_strategy(runs)
+    figures: dict[str, dict[str, Summary]] = {}
+    comparisons: list[Comparison] = []
+    mlperf_means: dict[str, dict[str, float | None]] = {}
+    for figure in run_figures(runs):
+        summaries = {name: s for name, members in groups.items() if (s := summarize_figure(figure, members))}
+        if not summaries:
+            continue
+        figures[figure.name] = summaries
+        names = list(summaries)
+        comparisons += [c for i, a in enumerate(names) for b in names[i + 1:]
+                        if (c := compare_figure(figure, a, groups[a], b, groups[b])) is not None]
+        mlperf_means[figure.name] = {name: mlperf_mean(_values(figure, groups[name])) for name in names}
+    targets = {} if target_loss is None else {name: target_summary(members, target_loss, price)
+                                              for name, members in groups.items()}
+    titles = {figure.name: figure.title for figure in run_figures(runs)}
+    return Statistics(figures, comparisons, targets, titles, mlperf_means if mlperf else None)
+
+
+def _values(figure: Figure, runs: Sequence[Run]) -> list[float]:
+    return [v for v in (figure.value(run) for run in runs) if v is not None]

@@ -1,0 +1,243 @@
+"""Intervals and verdicts (analysis/statistics.py) on hand-made figures whose answer is known."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from analysis.report import memory_reading
+from analysis.runs import Run
+from analysis.statistics import (EXACT, HIGHER, LOWER, RESIDENT, SAME, STEP_BOOTSTRAP, STEP_PEAK, T_INTERVAL,
+                                 THROUGHPUT, TOO_FEW, bootstrap_median_interval, build_statistics, mlperf_mean,
+                                 ratio_over_runs, step_ratio, step_rates, summarize, t_quantile, time_to_target,
+                                 verdict)
+
+MIB = 2**20
+
+
+def make_run(strategy: str, *, tokens_per_s: float = 1000.0, step_times: list[float] | None = None,
+             device_type: str = "cpu", step_peak: list[int] | None = None, rss_mib: float = 900.0,
+             world_size: int = 1, warmup: int = 3, name: str = "r0", **totals: Any) -> Run:
+    """A run as analysis.runs reads it, built in memory: only what the statistics read."""
+    summary = {
+        "strategy": strategy, "device_type": device_type, "world_size": world_size, "global_batch_tokens": 1000,
+        "memory": {"step_peak_bytes": step_peak} if step_peak is not None else None,
+        "total": {"tokens_per_s": tokens_per_s, "peak_mem_allocated_mib_max": rss_mib,
+                  "peak_mem_reserved_mib_max": rss_mib, **totals},
+        "step_times_s": step_times if step_times is not None else [],
+    }
+    return Run(path=Path(strategy) / name, summary=summary, config={"run": {"perf_warmup_steps": warmup}},
+               label=strategy)
+
+
+# ---------------------------------------------------------------------------------------------
+# The numbers
+
+
+@pytest.mark.parametrize("df, expected", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (1e6, 1.960)])
+def test_t_quantile_matches_the_tables(df: float, expected: float) -> None:
+    assert t_quantile(0.975, df) == pytest.approx(expected, abs=2e-3)
+
+
+def test_summary_of_known_runs_is_the_t_interval_of_the_mean() -> None:
+    summary = summarize([1.0, 2.0, 3.0])
+    assert (summary.n, summary.median, summary.minimum, summary.maximum) == (3, 2.0, 1.0, 3.0)
+    half = 4.3027 * 1.0 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
+    assert summary.ci95 == pytest.approx((2.0 - half, 2.0 + half), abs=1e-3)
+    assert summary.method == T_INTERVAL
+
+
+def test_one_run_has_no_interval_unless_it_is_a_count() -> None:
+    assert summarize([5.0]).ci95 is None
+    exact = summarize([5.0], exact=True)
+    assert exact.ci95 == (5.0, 5.0) and exact.method == EXACT
+    assert summarize([]) is None and summarize([math.nan]) is None
+
+
+def test_t_interval_covers_the_true_mean_about_95_percent_of_the_time() -> None:
+    rng = np.random.default_rng(7)
+    covered = [lo <= 10.0 <= hi for lo, hi in (summarize(rng.normal(10.0, 1.0, 4)).ci95 for _ in range(1000))]
+    assert 0.93 <= np.mean(covered) <= 0.97
+
+
+def test_bootstrap_interval_of_the_median_covers_and_is_deterministic() -> None:
+    rng = np.random.default_rng(11)
+    samples = [rng.exponential(1.0, 60) for _ in range(150)]
+    true_median = math.log(2)
+    covered = [lo <= true_median <= hi for _, lo, hi in map(bootstrap_median_interval, samples)]
+    assert 0.88 <= np.mean(covered) <= 0.99
+    assert bootstrap_median_interval(samples[0]) == bootstrap_median_interval(samples[0])  # fixed seed
+    assert bootstrap_median_interval(samples[0], seed=1) != bootstrap_median_interval(samples[0], seed=2)
+
+
+def test_mlperf_mean_drops_the_fastest_and_the_slowest() -> None:
+    assert mlperf_mean([10.0, 1.0, 2.0, 3.0]) == 2.5
+    assert mlperf_mean([1.0, 2.0]) is None
+
+
+# ---------------------------------------------------------------------------------------------
+# The verdict rule, both ways
+
+
+def test_the_verdict_is_stated_only_when_the_interval_excludes_1() -> None:
+    assert verdict((1.01, 1.2)) == HIGHER and verdict((0.8, 0.99)) == LOWER
+    assert verdict((0.99, 1.01)) == SAME and verdict(None) == TOO_FEW
+
+
+def test_clearly_separated_repeats_are_higher_one_way_and_lower_the_other() -> None:
+    fast, slow = [100.0, 101.0, 99.0, 100.5], [80.0, 81.0, 79.5, 80.2]
+    up, down = ratio_over_runs(fast, slow), ratio_over_runs(slow, fast)
+    assert up.verdict == HIGHER and down.verdict == LOWER
+    assert up.ratio == pytest.approx(1.25, rel=0.01) and up.ci95[0] > 1
+    assert down.ratio == pytest.approx(1 / up.ratio)
+
+
+def test_repeats_from_one_distribution_show_no_detectable_difference() -> None:
+    rng = np.random.default_rng(3)
+    a, b = rng.normal(100.0, 5.0, 5), rng.normal(100.0, 5.0, 5)
+    result = ratio_over_runs(a, b)
+    assert result.verdict == SAME and result.ci95[0] < 1 < result.ci95[1]
+    same = ratio_over_runs([100.0, 102.0, 98.0], [100.0, 102.0, 98.0])
+    assert same.verdict == SAME and same.ratio == pytest.approx(1.0)
+
+
+def test_a_gap_inside_the_noise_of_repeats_is_no_detectable_difference() -> None:
+    # 2% apart, runs jittering 10%: the intervals cannot tell.
+    result = ratio_over_runs([102.0, 92.0, 112.0], [100.0, 90.0, 110.0])
+    assert result.verdict == SAME
+
+
+def test_one_run_each_rule() -> None:
+    assert ratio_over_runs([6.1], [6.1]).verdict == SAME  # identical values
+    different = ratio_over_runs([6.1], [6.2])
+    assert different.verdict == TOO_FEW and different.ci95 is None and different.ratio == pytest.approx(6.1 / 6.2)
+    assert ratio_over_runs([6.1], [6.2, 6.3, 6.25]).verdict == TOO_FEW  # one run on one side is still one run
+    # A count repeats exactly: one run each is enough.
+    assert ratio_over_runs([100.0], [200.0], exact=True).verdict == LOWER
+
+
+def test_step_times_of_one_run_each_give_a_verdict_both_ways() -> None:
+    rng = np.random.default_rng(5)
+    fast, slow = 1000 / rng.normal(0.50, 0.02, 80), 1000 / rng.normal(0.60, 0.02, 80)
+    ratio, ci = step_ratio(fast, slow)
+    assert verdict(ci) == HIGHER and ci[0] < ratio < ci[1]
+    assert verdict(step_ratio(slow, fast)[1]) == LOWER
+    twin = 1000 / rng.normal(0.50, 0.02, 80)
+    assert verdict(step_ratio(fast, twin)[1]) == SAME
+    assert step_ratio(fast, slow) == step_ratio(fast, slow)  # fixed seed
+
+
+# ---------------------------------------------------------------------------------------------
+# Runs: repeats, warm-up, memory on CPU
+
+
+def test_warmup_steps_are_left_out_of_the_step_rates() -> None:
+    run = make_run("single", step_times=[9.0, 9.0, 9.0, 0.5, 0.5], warmup=3)
+    assert list(step_rates(run)) == [2000.0, 2000.0]  # 1000 tokens per step / 0.5 s
+
+
+def test_one_run_each_throughput_interval_comes_from_its_steps() -> None:
+    jitter = [1 + 0.05 * math.sin(i) for i in range(60)]
+    runs = [make_run("single", tokens_per_s=2000.0, step_times=[0.5 * j for j in jitter]),
+            make_run("ddp", tokens_per_s=2500.0, step_times=[0.4 * j for j in jitter])]
+    stats = build_statistics(runs)
+    single = stats.figures[THROUGHPUT]["single"]
+    assert single.method == STEP_BOOTSTRAP and single.ci95[0] < 2000.0 < single.ci95[1]
+    comparison = stats.comparison(THROUGHPUT, "ddp", "single")
+    assert comparison.verdict == HIGHER and comparison.ratio == pytest.approx(1.25)
+
+
+def test_runs_of_one_strategy_are_its_repeats() -> None:
+    runs = [make_run("single", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((990.0, 1000.0, 1010.0))]
+    runs += [make_run("ddp", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((1490.0, 1500.0, 1510.0))]
+    stats = build_statistics(runs)
+    assert stats.figures[THROUGHPUT]["single"].n == 3 and stats.figures[THROUGHPUT]["single"].median == 1000.0
+    assert stats.comparison(THROUGHPUT, "single", "ddp").verdict == LOWER
+
+
+def test_on_cpu_the_step_peak_is_ranked_and_the_resident_set_is_not() -> None:
+    # The resident set sizes point the other way; the live-tensor peak (max over ranks) decides.
+    runs = [make_run("single", step_peak=[300 * MIB], rss_mib=800.0),
+            make_run("fsdp", step_peak=[150 * MIB, 200 * MIB], rss_mib=900.0, world_size=2)]
+    stats = build_statistics(runs)
+    assert stats.figures[STEP_PEAK]["fsdp"].median == 200 * MIB
+    assert stats.comparison(STEP_PEAK, "fsdp", "single").verdict == LOWER
+    assert stats.comparison(RESIDENT, "fsdp", "single").verdict == TOO_FEW
+    peak, beside = memory_reading(runs, stats)
+    assert peak.startswith("Peak memory (live tensors at the step peak, per process, max over processes): "
+                           "**fsdp** uses least, 200 MiB: 33% less than single")
+    assert "resident set size" in beside and "not ranked" in beside and "**" not in beside
+
+
+def test_resident_set_is_ranked_only_outside_its_noise() -> None:
+    runs = [make_run("single", rss_mib=v, step_peak=[300 * MIB], name=f"r{i}") for i, v in enumerate((800, 805, 810))]
+    runs += [make_run("fsdp", rss_mib=v, step_peak=[200 * MIB], name=f"r{i}") for i, v in enumerate((600, 604, 608))]
+    beside = memory_reading(runs, build_statistics(runs))[1]
+    assert "outside its noise: single / fsdp" in beside and "higher" in beside
+    noisy = [make_run("single", rss_mib=v, step_peak=[300 * MIB], name=f"r{i}") for i, v in enumerate((600, 800, 1000))]
+    noisy += [make_run("fsdp", rss_mib=v, step_peak=[200 * MIB], name=f"r{i}") for i, v in enumerate((700, 780, 860))]
+    assert "not ranked (no pair's 95% interval excludes 1)" in memory_reading(noisy, build_statistics(noisy))[1]
+
+
+# ---------------------------------------------------------------------------------------------
+# Time to a target loss
+
+
+def target_run(evals: list[tuple[int, int, float]], logged: list[tuple[int, float]], world_size: int = 1) -> Run:
+    run = make_run("single", world_size=world_size)
+    run.evals = [{"kind": "eval", "step": s, "tokens": t, "val_loss": v} for s, t, v in evals]
+    run.train = [{"kind": "train", "step": s, "elapsed_s": e} for s, e in logged]
+    return run
+
+
+def test_time_to_target_is_interpolated_between_evaluations() -> None:
+    # Loss 8.0 at step 10 and 6.0 at step 20: 7.0 is half way, step 15, 1,500 tokens. Train lines every
+    # 5 steps: 7.0 s at step 15. Two devices at 2.0 per device-hour: 2 x 2.0 x 7.0 / 3600.
+    run = target_run([(10, 1000, 8.0), (20, 2000, 6.0)], [(5, 3.0), (10, 5.0), (15, 7.0), (20, 9.0)], world_size=2)
+    point = time_to_target(run, 7.0, price=2.0)
+    assert point.seconds == pytest.approx(7.0) and point.tokens == pytest.approx(1500.0)
+    assert point.cost == pytest.approx(2 * 2.0 * 7.0 / 3600)
+    quarter = time_to_target(run, 7.5)  # a quarter of the way: step 12.5, elapsed 5 + 0.5 x 2 = 6.0 s
+    assert quarter.seconds == pytest.approx(6.0) and quarter.tokens == pytest.approx(1250.0) and quarter.cost is None
+
+
+def test_time_to_target_not_reached_or_reached_at_the_first_evaluation() -> None:
+    run = target_run([(10, 1000, 8.0), (20, 2000, 6.0)], [(10, 5.0), (20, 9.0)])
+    assert time_to_target(run, 5.0) is None
+    first = time_to_target(run, 8.5)  # no earlier evaluation to interpolate from: the first one's point
+    assert first.seconds == pytest.approx(5.0) and first.tokens == pytest.approx(1000.0)
+
+
+def test_time_to_target_over_repeats_is_the_median_with_its_spread() -> None:
+    runs = [target_run([(10, 1000, 8.0), (20, 2000, 6.0)], [(10, e), (20, 2 * e)]) for e in (4.0, 5.0, 6.0)]
+    runs.append(target_run([(10, 1000, 8.0), (20, 2000, 7.5)], [(10, 5.0), (20, 10.0)]))
+    for i, run in enumerate(runs):
+        run.path = Path("single") / f"r{i}"
+    entry = build_statistics(runs, target_loss=7.0).time_to_target["single"]
+    # Reached at step 15 by the first three (6.0, 7.5, 9.0 s); the fourth stops at 7.5.
+    assert entry["runs"] == 4 and entry["reached"] == 3 and entry["seconds"] == pytest.approx(7.5)
+    assert entry["spread"]["seconds"]["min"] == pytest.approx(6.0)
+    assert entry["spread"]["seconds"]["max"] == pytest.approx(9.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Figures: a strategy's repeats as one median with its range, partial epochs marked
+
+
+def test_epoch_series_is_the_median_with_min_max_and_marks_partial_epochs() -> None:
+    from analysis.plots import epoch_series
+
+    runs = []
+    for i, (rate, partial) in enumerate(((100.0, False), (110.0, False), (130.0, True))):
+        run = make_run("single", name=f"r{i}")
+        run.summary["epochs"] = [{"epoch": 1, "tokens_per_s": rate}, {"epoch": 2, "tokens_per_s": rate * 2,
+                                                                      "partial": partial}]
+        runs.append(run)
+    series = epoch_series(runs, "tokens_per_s")
+    assert series.epochs == [1, 2] and series.runs == 3
+    assert series.median == [110.0, 220.0] and series.low == [100.0, 200.0] and series.high == [130.0, 260.0]
+    assert series.partial == [False, True]
