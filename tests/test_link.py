@@ -61,4 +61,4 @@ def test_a_two_process_run_measures_its_link_and_records_it(tmp_path: Path) -> N
     assert link["message_bytes"] == 4 * launch["n_params"]  # the tiny model's gradients are under a bucket
     assert math.isfinite(link["bus_gb_s"]) and link["bus_gb_s"] > 0
     assert link["bus_gb_s"] == pytest.approx(link["algorithm_gb_s"])  # 2(n-1)/n = 1 for two processes
-    assert link["seconds_per_all_reduce"] > 0 and summary["repeat"] is None
+    assert link["seconds_per_all_reduce"] > 0 and "repeat" not in summary  # not one of several repeats

@@ -168,6 +168,8 @@ class LaunchRecord(Record):
         "requested": RequestedRecord, "effective": EffectiveRecord, "batch": BatchRecord, "schedule": ScheduleRecord,
         "link": LinkRecord,
     }
+    # Absent rather than null when None, so a run folder written before them reads back as it was written.
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"repeat", "link"})
 
     @property
     def data_key(self) -> str | None:
@@ -300,7 +302,8 @@ class RunSummary(Record):
     _nested: ClassVar[dict[str, type[Record]]] = {"epochs": EpochFigures, "total": RunTotals, "stop": StopRecord,
                                                   "link": LinkRecord}
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
-    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"stop"})
+    # Absent rather than null when None: older run folders read back as they were written.
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"stop", "repeat", "link"})
 
 
 @dataclass(frozen=True)
