@@ -88,6 +88,7 @@ FREE_PORT_LAUNCHER = """
 """
 
 
+@pytest.mark.multiprocess
 def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatch, capsys) -> None:
     """9 real launches at the tiny preset, 4 steps each with a validation at step 2; W&B at its default."""
     for name in list(os.environ):

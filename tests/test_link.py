@@ -47,6 +47,7 @@ def test_the_link_is_read_back_and_old_runs_have_none() -> None:
     assert LaunchRecord.from_dict({}).link is None and RunSummary.from_dict({}).repeat is None
 
 
+@pytest.mark.multiprocess
 def test_a_two_process_run_measures_its_link_and_records_it(tmp_path: Path) -> None:
     """One short DDP launch on the CPU: gloo between the two processes."""
     out = tmp_path / "ddp"
