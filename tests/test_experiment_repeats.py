@@ -122,3 +122,34 @@ def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatc
             assert link["world_size"] == 2 and link["backend"] == "gloo" and 0 < link["bus_gb_s"] < float("inf")
     assert (out / "report.md").exists() and (out / "table.csv").exists()
     assert "python -m analysis.compare" in (out / "report.md").read_text()
+
+
+FAILING_REPEAT = """
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, {repo!r})
+    from tests.analysis_fixtures import FakeRun, write_run
+
+    argv = sys.argv[1:]
+    out, strategy = Path(argv[argv.index("--output_dir") + 1]), argv[argv.index("--strategy") + 1]
+    if argv[argv.index("--run_name") + 1] == "ddp-r1":
+        print("error: the link went down", file=sys.stderr)
+        sys.exit(3)
+    write_run(out, FakeRun(strategy, 1 if strategy == "single" else 2, seed=int(argv[argv.index("--seed") + 1])))
+"""
+
+
+def test_a_failed_repeat_is_reported_and_the_other_repeats_still_run(tmp_path: Path, capsys) -> None:
+    script = tmp_path / "fake_train.py"
+    script.write_text(textwrap.dedent(FAILING_REPEAT.format(repo=str(REPO))))
+    out = tmp_path / "exp"
+    argv = ["--preset", "tiny", "--max_steps", "4", "--out", str(out), "--strategies", "single", "ddp",
+            "--repeats", "2"]
+    assert main(argv, launcher=(sys.executable, str(script)), config_dir=REPO / "accelerate_configs", echo=False) == 1
+    err = capsys.readouterr().err
+    assert "ddp-r1: FAILED, exit code 3" in err and "error: ddp-r1: training failed with exit code 3" in err
+    order = json.loads((out / "runs" / "order.json").read_text())["runs"]
+    assert [(r["run_name"], r["returncode"]) for r in order] == [("single-r1", 0), ("ddp-r1", 3), ("single-r2", 0),
+                                                                 ("ddp-r2", 0)]
+    assert (out / "runs" / "ddp" / "r2" / "summary.json").exists() and (out / "report.md").exists()
+    assert "ddp-r1: training failed with exit code 3" in (out / "report.md").read_text()
