@@ -405,9 +405,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         choices=list(registry.names()),
                         help=f"strategies to train (default: %(default)s; {on_request} on request)")
     parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
-    parser.add_argument("--seed", type=int, default=1337)
-    parser.add_argument("--seeds", type=int, nargs="+", default=[], metavar="SEED",
-                        help="train each strategy once per seed (training noise), instead of --seed; folders "
+    seeding = parser.add_mutually_exclusive_group()
+    seeding.add_argument("--seed", type=int, default=1337)
+    seeding.add_argument("--seeds", type=int, nargs="+", default=[], metavar="SEED",
+                        help="train each strategy once per seed (training noise), instead of --seed; with several, folders "
                         "OUT/runs/<strategy>/s<seed>")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="train each strategy N times on the same seed (timing noise), interleaved with the "
