@@ -408,8 +408,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     seeding = parser.add_mutually_exclusive_group()
     seeding.add_argument("--seed", type=int, default=1337)
     seeding.add_argument("--seeds", type=int, nargs="+", default=[], metavar="SEED",
-                        help="train each strategy once per seed (training noise), instead of --seed; with several, folders "
-                        "OUT/runs/<strategy>/s<seed>")
+                         help="train each strategy once per seed (training noise), instead of --seed; with "
+                         "several, folders OUT/runs/<strategy>/s<seed>")
     parser.add_argument("--repeats", type=int, default=1, metavar="N",
                         help="train each strategy N times on the same seed (timing noise), interleaved with the "
                         "other strategies; folders OUT/runs/<strategy>/r<k> (s<seed>-r<k> with --seeds)")

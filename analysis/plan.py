@@ -8,7 +8,8 @@
 
 The first form prints, for every strategy, the predicted bytes per device by kind, whether the step
 fits the GPU, the largest micro-batch that fits, the predicted step time and tokens/s with the range
-its assumptions allow, and a recommendation, or "no clear winner" when the fastest are closer than that. The second reads finished runs and puts each prediction beside what the run measured
+its assumptions allow, and a recommendation, or "no clear winner" when the fastest are closer than
+that. The second reads finished runs and puts each prediction beside what the run measured
 (summary.json's "memory"), with the error in percent. The model behind both: analysis/plan_model.py;
 its formulas and their sources: docs/planning.md. Exit status 0, or 2 with one error line.
 """
