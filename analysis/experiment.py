@@ -1,11 +1,14 @@
 """Train every strategy back to back on the same seed, data and global batch, then compare them.
 
-    python -m analysis.experiment --preset tiny --max_steps 30 --out runs/exp1
+    python -m analysis.experiment --preset tiny --max_steps 30 --out runs/exp1 [--repeats N] [--seeds S1 S2 ...]
 
 Each strategy runs as `accelerate launch --config_file accelerate_configs/<file> train.py ...` into
 OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share one W&B group (the
-experiment name). A strategy that fails is reported and the others still run; the comparison is
-written into OUT from whatever finished. Exit status: 0 when every strategy finished and the report
+experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds: training
+noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs
+beside them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared
+machine's slow drift touches every strategy alike. A run that fails is reported and the others still run;
+the comparison is written into OUT from whatever finished. Exit status: 0 when every strategy finished and the report
 was written, 1 when a strategy failed, 2 when the experiment could not be set up.
 """
 
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import math
 import os
 import shlex
@@ -60,6 +64,9 @@ class ExperimentSpec:
     num_processes: int | None = None  # None: each config file's; else the processes of every multi-process strategy
     extra: tuple[str, ...] = ()  # passed to train.py as they are, after everything else
     gpu_hour_price: float | None = None  # per device-hour, for the report's cost per million tokens
+    repeats: int = 1  # runs of each strategy and seed: timing noise
+    seeds: tuple[int, ...] = ()  # several seeds: training noise; empty: `seed` alone, as before
+    target_loss: float | None = None  # passed to the comparison (time to reach this loss)
 
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
@@ -69,10 +76,43 @@ class ExperimentSpec:
             raise SetupError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(registry.names())}")
         if len(set(self.strategies)) != len(self.strategies):
             raise SetupError("each strategy once: the run directory is named after it")
-        for name in ("max_steps", "epochs", "global_batch_tokens", "micro_batch_size", "block_size", "num_processes"):
+        if len(set(self.seeds)) != len(self.seeds):
+            raise SetupError("each seed once: a repeat of a seed is what --repeats is for")
+        for name in ("max_steps", "epochs", "global_batch_tokens", "micro_batch_size", "block_size", "num_processes",
+                     "repeats"):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SetupError(f"--{name} must be > 0, got {value}")
+
+
+    @property
+    def run_seeds(self) -> tuple[int, ...]:
+        return self.seeds or (self.seed,)
+
+    @property
+    def one_run_each(self) -> bool:
+        """One run per strategy: today's layout (OUT/runs/<strategy>), no run name or repeat passed."""
+        return self.repeats == 1 and len(self.run_seeds) == 1
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Which run of a strategy: its seed and repeat (1-based), and the folder name that says so."""
+
+    seed: int
+    repeat: int
+    name: str  # r<k>, s<seed> or s<seed>-r<k>; empty for the one run of a strategy
+
+
+def slots(spec: ExperimentSpec) -> list[Slot]:
+    """Seeds apart from repeats: a folder names the seed only when there are several, the repeat likewise."""
+    several_seeds = len(spec.run_seeds) > 1
+    out = []
+    for seed in spec.run_seeds:
+        for repeat in range(1, spec.repeats + 1):
+            parts = ([f"s{seed}"] if several_seeds else []) + ([f"r{repeat}"] if spec.repeats > 1 else [])
+            out.append(Slot(seed, repeat, "-".join(parts)))
+    return out
 
 
 @dataclass(frozen=True)
@@ -95,6 +135,13 @@ class Launch:
     argv: tuple[str, ...]
     run_dir: Path
     log: Path
+    seed: int = 1337
+    repeat: int = 1
+    run_name: str = ""  # empty: train.py's default name
+
+    @property
+    def label(self) -> str:
+        return self.run_name or self.strategy
 
 
 @dataclass
@@ -103,6 +150,7 @@ class Outcome:
     returncode: int
     seconds: float
     tail: list[str] = field(default_factory=list)
+    started: float = 0.0  # wall clock (Unix seconds) at launch
 
     @property
     def ok(self) -> bool:
@@ -182,33 +230,58 @@ def _shown(path: Path, cwd: Path) -> str:
         return str(path)
 
 
-def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
-                   launcher: Sequence[str], cwd: Path, config_dir: Path = CONFIG_DIR,
-                   train_script: Path = TRAIN_SCRIPT) -> list[Launch]:
-    """The command of each strategy: same preset, seed, data, batch and W&B group for all."""
+def _shared_args(spec: ExperimentSpec, batch: Batch) -> list[str]:
+    """What every run of the experiment gets alike (the seed is per run)."""
     budget = ["--max_steps", str(spec.max_steps)] if spec.max_steps is not None else ["--epochs", str(spec.epochs)]
     shared = [
-        "--preset", spec.preset, *budget, "--seed", str(spec.seed), "--experiment", spec.experiment,
+        "--preset", spec.preset, *budget, "--experiment", spec.experiment,
         "--global_batch_tokens", str(batch.global_batch_tokens), "--micro_batch_size", str(batch.micro_batch_size),
     ]
     if spec.block_size is not None:
         shared += ["--block_size", str(spec.block_size)]
     if spec.data:
         shared += ["--data", *spec.data]
+    return shared
+
+
+def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
+                   launcher: Sequence[str], cwd: Path, config_dir: Path = CONFIG_DIR,
+                   train_script: Path = TRAIN_SCRIPT) -> list[Launch]:
+    """The command of each run, in the order they run: same preset, data, batch and W&B group for all.
+
+    Interleaved, every strategy's k-th run before any strategy's (k+1)-th, so that a shared machine's
+    slow drift (other jobs, heat, clocks) lands on every strategy alike instead of on whichever ran last.
+    """
+    shared = _shared_args(spec, batch)
     launches = []
-    for strategy in spec.strategies:
-        run_dir = spec.out / "runs" / strategy
-        # accelerate's own flag overrides the file's num_processes, so the printed command says it.
-        entry = registry.get(strategy)
-        processes = (("--num_processes", str(spec.num_processes))
-                     if spec.num_processes is not None and entry.multi_process else ())
-        argv = (*launcher, "--config_file", _shown(config_dir / entry.config_file, cwd), *processes,
-                _shown(train_script, cwd), *shared, "--output_dir", str(run_dir),
-                # train.py stops at start-up if the launch gives another strategy (FSDP quietly
-                # becoming DDP, say), so a mislabelled run never reaches the report.
-                "--strategy", strategy, *spec.extra)
-        launches.append(Launch(strategy, sizes[strategy], argv, run_dir, spec.out / "runs" / f"{strategy}.log"))
+    for slot in slots(spec):
+        for strategy in spec.strategies:
+            launches.append(_launch(spec, strategy, slot, sizes[strategy], shared, launcher, cwd, config_dir,
+                                    train_script))
     return launches
+
+
+def _launch(spec: ExperimentSpec, strategy: str, slot: Slot, world_size: int, shared: list[str],
+            launcher: Sequence[str], cwd: Path, config_dir: Path, train_script: Path) -> Launch:
+    folder = spec.out / "runs" / strategy
+    run_dir = folder / slot.name if slot.name else folder
+    # One run per strategy keeps train.py's default run name; several are told apart in W&B by name
+    # (<strategy>-r<k>), grouped by the experiment, job type the strategy.
+    run_name = f"{strategy}-{slot.name}" if slot.name else ""
+    identity = ["--seed", str(slot.seed)]
+    if run_name:
+        identity += ["--run_name", run_name, "--repeat", str(slot.repeat)]
+    # accelerate's own flag overrides the file's num_processes, so the printed command says it.
+    entry = registry.get(strategy)
+    processes = (("--num_processes", str(spec.num_processes))
+                 if spec.num_processes is not None and entry.multi_process else ())
+    argv = (*launcher, "--config_file", _shown(config_dir / entry.config_file, cwd), *processes,
+            _shown(train_script, cwd), *shared, *identity, "--output_dir", str(run_dir),
+            # train.py stops at start-up if the launch gives another strategy (FSDP quietly
+            # becoming DDP, say), so a mislabelled run never reaches the report.
+            "--strategy", strategy, *spec.extra)
+    return Launch(strategy, world_size, argv, run_dir, run_dir.parent / f"{run_dir.name}.log", slot.seed, slot.repeat,
+                  run_name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -218,6 +291,7 @@ def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
 def run_launch(launch: Launch, cwd: Path, echo: bool = True) -> Outcome:
     """Run one strategy, its output teed into its log file; a launch that cannot start is exit 127."""
     launch.log.parent.mkdir(parents=True, exist_ok=True)
+    started = time.time()
     start = time.perf_counter()
     with launch.log.open("wb") as log:
         try:
@@ -233,7 +307,7 @@ def run_launch(launch: Launch, cwd: Path, echo: bool = True) -> Outcome:
                     sys.stdout.buffer.write(chunk)
                     sys.stdout.buffer.flush()
             returncode = process.wait()
-    return Outcome(launch, returncode, time.perf_counter() - start, _tail(launch.log))
+    return Outcome(launch, returncode, time.perf_counter() - start, _tail(launch.log), started)
 
 
 def _tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
@@ -254,30 +328,39 @@ def failure_cause(log: Path) -> str:
 
 
 def failure_note(outcome: Outcome) -> str:
-    return (f"{outcome.launch.strategy}: training failed with exit code {outcome.returncode} after "
+    return (f"{outcome.launch.label}: training failed with exit code {outcome.returncode} after "
             f"{outcome.seconds:.0f} s (log: {outcome.launch.log}); cause: {failure_cause(outcome.launch.log)}")
+
+
+def run_all(launches: list[Launch], cwd: Path, echo: bool = True) -> list[Outcome]:
+    """Every run in the given order; one that fails is reported and the next still runs."""
+    outcomes = []
+    for number, launch in enumerate(launches, start=1):
+        tag = f"[{number}/{len(launches)}] {launch.label}"
+        print(f"{tag} ({launch.world_size} process(es)): {shlex.join(launch.argv)}", flush=True)
+        outcome = run_launch(launch, cwd, echo)
+        outcomes.append(outcome)
+        if outcome.ok:
+            print(f"{tag}: finished in {outcome.seconds:.0f} s", flush=True)
+        else:
+            print(f"{tag}: FAILED, exit code {outcome.returncode}; last lines of {launch.log}:", file=sys.stderr)
+            print("\n".join(f"    {line}" for line in outcome.tail), file=sys.stderr, flush=True)
+    return outcomes
 
 
 def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo: bool = True) -> int:
     from analysis.compare import compare  # the report stack (matplotlib) is needed only at the end
 
-    outcomes = []
-    for number, launch in enumerate(launches, start=1):
-        print(f"[{number}/{len(launches)}] {launch.strategy} ({launch.world_size} process(es)): "
-              f"{shlex.join(launch.argv)}", flush=True)
-        outcome = run_launch(launch, cwd, echo)
-        outcomes.append(outcome)
-        if outcome.ok:
-            print(f"[{number}/{len(launches)}] {launch.strategy}: finished in {outcome.seconds:.0f} s", flush=True)
-        else:
-            print(f"[{number}/{len(launches)}] {launch.strategy}: FAILED, exit code {outcome.returncode}; "
-                  f"last lines of {launch.log}:", file=sys.stderr)
-            print("\n".join(f"    {line}" for line in outcome.tail), file=sys.stderr, flush=True)
+    outcomes = run_all(launches, cwd, echo)
+    write_run_order(spec, outcomes)
     failed = [o for o in outcomes if not o.ok]
     notes = [failure_note(o) for o in failed]
     run_dirs = [launch.run_dir for launch in launches if launch.run_dir.is_dir()]
     if run_dirs:
-        report_rc = compare(run_dirs, spec.out, comparison_command(spec, launches), notes, spec.gpu_hour_price)
+        # Passed only when given, so a comparison without a target reads as it always did.
+        target = {"target_loss": spec.target_loss} if spec.target_loss is not None else {}
+        report_rc = compare(run_dirs, spec.out, comparison_command(spec, launches), notes, spec.gpu_hour_price,
+                            **target)
     else:
         print("error: no strategy left a run directory; nothing to compare", file=sys.stderr)
         report_rc = EXIT_SETUP
@@ -286,10 +369,23 @@ def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo
     return EXIT_FAILED if failed else report_rc
 
 
+def write_run_order(spec: ExperimentSpec, outcomes: list[Outcome]) -> None:
+    """OUT/runs/order.json: every run in the order it ran, with its seed, repeat, start time and exit status,
+    so the interleaving and any failed repeat can be checked after the fact."""
+    rows = [{"strategy": o.launch.strategy, "seed": o.launch.seed, "repeat": o.launch.repeat,
+             "run_name": o.launch.run_name or None, "run_dir": str(o.launch.run_dir), "started_unix_s": o.started,
+             "seconds": o.seconds, "returncode": o.returncode} for o in outcomes]
+    path = spec.out / "runs" / "order.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"experiment": spec.experiment, "repeats": spec.repeats,
+                                "seeds": list(spec.run_seeds), "runs": rows}, indent=2), encoding="utf-8")
+
+
 def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
     price = ["--gpu_hour_price", price_text(spec.gpu_hour_price)] if spec.gpu_hour_price is not None else []
+    target = ["--target_loss", f"{spec.target_loss:g}"] if spec.target_loss is not None else []
     return shlex.join(["python", "-m", "analysis.compare", *(str(l.run_dir) for l in launches), "--out", str(spec.out),
-                       *price])
+                       *price, *target])
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,7 +405,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         choices=list(registry.names()),
                         help=f"strategies to train (default: %(default)s; {on_request} on request)")
     parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
-    parser.add_argument("--seed", type=int, default=1337)
+    seeding = parser.add_mutually_exclusive_group()
+    seeding.add_argument("--seed", type=int, default=1337)
+    seeding.add_argument("--seeds", type=int, nargs="+", default=[], metavar="SEED",
+                         help="train each strategy once per seed (training noise), instead of --seed; with "
+                         "several, folders OUT/runs/<strategy>/s<seed>")
+    parser.add_argument("--repeats", type=int, default=1, metavar="N",
+                        help="train each strategy N times on the same seed (timing noise), interleaved with the "
+                        "other strategies; folders OUT/runs/<strategy>/r<k> (s<seed>-r<k> with --seeds)")
+    parser.add_argument("--target_loss", type=float, metavar="LOSS",
+                        help="passed to the comparison (python -m analysis.compare --target_loss)")
     parser.add_argument("--global_batch_tokens", type=int, help="tokens per optimizer step (default: the preset's, "
                         "raised to a multiple every strategy's world size divides)")
     parser.add_argument("--micro_batch_size", type=int, help="sequences per process per micro-step (default: the preset's)")
@@ -337,7 +442,8 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
         strategies=tuple(args.strategies), data=tuple(args.data), seed=args.seed,
         global_batch_tokens=args.global_batch_tokens, micro_batch_size=args.micro_batch_size,
         block_size=args.block_size, experiment=name, num_processes=args.num_processes, extra=tuple(args.extra),
-        gpu_hour_price=args.gpu_hour_price,
+        gpu_hour_price=args.gpu_hour_price, repeats=args.repeats, seeds=tuple(args.seeds),
+        target_loss=args.target_loss,
     )
 
 
@@ -357,6 +463,9 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
     accumulation = ", ".join(f"{s} {batch.grad_accum(n)}" for s, n in sizes.items())
     print(f"experiment {spec.experiment}: global batch {batch.global_batch_tokens:,} tokens "
           f"(micro batch {batch.micro_batch_size} x block {batch.block_size}; accumulation steps: {accumulation})")
+    if not spec.one_run_each:
+        print(f"{len(launches)} runs: {len(spec.strategies)} strategies x {len(spec.run_seeds)} seed(s) x "
+              f"{spec.repeats} repeat(s), interleaved")
     if args.dry_run:
         for launch in launches:
             print(shlex.join(launch.argv))

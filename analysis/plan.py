@@ -2,12 +2,14 @@
 
   python -m analysis.plan --preset gpt2 --gpu T4 --num_gpus 2 [--micro_batch_size N] [--block_size T]
                           [--precision fp16|bf16|fp32] [--global_batch_tokens N] [--activation_checkpointing]
-                          [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F] [--link_gb_s X] [--json]
+                          [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F]
+                          [--link_gb_s X | --link_from RUN_DIR] [--overlap full|none] [--json]
   python -m analysis.plan --run RUN_DIR... [--json]
 
 The first form prints, for every strategy, the predicted bytes per device by kind, whether the step
-fits the GPU, the largest micro-batch that fits, the predicted step time and tokens/s, and a
-recommendation. The second reads finished runs and puts each prediction beside what the run measured
+fits the GPU, the largest micro-batch that fits, the predicted step time and tokens/s with the range
+its assumptions allow, and a recommendation, or "no clear winner" when the fastest are closer than
+that. The second reads finished runs and puts each prediction beside what the run measured
 (summary.json's "memory"), with the error in percent. The model behind both: analysis/plan_model.py;
 its formulas and their sources: docs/planning.md. Exit status 0, or 2 with one error line.
 """
@@ -24,6 +26,7 @@ from typing import Any
 from analysis.cli import OneLineParser
 from analysis.plan_model import (
     Link,
+    StepTime,
     Workload,
     activations,
     max_micro_batch_size,
@@ -47,6 +50,17 @@ ALLOCATOR_SLACK = 1.10
 CUDA_RESERVE_GIB = 0.5
 DEFAULT_MFU = 0.30  # an assumption: eager PyTorch GPT-2 124M reaches 25-40% of the tensor-core peak
 
+# The planner's uncertainty, from the assumptions it makes (docs/planning.md, "How sure the speed is"):
+MFU_SPREAD = 0.25  # the MFU, relative: 0.30 stands for 0.225-0.375, the 25-40% eager PyTorch reaches
+LINK_SPREAD_ASSUMED = 0.30  # a link from the GPU table: T4 pairs measure 5-8 GB/s against the 6 assumed
+LINK_SPREAD_MEASURED = 0.15  # a link given or measured: run-to-run and message-size differences remain
+# What the time model leaves out (per-collective latency, kernel launches, the wrappers' hooks, the
+# optimizer step), different for every strategy, so not shared between two predictions.
+MODEL_SPREAD = 0.05
+# --overlap is FSDP's prefetching, a setting; DDP's overlap is not one (its bucket hooks always run in backward).
+OVERLAP_MEANING = {"full": "DDP's all-reduce during backward, FSDP prefetching",
+                   "none": "DDP's all-reduce during backward, FSDP not prefetching"}
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -55,6 +69,7 @@ class Hardware:
     peak_flops: float  # per device, at the plan's precision
     link: Link
     link_name: str
+    link_spread: float = LINK_SPREAD_ASSUMED
 
     @property
     def budget_bytes(self) -> float:
@@ -62,12 +77,15 @@ class Hardware:
         return (self.memory_gib - CUDA_RESERVE_GIB) * GIB / ALLOCATOR_SLACK
 
 
-def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None) -> Hardware:
+def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None,
+             link_source: str = "given") -> Hardware:
+    """`link_source` names where a `link_gb_s` came from ("given", or "measured by RUN_DIR")."""
     if gpu is None and memory_gib is None:
         raise PlanError("give --gpu (one of " + ", ".join(PLANNER_GPUS) + ") or --gpu_memory_gib")
+    spread = LINK_SPREAD_ASSUMED if link_gb_s is None else LINK_SPREAD_MEASURED
     if gpu is None:
         return Hardware("custom GPU", float(memory_gib), float("nan"), Link(link_gb_s or 6.0),
-                        "assumed" if link_gb_s is None else "given")
+                        "assumed" if link_gb_s is None else link_source, spread)
     try:
         spec = planner_gpu(gpu)
     except ValueError as exc:
@@ -75,7 +93,18 @@ def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_
     entry = datasheet_entry(spec.device_name)
     peak = entry[2][precision] * 1e12 if entry and precision in entry[2] else float("nan")
     return Hardware(spec.key, memory_gib or spec.memory_gib, peak, Link(link_gb_s or spec.link_gb_s),
-                    spec.link if link_gb_s is None else f"{link_gb_s:g} GB/s given")
+                    spec.link if link_gb_s is None else f"{link_gb_s:.3g} GB/s {link_source}", spread)
+
+
+def link_from_run(run_dir: Path) -> float:
+    """The all-reduce bus bandwidth a multi-process run measured at start (config.json's launch "link")."""
+    launch = _read_json(run_dir / "config.json").get("launch") or {}
+    link = launch.get("link") if isinstance(launch, dict) else None
+    figure = link.get("bus_gb_s") if isinstance(link, dict) else None
+    if not isinstance(figure, (int, float)) or not figure > 0:
+        raise PlanError(f"{run_dir} recorded no measured link (a one-process run, or one from before links were "
+                        "measured): use a multi-process run or --link_gb_s")
+    return float(figure)
 
 
 def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
@@ -106,7 +135,8 @@ def plan_strategy(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap:
     largest = max_micro_batch_size(w, strategy, hw.budget_bytes)
     time = step_time(w, strategy, hw.peak_flops, mfu, hw.link)
     tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps * w.world_size
-    step_s = time.step_s if overlap == "full" else time.step_s_no_overlap
+    step_s = _step_s(time, overlap)
+    corners = speed_corners(w, strategy, hw, mfu, overlap)
     return {
         "strategy": strategy,
         "activations_per_block": activations_per_block(w, strategy),
@@ -119,10 +149,38 @@ def plan_strategy(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap:
         "predicted_tokens_per_s": tokens / step_s if step_s > 0 else None,
         "predicted_tokens_per_s_no_overlap": tokens / time.step_s_no_overlap if time.step_s_no_overlap > 0 else None,
         "predicted_tokens_per_s_full_overlap": tokens / time.step_s if time.step_s > 0 else None,
+        "predicted_tokens_per_s_range": speed_range(corners),
+        "predicted_tokens_per_s_corners": corners,
         "compute_s": time.compute_s,
         "communication_s": time.communication_s,
         "communication_bytes_per_device": time.communication_bytes,
     }
+
+
+def _step_s(time: StepTime, overlap: str) -> float:
+    return time.step_s if overlap == "full" else time.step_s_without_prefetch
+
+
+def speed_corners(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap: str) -> list[float]:
+    """Tokens/s at the four corners of the shared assumptions: MFU and link each at their low and high end.
+
+    The corners are shared: every strategy runs on the same GPUs over the same link, so a low MFU slows
+    them all at once; what decides a winner is whether it stays ahead at every corner."""
+    tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps * w.world_size
+    corners = []
+    for mfu_factor in (1 - MFU_SPREAD, 1 + MFU_SPREAD):
+        for link_factor in (1 - hw.link_spread, 1 + hw.link_spread):
+            link = replace(hw.link, gb_s=hw.link.gb_s * link_factor)
+            step_s = _step_s(step_time(w, strategy, hw.peak_flops, min(1.0, mfu * mfu_factor), link), overlap)
+            corners.append(tokens / step_s if step_s > 0 else None)
+    return corners
+
+
+def speed_range(corners: list[float | None]) -> list[float] | None:
+    """[low, high] tokens/s: the slowest and fastest corner, widened by the model's own spread."""
+    if any(c is None for c in corners):
+        return None
+    return [min(corners) * (1 - MODEL_SPREAD), max(corners) * (1 + MODEL_SPREAD)]
 
 
 def activations_per_block(w: Workload, strategy: str) -> dict[str, int]:
@@ -135,29 +193,52 @@ def activations_per_block(w: Workload, strategy: str) -> dict[str, int]:
     return {**by_attention, "checkpointed": kept // w.model.n_layer}
 
 
-def recommend(plans: list[dict[str, Any]], hw: Hardware, micro: int) -> dict[str, str]:
+def recommend(plans: list[dict[str, Any]], hw: Hardware, micro: int) -> dict[str, Any]:
     fitting = [p for p in plans if p["fits"]]
     if fitting:
         speed = [p for p in fitting if p["predicted_tokens_per_s"] is not None]
         if not speed:  # no peak FLOP/s for this GPU: the least memory wins
             best = min(fitting, key=lambda p: p["per_device_bytes"]["total"])
-            return {"strategy": best["strategy"], "reason": f"fits with the least memory "
-                    f"({_gib(best['per_device_bytes']['total'])} GiB); no speed prediction without the GPU's peak"}
-        # The fastest; among equally fast ones, the one that leaves the most memory free.
-        best = max(speed, key=lambda p: (round(p["predicted_tokens_per_s"]), -p["per_device_bytes"]["total"]))
-        others = sorted((p for p in speed if p is not best), key=lambda p: -p["predicted_tokens_per_s"])
-        runner_up = f", ahead of {others[0]['strategy']} ({others[0]['predicted_tokens_per_s']:,.0f})" if others else ""
-        return {"strategy": best["strategy"], "reason": (
-            f"fits ({_gib(best['per_device_bytes']['total'])} of {hw.memory_gib:g} GiB) and is predicted fastest: "
-            f"{best['predicted_tokens_per_s']:,.0f} tokens/s{runner_up}")}
+            return {"strategy": best["strategy"], "clear": True, "contenders": [best["strategy"]],
+                    "reason": f"fits with the least memory ({_gib(best['per_device_bytes']['total'])} GiB); "
+                    "no speed prediction without the GPU's peak"}
+        return _fastest(speed, hw)
     roomiest = max(plans, key=lambda p: p["max_micro_batch_size"])
     if roomiest["max_micro_batch_size"] > 0:
-        return {"strategy": roomiest["strategy"], "reason": (
+        return {"strategy": roomiest["strategy"], "clear": True, "contenders": [roomiest["strategy"]], "reason": (
             f"nothing fits micro-batch {micro}; {roomiest['strategy']} fits up to "
             f"{roomiest['max_micro_batch_size']}: pass --micro_batch_size {roomiest['max_micro_batch_size']} "
             "(accumulation keeps the global batch)")}
-    return {"strategy": "none", "reason": "nothing fits even micro-batch 1: add --activation_checkpointing, "
-            "a shorter --block_size, or GPUs with more memory"}
+    return {"strategy": "none", "clear": True, "contenders": [], "reason": "nothing fits even micro-batch 1: add "
+            "--activation_checkpointing, a shorter --block_size, or GPUs with more memory"}
+
+
+def _ahead_everywhere(best: dict[str, Any], other: dict[str, Any]) -> bool:
+    """`best` is faster than `other` at every corner of the shared assumptions by more than the model's
+    own spread, which is not shared (each prediction may be off by it, in either direction)."""
+    return all(b * (1 - MODEL_SPREAD) > o * (1 + MODEL_SPREAD)
+               for b, o in zip(best["predicted_tokens_per_s_corners"], other["predicted_tokens_per_s_corners"]))
+
+
+def _fastest(speed: list[dict[str, Any]], hw: Hardware) -> dict[str, Any]:
+    """The fastest when it is ahead beyond the uncertainty; otherwise "no clear winner", and of the
+    strategies it cannot tell apart, the one that leaves the most memory free."""
+    best = max(speed, key=lambda p: (round(p["predicted_tokens_per_s"]), -p["per_device_bytes"]["total"]))
+    contenders = [best] + sorted((p for p in speed if p is not best and not _ahead_everywhere(best, p)),
+                                 key=lambda p: -p["predicted_tokens_per_s"])
+    others = sorted((p for p in speed if p is not best), key=lambda p: -p["predicted_tokens_per_s"])
+    if len(contenders) == 1:
+        runner_up = (f", ahead of {others[0]['strategy']} ({others[0]['predicted_tokens_per_s']:,.0f}) beyond the "
+                     "uncertainty" if others else "")
+        return {"strategy": best["strategy"], "clear": True, "contenders": [best["strategy"]], "reason": (
+            f"fits ({_gib(best['per_device_bytes']['total'])} of {hw.memory_gib:g} GiB) and is predicted fastest: "
+            f"{best['predicted_tokens_per_s']:,.0f} tokens/s{runner_up}")}
+    roomiest = min(contenders, key=lambda p: p["per_device_bytes"]["total"])
+    named = ", ".join(f"{p['strategy']} ({p['predicted_tokens_per_s']:,.0f})" for p in contenders)
+    return {"strategy": roomiest["strategy"], "clear": False, "contenders": [p["strategy"] for p in contenders],
+            "reason": (f"no clear winner: {named} tokens/s are closer than the planner's uncertainty; of them "
+                       f"{roomiest['strategy']} needs the least memory ({_gib(roomiest['per_device_bytes']['total'])} "
+                       f"of {hw.memory_gib:g} GiB). Measure: python -m analysis.experiment --repeats 3")}
 
 
 def planned_strategies(num_gpus: int) -> list[str]:
@@ -167,7 +248,11 @@ def planned_strategies(num_gpus: int) -> list[str]:
 
 
 def plan(args: argparse.Namespace) -> dict[str, Any]:
-    hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
+    if args.link_from is not None:
+        hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, link_from_run(args.link_from),
+                      f"measured by {args.link_from}")
+    else:
+        hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
     strategies = planned_strategies(args.num_gpus)
     plans = [plan_strategy(workload_for(args, s), s, hw, args.mfu, args.overlap) for s in strategies]
     first = workload_for(args, strategies[0])
@@ -179,6 +264,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                      "overlap": args.overlap},
         "gpu": {"name": hw.name, "memory_gib": hw.memory_gib, "peak_flops": hw.peak_flops, "link": hw.link_name,
                 "link_gb_s": hw.link.gb_s, "budget_bytes": hw.budget_bytes},
+        "uncertainty": {"mfu_relative": MFU_SPREAD, "link_relative": hw.link_spread, "model_relative": MODEL_SPREAD},
         "strategies": plans,
         "recommendation": recommend(plans, hw, first.micro_batch_size),
     }
@@ -274,17 +360,19 @@ def plan_text(result: dict[str, Any]) -> str:
         f"GPT-2 {w['preset']} ({w['model']['n_layer']} layers, {w['model']['n_embd']} wide), {w['precision']}, "
         f"micro-batch {w['micro_batch_size']} x {w['block_size']} tokens, global batch {w['global_batch_tokens']} "
         f"tokens, on {w['num_gpus']} x {gpu['name']} ({gpu['memory_gib']:g} GiB, link: {gpu['link']}, "
-        f"{gpu['link_gb_s']:g} GB/s); speed at MFU {w['mfu_assumed']:g} (assumed), communication overlap: "
-        f"{w['overlap']}",
+        f"{gpu['link_gb_s']:.3g} GB/s); speed at MFU {w['mfu_assumed']:g} (assumed), communication overlap: "
+        f"{w['overlap']} ({OVERLAP_MEANING[w['overlap']]})",
         "",
         "GiB per device      params  grads  optim  activ  logits  comm   temp  | peak (at)          fits  "
-        "max micro  step s   tokens/s",
+        "max micro  step s   tokens/s  (range)",
     ]
     for p in result["strategies"]:
         b = p["per_device_bytes"]
         tokens = "n/a" if p["predicted_tokens_per_s"] is None else f"{p['predicted_tokens_per_s']:,.0f}"
         step = "n/a" if p["predicted_tokens_per_s"] is None else f"{p['predicted_step_s']:.3f}"
         host = f"  + {_gib(b['host'])} GiB in host memory" if b["host"] else ""
+        span = p["predicted_tokens_per_s_range"]
+        tokens += "" if span is None else f"  ({span[0] / 1e3:,.0f}k-{span[1] / 1e3:,.0f}k)"
         lines.append(
             f"{p['strategy']:<18} {_gib(b['parameters']):>7} {_gib(b['gradients']):>6} {_gib(b['optimizer']):>6} "
             f"{_gib(b['activations']):>6} {_gib(b['logits']):>7} {_gib(b['communication']):>5} "
@@ -295,7 +383,10 @@ def plan_text(result: dict[str, Any]) -> str:
               f"{per_block['sdpa'] / 2**20:,.0f} MiB with SDPA, {per_block['math'] / 2**20:,.0f} MiB with the explicit "
               f"attention (--attn_impl math), {per_block['checkpointed'] / 2**20:,.0f} MiB with activation "
               "checkpointing (plus one block recomputed at a time in backward)"]
-    rec = result["recommendation"]
+    rec, u = result["recommendation"], result["uncertainty"]
+    lines += ["", f"uncertainty: MFU ±{u['mfu_relative']:.0%} and link ±{u['link_relative']:.0%} (shared by all "
+              f"strategies), the time model's omissions ±{u['model_relative']:.0%} per strategy; a winner must be "
+              "ahead at every corner (docs/planning.md)"]
     lines += ["", f"recommendation: {rec['strategy']}: {rec['reason']}",
               "(fits: peak x {:.2f} + {:g} GiB for CUDA itself within the GPU's memory; formulas: docs/planning.md)"
               .format(ALLOCATOR_SLACK, CUDA_RESERVE_GIB)]
@@ -335,10 +426,14 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--attn_impl", default="sdpa", choices=["sdpa", "math"])
     parser.add_argument("--activation_checkpointing", action="store_true")
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed model FLOPs utilisation (0-1]")
-    parser.add_argument("--link_gb_s", type=float, help="all-reduce bus bandwidth between GPUs, GB/s")
-    parser.add_argument("--overlap", default="none", choices=["none", "full"],
-                        help="communication hidden behind compute: none (default; an upper bound on step time, "
-                        "and close to what PCIe GPUs without peer-to-peer show) or full (as far as each strategy can)")
+    link = parser.add_mutually_exclusive_group()
+    link.add_argument("--link_gb_s", type=float, help="all-reduce bus bandwidth between GPUs, GB/s")
+    link.add_argument("--link_from", type=Path, metavar="RUN_DIR",
+                      help="the bus bandwidth a multi-process run measured at start (its config.json)")
+    parser.add_argument("--overlap", default="full", choices=list(OVERLAP_MEANING),
+                        help="FSDP's prefetching: full (default; FSDP2's own, each unit's all-gather behind the "
+                        "previous unit's compute) or none (FSDP waits for its collectives). DDP's all-reduce "
+                        "runs during backward either way: its bucket hooks do that, no setting turns it off")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     args = parser.parse_args(argv)
     for name in ("num_gpus", "micro_batch_size", "block_size", "global_batch_tokens"):

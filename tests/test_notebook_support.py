@@ -138,7 +138,9 @@ def test_torch_is_never_installed() -> None:
 
 def test_estimate_orders_the_strategies_by_their_work() -> None:
     minutes = support.estimate_minutes("gpt2", 500, ["single", "ddp", "fsdp"], 2)
-    assert minutes["ddp"] < minutes["single"] and minutes["ddp"] < minutes["fsdp"]
+    # With the planner's default overlap (DDP's all-reduce in backward, FSDP prefetching) both hide their
+    # communication behind the compute on 2 x T4: FSDP is predicted no faster than DDP, and no slower.
+    assert minutes["ddp"] < minutes["single"] and minutes["ddp"] <= minutes["fsdp"]
     assert 5 < sum(minutes.values()) < 60  # the default is sized for one sitting, well within a Kaggle session
 
 

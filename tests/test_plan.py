@@ -288,3 +288,58 @@ def test_a_damaged_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text("{not json")
     result = _plan("--run", str(tmp_path))
     assert result.returncode == 2 and result.stderr.startswith("error:") and len(result.stderr.splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# Overlap, the measured link and the planner's uncertainty
+
+def test_ddp_overlaps_its_all_reduce_whatever_overlap_says_and_fsdp_only_when_it_prefetches() -> None:
+    link = Link(gb_s=6.0)
+    ddp = step_time(workload(world_size=2, grad_accum_steps=2), "ddp", 65e12, 0.3, link)
+    # DDP's buckets are reduced during backward (2/3 of the compute) by its hooks: not a setting.
+    assert ddp.step_s_without_prefetch == ddp.step_s < ddp.step_s_no_overlap
+    assert ddp.step_s == pytest.approx(ddp.compute_s + max(0.0, ddp.communication_s - 2 / 3 * ddp.compute_s))
+    fsdp = step_time(workload(world_size=2, grad_accum_steps=2), "fsdp", 65e12, 0.3, link)
+    assert fsdp.step_s < fsdp.step_s_without_prefetch == fsdp.step_s_no_overlap  # prefetching is FSDP's setting
+
+
+def test_memory_predictions_do_not_depend_on_overlap_link_or_uncertainty() -> None:
+    plans = [json.loads(_plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", *extra, "--json").stdout)
+             for extra in ([], ["--overlap", "none"], ["--link_gb_s", "1.5"])]
+    memory = [[(s["per_device_bytes"], s["fits"], s["max_micro_batch_size"]) for s in p["strategies"]] for p in plans]
+    assert memory[0] == memory[1] == memory[2]
+
+
+def test_close_predictions_are_no_clear_winner_and_a_wide_margin_is_one() -> None:
+    plan = json.loads(_plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--json").stdout)
+    rec = plan["recommendation"]
+    # DDP and both FSDP modes hide their communication behind compute: the same prediction, no winner.
+    assert rec["clear"] is False and {"ddp", "fsdp", "fsdp_zero2"} <= set(rec["contenders"])
+    assert rec["reason"].startswith("no clear winner") and "single" not in rec["contenders"]
+    assert plan["uncertainty"] == {"mfu_relative": 0.25, "link_relative": 0.30, "model_relative": 0.05}
+    for s in plan["strategies"]:
+        low, high = s["predicted_tokens_per_s_range"]
+        assert low < s["predicted_tokens_per_s"] < high and len(s["predicted_tokens_per_s_corners"]) == 4
+    text = _plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2").stdout
+    assert "uncertainty: MFU ±25% and link ±30%" in text and "recommendation: fsdp: no clear winner:" in text
+    # Over a link 40 times slower every multi-GPU strategy waits for it, and the one GPU that needs no link
+    # is ahead at every corner: a winner beyond the uncertainty.
+    slow = json.loads(_plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--link_gb_s", "0.15",
+                            "--json").stdout)["recommendation"]
+    assert slow["clear"] is True and slow["contenders"] == [slow["strategy"]] == ["single"], slow
+
+
+def test_link_from_reads_the_bus_bandwidth_a_run_measured(tmp_path: Path) -> None:
+    run = tmp_path / "ddp-run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"launch": {"link": {"bus_gb_s": 12.5, "world_size": 2}}}))
+    plan = json.loads(_plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--link_from", str(run),
+                            "--json").stdout)
+    assert plan["gpu"]["link_gb_s"] == 12.5 and plan["gpu"]["link"] == f"12.5 GB/s measured by {run}"
+    assert plan["uncertainty"]["link_relative"] == 0.15  # a measured link is surer than the table's
+    (run / "config.json").write_text(json.dumps({"launch": {"link": None}}))
+    result = _plan("--gpu", "T4", "--num_gpus", "2", "--link_from", str(run))
+    assert result.returncode == 2 and "recorded no measured link" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    both = _plan("--gpu", "T4", "--link_from", str(run), "--link_gb_s", "3")
+    assert both.returncode == 2 and "not allowed with" in both.stderr

@@ -124,6 +124,10 @@ class RunConfig:
     dataloader_workers: int = _help("DataLoader worker processes per training process", default=0)
     experiment: str | None = _help("experiment name: the W&B group that puts strategies side by side", default=None)
     run_name: str | None = _help("run name (none: <strategy>-<world size>x-<precision>)", default=None)
+    repeat: int | None = _help(
+        "which repeat of the same strategy and seed this run is (analysis.experiment --repeats sets it); recorded only",
+        default=None,
+    )
     wandb_project: str = _help("W&B project", default="gpt2-strategies")
     wandb_entity: str | None = _help("W&B entity (team or user; none: yours)", default=None)
     wandb_mode: str = _help(

@@ -120,6 +120,24 @@ class ScheduleRecord(Record):
 
 
 @dataclass(frozen=True)
+class LinkRecord(Record):
+    """The all-reduce bus bandwidth a multi-process run measured at start (training/link.py).
+
+    `bus_gb_s` is NCCL's bus bandwidth, 2(n-1)/n x bytes / seconds, the figure `analysis.plan --link_gb_s`
+    takes; `algorithm_gb_s` is bytes / seconds. Single-process runs record none.
+    """
+
+    backend: str | None  # nccl | gloo
+    world_size: int | None
+    message_bytes: int | None  # one all-reduce's buffer: a DDP bucket, or all the gradients when smaller
+    dtype: str | None  # the gradients' dtype
+    iterations: int | None  # timed all-reduces, after the warm-up
+    seconds_per_all_reduce: float | None
+    algorithm_gb_s: float | None
+    bus_gb_s: float | None
+
+
+@dataclass(frozen=True)
 class LaunchRecord(Record):
     """How the run was laid out, as config.json's "launch" holds it."""
 
@@ -146,11 +164,17 @@ class LaunchRecord(Record):
     # (fastest - slowest) / median; absent for a table figure and in launch records written before them.
     peak_flops_measured_at: str | None = None
     peak_flops_relative_spread: float | None = None
+    # An experiment's repeat of the same strategy and seed (train.py --repeat); None outside repeats.
+    repeat: int | None = None
+    link: LinkRecord | None = None  # the measured link; None for one process
 
     _nested: ClassVar[dict[str, type[Record]]] = {
         "requested": RequestedRecord, "effective": EffectiveRecord, "batch": BatchRecord, "schedule": ScheduleRecord,
+        "link": LinkRecord,
     }
-    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"peak_flops_measured_at", "peak_flops_relative_spread"})
+    # Absent rather than null when None, so a run folder written before them reads back as it was written.
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
+        {"peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link"})
 
     @property
     def data_key(self) -> str | None:
@@ -265,6 +289,8 @@ class RunSummary(Record):
     n_params: int | None
     n_params_non_embedding: int | None
     seed: int | None
+    repeat: int | None  # which repeat of the same strategy and seed (None: not one of several)
+    link: LinkRecord | None  # the all-reduce bus bandwidth measured at start; None for one process
     # Content hash of the packed data (corpus bytes, tokenizer, block size, split): equal keys and
     # seeds mean the runs saw the same tokens in the same order.
     data_key: str | None
@@ -282,10 +308,12 @@ class RunSummary(Record):
     skipped_step_numbers: list[int] | None
     stop: StopRecord | None = None  # only when the run stopped early on purpose
 
-    _nested: ClassVar[dict[str, type[Record]]] = {"epochs": EpochFigures, "total": RunTotals, "stop": StopRecord}
+    _nested: ClassVar[dict[str, type[Record]]] = {"epochs": EpochFigures, "total": RunTotals, "stop": StopRecord,
+                                                  "link": LinkRecord}
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
+    # Absent rather than null when None: older run folders read back as they were written.
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"stop", "peak_flops_measured_at", "peak_flops_relative_spread"})
+        {"stop", "peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link"})
 
 
 @dataclass(frozen=True)
@@ -332,7 +360,8 @@ def run_summary(launch: LaunchRecord, facts: RunFacts) -> RunSummary:
         memory=facts.memory, levers=launch.levers, peak_flops_per_device=launch.peak_flops_per_device,
         peak_flops_source=launch.peak_flops_source, peak_flops_measured_at=launch.peak_flops_measured_at,
         peak_flops_relative_spread=launch.peak_flops_relative_spread, preset=facts.preset, n_params=launch.n_params,
-        n_params_non_embedding=launch.n_params_non_embedding, seed=facts.seed, data_key=launch.data_key,
+        n_params_non_embedding=launch.n_params_non_embedding, seed=facts.seed, repeat=launch.repeat,
+        link=launch.link, data_key=launch.data_key,
         eval_blocks=launch.eval_blocks, block_size=facts.block_size, micro_batch_size=batch.micro_batch_size,
         grad_accum_steps=batch.grad_accum_steps, global_batch_tokens=batch.global_batch_tokens, steps=facts.steps,
         tokens_trained=facts.tokens_trained, complete=facts.complete, epochs=facts.epochs, total=facts.total,

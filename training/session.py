@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -30,6 +31,7 @@ from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
 from training.hardware import PeakFlops, peak_flops
+from training.link import measure_link
 from training.levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
@@ -133,6 +135,9 @@ def set_up(cfg: TrainConfig) -> Session:
     # before a resume restores the RNG.
     peak = peak_flops(processes.accelerator.device, trainable.effective.precision, cfg.data.resolved_cache_dir())
     record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
+    # The link as this run found it, before any training traffic; with the repeat, part of the record.
+    link = measure_link(processes.accelerator.device, trainable.n_params, next(trainable.model.parameters()).dtype)
+    record = dataclasses.replace(record, repeat=cfg.run.repeat, link=link)
     resolved = _write_config(cfg, processes.accelerator, out, record)
     log_on_main(processes.accelerator, _start_line(record, data.geometry))
     session = _session(cfg, out, processes, data, trainable, loaders, record, peak.flops_per_s, wall_start)

@@ -1,0 +1,65 @@
+"""The measured link: NCCL's bus-bandwidth arithmetic, the message size, and one real two-process run that
+measures it over gloo and records it in config.json and summary.json."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.launch import CONFIGS, accelerate_command, run
+from training.link import DDP_BUCKET_BYTES, bus_bandwidth_gb_s, measure_link, message_bytes
+from training.record import LaunchRecord, LinkRecord, RunSummary
+
+
+def test_bus_bandwidth_is_the_algorithm_bandwidth_times_2_n_minus_1_over_n() -> None:
+    # 1 GB in 1 s: algorithm bandwidth 1 GB/s; a ring all-reduce moves 2(n-1)/n of it over every link.
+    assert bus_bandwidth_gb_s(10**9, 1.0, 2) == pytest.approx(1.0)
+    assert bus_bandwidth_gb_s(10**9, 1.0, 4) == pytest.approx(1.5)
+    assert bus_bandwidth_gb_s(10**9, 1.0, 8) == pytest.approx(1.75)
+    # A 25 MiB bucket in 5 ms between two GPUs: 26,214,400 / 0.005 x 1 / 1e9 = 5.24 GB/s.
+    assert bus_bandwidth_gb_s(DDP_BUCKET_BYTES, 0.005, 2) == pytest.approx(5.24288)
+    with pytest.raises(ValueError):
+        bus_bandwidth_gb_s(10**9, 1.0, 1)
+    with pytest.raises(ValueError):
+        bus_bandwidth_gb_s(10**9, 0.0, 2)
+
+
+def test_the_message_is_one_ddp_bucket_or_all_the_gradients_when_fewer() -> None:
+    assert DDP_BUCKET_BYTES == 25 * 2**20
+    assert message_bytes(124_439_808, torch.float32) == DDP_BUCKET_BYTES  # GPT-2 124M: a full bucket
+    assert message_bytes(124_439_808, torch.float16) == DDP_BUCKET_BYTES
+    assert message_bytes(1000, torch.float32) == 4000  # the tiny model's gradients are fewer
+    assert message_bytes(1000, torch.bfloat16) == 2000
+
+
+def test_one_process_measures_no_link() -> None:
+    assert measure_link(torch.device("cpu"), 1000, torch.float32) is None
+
+
+def test_the_link_is_read_back_and_old_runs_have_none() -> None:
+    link = LinkRecord("nccl", 2, DDP_BUCKET_BYTES, "float32", 5, 0.005, 5.24288, 5.24288)
+    launch = LaunchRecord.from_dict({"link": link.to_dict(), "repeat": 2})
+    assert launch.link == link and launch.repeat == 2
+    assert LaunchRecord.from_dict({}).link is None and RunSummary.from_dict({}).repeat is None
+
+
+@pytest.mark.multiprocess
+def test_a_two_process_run_measures_its_link_and_records_it(tmp_path: Path) -> None:
+    """One short DDP launch on the CPU: gloo between the two processes."""
+    out = tmp_path / "ddp"
+    args = ["--preset", "tiny", "--max_steps", "2", "--eval_blocks", "16", "--wandb_mode", "disabled",
+            "--no-export_hf", "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(out)]
+    run(accelerate_command(CONFIGS / "ddp.yaml", "train.py", args))
+    launch = json.loads((out / "config.json").read_text())["launch"]
+    summary = json.loads((out / "summary.json").read_text())
+    link = launch["link"]
+    assert link == summary["link"]  # the summary carries the launch's figure as it is
+    assert link["backend"] == "gloo" and link["world_size"] == 2 and link["dtype"] == "float32"
+    assert link["message_bytes"] == 4 * launch["n_params"]  # the tiny model's gradients are under a bucket
+    assert math.isfinite(link["bus_gb_s"]) and link["bus_gb_s"] > 0
+    assert link["bus_gb_s"] == pytest.approx(link["algorithm_gb_s"])  # 2(n-1)/n = 1 for two processes
+    assert link["seconds_per_all_reduce"] > 0 and "repeat" not in summary  # not one of several repeats
