@@ -17,7 +17,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 
 from analysis.runs import Run, number
-from analysis.statistics import group_by_strategy, warmup_steps
+from analysis.uncertainty import group_by_strategy, warmup_steps
 from training import registry
 
 # One colour and marker per strategy in every figure (each registry entry's), so a reader learns them once;

@@ -22,7 +22,7 @@ from analysis.plots import FigureFile, make_figures
 from analysis.runs import Run, number
 from analysis.scaling import (SCALING_FACTS, scaling_efficiency, scaling_lines, table_columns, throughput_key,
                               throughput_name)
-from analysis.statistics import (HIGHER, LOWER, MIB, RESERVED, RESIDENT, SAME, SINGLE, STEP_BOOTSTRAP, STEP_PEAK,
+from analysis.uncertainty import (HIGHER, LOWER, MIB, RESERVED, RESIDENT, SAME, SINGLE, STEP_BOOTSTRAP, STEP_PEAK,
                                  THROUGHPUT, TOO_FEW, Comparison, Statistics, Summary, build_statistics)
 from analysis.table import Table, build_table, to_csv, to_html, to_markdown
 from training.rundir import write_atomic

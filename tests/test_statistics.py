@@ -1,4 +1,4 @@
-"""Intervals and verdicts (analysis/statistics.py) on hand-made figures whose answer is known."""
+"""Intervals and verdicts (analysis/uncertainty.py) on hand-made figures whose answer is known."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from analysis.report import memory_reading
 from analysis.runs import Run
-from analysis.statistics import (EXACT, HIGHER, LOWER, RESIDENT, SAME, STEP_BOOTSTRAP, STEP_PEAK, T_INTERVAL,
+from analysis.uncertainty import (EXACT, HIGHER, LOWER, RESIDENT, SAME, STEP_BOOTSTRAP, STEP_PEAK, T_INTERVAL,
                                  THROUGHPUT, TOO_FEW, bootstrap_median_interval, build_statistics, mlperf_mean,
                                  ratio_over_runs, step_ratio, step_rates, summarize, t_quantile, time_to_target,
                                  verdict)
