@@ -99,7 +99,7 @@ def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatc
     script.write_text(textwrap.dedent(FREE_PORT_LAUNCHER))
     out = tmp_path / "exp"
     argv = ["--preset", "tiny", "--max_steps", "4", "--out", str(out), "--repeats", "3", "--seed", "5",
-            "--experiment", "repeats-e2e", "--extra", "--eval_interval", "2", "--eval_blocks", "16",
+            "--experiment", "repeats-e2e", "--target_loss", str(TARGET_LOSS), "--extra", "--eval_interval", "2", "--eval_blocks", "16",
             "--cache_dir", str(tmp_path / "cache"), "--no-export_hf"]
     status = main(argv, launcher=(sys.executable, str(script)), config_dir=REPO / "accelerate_configs", echo=False)
     printed = capsys.readouterr()
@@ -122,6 +122,31 @@ def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatc
             assert link["world_size"] == 2 and link["backend"] == "gloo" and 0 < link["bus_gb_s"] < float("inf")
     assert (out / "report.md").exists() and (out / "table.csv").exists()
     assert "python -m analysis.compare" in (out / "report.md").read_text()
+    _assert_report_json(json.loads((out / "report.json").read_text()))
+
+
+# Between the validation losses of steps 2 and 4 of these runs (about 10.77 and 10.67 at the tiny preset's
+# seed 5 on the bundled sample), so every run reaches it between two evaluations, by interpolation.
+TARGET_LOSS = 10.72
+STRATEGIES = ("single", "ddp", "fsdp")
+
+
+def _assert_report_json(report: dict) -> None:
+    """Every figure per strategy over its 3 repeats with an interval; equal losses give no verdict; every
+    strategy's time to the target loss."""
+    for figure in ("tokens_per_s", "step_peak_bytes", "train_time_s", "final_val_loss", "avg_loss"):
+        for strategy in STRATEGIES:
+            entry = report["figures"][figure][strategy]
+            assert entry["n"] == 3 and entry["min"] <= entry["median"] <= entry["max"], (figure, strategy)
+    for strategy in STRATEGIES:  # throughput has an interval of nonzero width for each strategy
+        low, high = report["figures"]["tokens_per_s"][strategy]["ci95"]
+        assert 0 < low < high, strategy
+    loss_verdicts = {c["verdict"] for c in report["comparisons"] if c["figure"] == "final_val_loss"}
+    assert loss_verdicts == {"no detectable difference"}
+    for strategy in STRATEGIES:
+        reached = report["time_to_target"][strategy]
+        assert reached["target_loss"] == TARGET_LOSS and reached["reached"] == 3, reached
+        assert reached["seconds"] > 0 and 2 * 1024 < reached["tokens"] < 4 * 1024, reached
 
 
 FAILING_REPEAT = """
