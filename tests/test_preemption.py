@@ -22,6 +22,8 @@ from training.checkpoint import checkpoint_problem, complete_checkpoints, load_m
 pytestmark = pytest.mark.multiprocess
 
 STEPS = SHARED_STEPS
+# The `timeout=` of communicate() and _wait_for_step are hang guards (each waits for the launcher's exit or
+# a logged step); STOP_DEADLINE_S is the one bound that is a claim.
 STOP_WHEN_LOGGED = 3  # the signal goes out once this step is in metrics.jsonl
 # From the signal to the launcher's exit: the claim that a signal stops the run promptly (every rank
 # finishes its step and checkpoints in a few seconds here), so a bound, not a wait for an event.

@@ -29,6 +29,8 @@ from tests.launch import (
 )
 
 pytestmark = pytest.mark.multiprocess
+# Every `timeout=` below is a hang guard (a launch or command here takes seconds to a minute), not a bound
+# on speed: each call waits for its process to end.
 
 STRATEGY_CONFIGS = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}
 MAX_STEPS = SHARED_STEPS
