@@ -14,7 +14,31 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "accelerate_configs"
+# A hang guard, not a performance bound: the longest launch here takes well under a minute on 2 cores.
 LAUNCH_TIMEOUT_S = 600
+# No test needs the network: a hub lookup must fail at once, never wait (tests/conftest.py sets these for
+# the test process too, so the README's test line needs no environment variable).
+OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+
+# The shared runs (tests/conftest.py `shared_runs`): one per registry entry, the same seed, data and
+# global batch (16 x 64 tokens), W&B at its default (offline without a login) and the export on.
+SHARED_STEPS = 12
+SHARED_EVAL_BLOCKS = 20
+# The offload run also checkpoints activations through accelerate's FSDP option: one launch shows both
+# leave the training unchanged (tests/test_fsdp_modes.py).
+SHARED_EXTRA = {"fsdp_offload": ["--activation_checkpointing"]}
+
+
+def shared_args(corpus: Path, cache_dir: Path) -> list[str]:
+    """The shared runs' flags (fp32 on CPU, dropout off: the runs differ only by strategy).
+
+    A validation split of about 60 blocks, larger than the budget of 20 (which no batch divides evenly);
+    about 9 optimizer steps of 16 blocks per epoch, so 12 steps cross an epoch boundary.
+    """
+    return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(cache_dir),
+            "--max_steps", str(SHARED_STEPS), "--log_interval", "1", "--seed", "3", "--val_fraction", "0.3",
+            "--eval_blocks", str(SHARED_EVAL_BLOCKS), "--eval_interval", "4", "--perf_warmup_steps", "1",
+            "--checkpoint_interval", "3"]
 
 
 def free_port() -> int:
@@ -29,7 +53,7 @@ def launch_env() -> dict[str, str]:
     Whatever the machine running the tests is logged into is hidden, so no test uploads a run; tests
     that turn W&B off say so with --wandb_mode disabled, next to a twin that keeps the default.
     """
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "NETRC": os.devnull}
+    env = {**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "NETRC": os.devnull}
     for name in ("RANK", "WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         env.pop(name, None)
     return env
@@ -85,3 +109,20 @@ def plan_errors(output_dir: Path) -> list[dict[str, float]]:
     entry = compare_run(output_dir)
     assert len(entry["ranks"]) == summary(output_dir)["world_size"]
     return [rank["error_pct"] for rank in entry["ranks"]]
+
+
+MODEL_STATE = ("parameters", "gradients", "optimizer")
+STEP_PEAK_PCT = 0.05  # docs/planning.md measures 0.003%; FSDP and its ZeRO-2 mode differ by 0.06%
+
+
+def assert_planned_exactly(output_dir: Path) -> None:
+    """Every rank holds exactly the model-state bytes the planner counts; its step peak is within 0.05%."""
+    from analysis.plan import compare_run
+
+    entry = compare_run(output_dir)
+    assert len(entry["ranks"]) == summary(output_dir)["world_size"]
+    for rank in entry["ranks"]:
+        predicted, measured = rank["predicted"], rank["measured"]
+        assert set(measured) == {*MODEL_STATE, "step_peak"}, (output_dir, rank)
+        assert {k: measured[k] for k in MODEL_STATE} == {k: predicted[k] for k in MODEL_STATE}, (output_dir, rank)
+        assert abs(rank["error_pct"]["step_peak"]) < STEP_PEAK_PCT, (output_dir, rank)

@@ -9,16 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import plan_errors, summary, train, write_news_csv
-from tests.test_strategies import _assert_same_steps
+from tests.launch import SHARED_STEPS, assert_planned_exactly, summary, train
+from tests.test_strategies import _assert_same_steps, assert_same_validation, assert_same_weights
 
 pytestmark = pytest.mark.multiprocess
 
-STEPS = 8
+STEPS = SHARED_STEPS
 CONFIGS = {"single": "single_gpu.yaml", "fsdp_zero2": "fsdp_zero2.yaml", "fsdp_offload": "fsdp_offload.yaml"}
-# The offload run also checkpoints activations through accelerate's FSDP option: one launch shows both
-# leave the training unchanged.
-EXTRA = {"fsdp_offload": ["--activation_checkpointing"]}
 
 
 @pytest.fixture(scope="module")
@@ -27,22 +24,10 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def common_args(workdir: Path) -> list[str]:
-    corpus = workdir / "news.csv"
-    write_news_csv(corpus, articles=40, words=200)
-    # W&B off: these runs compare numbers; tests/test_readme_commands.py runs launches at their defaults.
-    return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(workdir / "cache"), "--max_steps",
-            str(STEPS), "--log_interval", "1", "--seed", "3", "--eval_blocks", "8", "--perf_warmup_steps", "1",
-            "--wandb_mode", "disabled", "--checkpoint_interval", "0", "--no-export_hf"]
-
-
-@pytest.fixture(scope="module")
-def runs(workdir: Path, common_args: list[str]) -> dict[str, Path]:
-    out = {}
-    for strategy, config in CONFIGS.items():
-        out[strategy] = workdir / strategy
-        train(config, out[strategy], [*common_args, "--strategy", strategy, *EXTRA.get(strategy, [])])
-    return out
+def runs(shared_runs) -> dict[str, Path]:
+    """The shared runs (tests/conftest.py): each mode launched once, at the defaults (W&B on, export on);
+    the offload run also checkpoints activations (tests/launch.py SHARED_EXTRA)."""
+    return {strategy: shared_runs[strategy] for strategy in CONFIGS}
 
 
 @pytest.mark.parametrize("strategy", ["fsdp_zero2", "fsdp_offload"])
@@ -50,6 +35,16 @@ def test_fsdp_mode_matches_the_single_process_step_by_step(runs: dict[str, Path]
     _assert_same_steps(runs[strategy], runs["single"], range(1, STEPS + 1))
     assert summary(runs[strategy])["global_batch_tokens"] == summary(runs["single"])["global_batch_tokens"]
     assert (summary(runs[strategy])["world_size"], summary(runs[strategy])["precision"]) == (2, "fp32")
+
+
+@pytest.mark.parametrize("strategy", ["fsdp_zero2", "fsdp_offload"])
+def test_fsdp_mode_validates_as_the_single_process(runs: dict[str, Path], strategy: str) -> None:
+    assert_same_validation(runs[strategy], runs["single"])
+
+
+@pytest.mark.parametrize("strategy", ["fsdp_zero2", "fsdp_offload"])
+def test_fsdp_mode_ends_with_the_weights_of_the_single_process(runs: dict[str, Path], strategy: str) -> None:
+    assert_same_weights(runs[strategy], runs["single"])
 
 
 def test_each_mode_is_recorded_as_read_from_the_live_fsdp_units(runs: dict[str, Path]) -> None:
@@ -93,15 +88,14 @@ def test_fsdp_activation_checkpointing_is_accelerates_wrapper(runs: dict[str, Pa
 @pytest.mark.parametrize("strategy", ["fsdp_zero2", "fsdp_offload"])
 def test_planned_memory_matches_what_each_rank_measured(runs: dict[str, Path], strategy: str) -> None:
     """zero2 keeps every block gathered; offload (with checkpointing here) holds its state on the host,
-    which on a CPU is the same memory: within 1% (target 15%), model state within 1%."""
-    for errors in plan_errors(runs[strategy]):
-        assert set(errors) == {"parameters", "gradients", "optimizer", "step_peak"}
-        assert all(abs(errors[key]) < 1 for key in errors), errors
+    which on a CPU is the same memory: model state byte for byte, the step peak within 0.05%."""
+    assert_planned_exactly(runs[strategy])
 
 
-def test_guard_refuses_a_strategy_flag_the_config_does_not_give(workdir: Path, common_args: list[str]) -> None:
+def test_guard_refuses_a_strategy_flag_the_config_does_not_give(workdir: Path, base_args: list[str]) -> None:
     out = workdir / "mismatch"
-    result = train("fsdp_zero2.yaml", out, [*common_args, "--strategy", "fsdp"], check=False)
+    result = train("fsdp_zero2.yaml", out, [*base_args, "--wandb_mode", "disabled", "--strategy", "fsdp"],
+                   check=False)
     # Each rank exits 3; torchrun reports them and `accelerate launch` itself exits 1.
     assert result.returncode != 0 and "exitcode  : 3" in result.stdout + result.stderr
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]

@@ -16,14 +16,18 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch import CONFIGS, REPO, accelerate_command, launch_env, summary, train_lines, write_news_csv
+from tests.launch import CONFIGS, REPO, SHARED_STEPS, accelerate_command, launch_env, summary, train_lines
 from training.checkpoint import checkpoint_problem, complete_checkpoints, load_model_from_checkpoint
 
 pytestmark = pytest.mark.multiprocess
 
-STEPS = 10
+STEPS = SHARED_STEPS
+# The `timeout=` of communicate() and _wait_for_step are hang guards (each waits for the launcher's exit or
+# a logged step); STOP_DEADLINE_S is the one bound that is a claim.
 STOP_WHEN_LOGGED = 3  # the signal goes out once this step is in metrics.jsonl
-STOP_DEADLINE_S = 60  # from the signal to the launcher's exit
+# From the signal to the launcher's exit: the claim that a signal stops the run promptly (every rank
+# finishes its step and checkpoints in a few seconds here), so a bound, not a wait for an event.
+STOP_DEADLINE_S = 60
 CONFIG = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}
 
 
@@ -33,12 +37,10 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def args(workdir: Path) -> list[str]:
-    corpus = workdir / "news.csv"
-    write_news_csv(corpus, articles=40, words=200)
-    # Dropout on: exact resume must restore every rank's random state, not only the weights.
-    return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(workdir / "cache"), "--max_steps",
-            str(STEPS), "--log_interval", "1", "--seed", "5", "--dropout", "0.1", "--no-export_hf"]
+def args(base_args: list[str]) -> list[str]:
+    # The shared runs' flags (tests/conftest.py) with dropout on: exact resume must restore every rank's
+    # random state, not only the weights. Checkpoints only when stopped or at the end (the default).
+    return [*base_args, "--dropout", "0.1", "--no-export_hf", "--checkpoint_interval", "0"]
 
 
 def _launch(strategy: str, out: Path, args: list[str]) -> psutil.Popen:
@@ -48,6 +50,7 @@ def _launch(strategy: str, out: Path, args: list[str]) -> psutil.Popen:
 
 
 def _wait_for_step(out: Path, step: int, process: psutil.Popen, timeout_s: float = 300) -> None:
+    """Polls metrics.jsonl until the step is logged; the timeout is a hang guard, not a speed bound."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
@@ -58,8 +61,18 @@ def _wait_for_step(out: Path, step: int, process: psutil.Popen, timeout_s: float
     raise AssertionError(f"step {step} not reached in {timeout_s} s")
 
 
-def _training_ranks(launcher: psutil.Popen) -> list[psutil.Process]:
-    return [p for p in launcher.children(recursive=True) if "train.py" in " ".join(p.cmdline())]
+def _training_rank(launcher: psutil.Popen, rank: int) -> psutil.Process:
+    """The launcher's train.py process of that global rank, told by the RANK torchrun gives it (the
+    launcher's child order is not the rank order)."""
+    ranks = {}
+    for p in launcher.children(recursive=True):
+        try:
+            if "train.py" in " ".join(p.cmdline()):
+                ranks[int(p.environ()["RANK"])] = p
+        except (psutil.NoSuchProcess, KeyError):
+            continue  # gone, or not a worker (no RANK)
+    assert rank in ranks, f"no training process of rank {rank} among {sorted(ranks)}"
+    return ranks[rank]
 
 
 @pytest.fixture(scope="module")
@@ -85,7 +98,7 @@ def interrupted(workdir: Path, args: list[str]) -> dict[str, tuple[Path, int, fl
         run_dir = workdir / f"{strategy}-stopped"
         process = _launch(strategy, run_dir, args)
         _wait_for_step(run_dir, STOP_WHEN_LOGGED, process)
-        victim = process if target == "launcher" else _training_ranks(process)[1]
+        victim = process if target == "launcher" else _training_rank(process, 1)
         sent = time.monotonic()
         victim.send_signal(signum)
         output, _ = process.communicate(timeout=300)
@@ -129,11 +142,20 @@ def test_the_resumed_run_equals_the_uninterrupted_one_bit_for_bit(interrupted, u
         assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
 
 
+@pytest.mark.parametrize("strategy", list(CONFIG))
+def test_dropout_is_in_effect_in_the_runs_resumed_exactly(uninterrupted, shared_runs, strategy: str) -> None:
+    # The shared run of the strategy has the same flags with dropout 0 (and checkpoints, which change no
+    # loss): some loss differs, so the exact resume above restored dropout's random state too.
+    with_dropout, without = train_lines(uninterrupted[strategy]), train_lines(shared_runs[strategy])
+    assert sorted(with_dropout) == sorted(without) == list(range(1, STEPS + 1))
+    assert any(with_dropout[s]["loss"] != without[s]["loss"] for s in range(1, STEPS + 1))
+
+
 def test_a_killed_rank_ends_the_job_and_leaves_the_checkpoints_intact(workdir: Path, args: list[str]) -> None:
     run_dir = workdir / "ddp-killed"
     process = _launch("ddp", run_dir, [*args, "--max_steps", "200", "--checkpoint_interval", "2"])
     _wait_for_step(run_dir, 5, process)
-    _training_ranks(process)[1].kill()
+    _training_rank(process, 1).kill()
     start = time.monotonic()
     output, _ = process.communicate(timeout=300)
     assert process.returncode != 0 and time.monotonic() - start < STOP_DEADLINE_S, output[-3000:]

@@ -18,12 +18,12 @@ RUN_ARGS = ["--preset", "tiny", "--max_steps", "12", "--log_interval", "3", "--e
 
 def _train(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=env or launch_env(),
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600)  # a hang guard; a run takes seconds
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")
+def cache_dir(shared_cache: Path) -> Path:
+    return shared_cache  # the session's (tests/conftest.py): the CPU peak measured once
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +179,6 @@ def test_an_existing_run_is_never_overwritten_by_accident(run_dir: Path, cache_d
         (["--resume"], "no complete checkpoint"),
         (["--global_batch_tokens", "1000"], "not a multiple"),
         (["--block_size", "512"], "exceeds the model's 256 positions"),
-        (["--max_steps", "-3"], "--max_steps must be > 0"),
-        (["--wandb_finish_timeout_s", "-1"], "--wandb_finish_timeout_s must be >= 0"),
         (["--strategy", "fsdp"], "--strategy fsdp was requested but the launch config gives single"),
     ],
 )
@@ -192,12 +190,37 @@ def test_bad_settings_are_one_line_errors(tmp_path: Path, cache_dir: Path, args:
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
 
 
-def test_help_lists_every_config_section() -> None:
-    result = _train(["--help"])
-    assert result.returncode == 0
+# Settings the command line itself refuses, before any training code runs: train.main in this process.
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max_steps", "-3"], "--max_steps must be > 0"),
+        (["--wandb_finish_timeout_s", "-1"], "--wandb_finish_timeout_s must be >= 0"),
+    ],
+)
+def test_bad_command_line_values_are_one_line_errors(tmp_path: Path, cache_dir: Path, args: list[str], message: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    import train
+
+    status = train.main(["--preset", "tiny", "--output_dir", str(tmp_path / "o"), "--cache_dir", str(cache_dir),
+                         "--wandb_mode", "disabled", *args])
+    err = capsys.readouterr().err
+    assert status == 2
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in err, err
+    assert not (tmp_path / "o" / "metrics.jsonl").exists()
+
+
+def test_help_lists_every_config_section(capsys: pytest.CaptureFixture[str]) -> None:
+    import train
+
+    with pytest.raises(SystemExit) as exited:
+        train.main(["--help"])
+    assert exited.value.code in (0, None)
+    stdout = capsys.readouterr().out
     for flag in ("--preset", "--data", "--max_steps", "--epochs", "--output_dir", "--seed", "--resume",
                  "--global_batch_tokens", "--micro_batch_size", "--block_size", "--experiment"):
-        assert flag in result.stdout
+        assert flag in stdout
 
 
 def test_no_secret_from_the_environment_reaches_the_run_files_or_the_output(tmp_path: Path, cache_dir: Path) -> None:
