@@ -263,6 +263,9 @@ def _loaders(cfg: TrainConfig, accelerator: Accelerator, data: _Data, levers: Le
     val = accelerator.prepare_data_loader(DataLoader(
         eval_subset(data.packed.val, cfg.run.eval_blocks), batch_size=geometry.micro_batch_size, shuffle=False,
         num_workers=cfg.run.dataloader_workers, pin_memory=levers.pin_memory,
+        # Its own generator too: every validation starts an iterator, which would otherwise draw a seed from
+        # the global RNG, so a validation that a pre-empted run skipped would shift every later dropout mask.
+        generator=torch.Generator().manual_seed(cfg.run.seed),
     ))
     return _Loaders(sampler, train, val)
 
