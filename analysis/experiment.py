@@ -392,9 +392,25 @@ def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
 # Command line
 
 
+class _DefaultsHelp(argparse.HelpFormatter):
+    """Shows a flag's default once, and only when it says something.
+
+    argparse's ArgumentDefaultsHelpFormatter appends "(default: ...)" to every flag: a second default
+    after a help text that already names one ("the preset's"), and "(default: None)" on required flags
+    and on flags whose absence means "the preset's" or "off".
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if ("(default" in text or action.required or action.default in (None, False, [], argparse.SUPPRESS)
+                or action.option_strings == []):
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m analysis.experiment", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=_DefaultsHelp)
     parser.add_argument("--preset", required=True, help="train.py preset shared by every strategy")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--max_steps", type=int, help="optimizer steps per strategy")
@@ -406,7 +422,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help=f"strategies to train (default: %(default)s; {on_request} on request)")
     parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
     seeding = parser.add_mutually_exclusive_group()
-    seeding.add_argument("--seed", type=int, default=1337)
+    seeding.add_argument("--seed", type=int, default=1337,
+                         help="the seed of every run (model init, data order, dropout)")
     seeding.add_argument("--seeds", type=int, nargs="+", default=[], metavar="SEED",
                          help="train each strategy once per seed (training noise), instead of --seed; with "
                          "several, folders OUT/runs/<strategy>/s<seed>")
