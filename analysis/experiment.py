@@ -30,6 +30,7 @@ from pathlib import Path
 
 from analysis.scaling import gpu_hour_price, price_text
 from training import registry
+from training.cli import DefaultsHelpFormatter
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
 
 REPO = Path(__file__).resolve().parents[1]
@@ -392,25 +393,9 @@ def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
 # Command line
 
 
-class _DefaultsHelp(argparse.HelpFormatter):
-    """Shows a flag's default once, and only when it says something.
-
-    argparse's ArgumentDefaultsHelpFormatter appends "(default: ...)" to every flag: a second default
-    after a help text that already names one ("the preset's"), and "(default: None)" on required flags
-    and on flags whose absence means "the preset's" or "off".
-    """
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if ("(default" in text or action.required or action.default in (None, False, [], argparse.SUPPRESS)
-                or action.option_strings == []):
-            return text
-        return f"{text} (default: %(default)s)".lstrip()
-
-
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m analysis.experiment", description=__doc__.split("\n\n")[0],
-                                     formatter_class=_DefaultsHelp)
+                                     formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--preset", required=True, help="train.py preset shared by every strategy")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--max_steps", type=int, help="optimizer steps per strategy")

@@ -27,6 +27,7 @@ from typing import Any
 from analysis.cli import OneLineParser
 from analysis.compare import load_comparison
 from analysis.report import Reading, build_reading, write_atomic
+from training.cli import DefaultsHelpFormatter
 from training.config import RunConfig
 from training.metric_table import BARS, CURVES, X_AXIS, X_TITLE
 from training.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key
@@ -393,8 +394,7 @@ def default_project() -> str:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--experiment", required=True, metavar="GROUP", help="the experiment name = W&B group")
     parser.add_argument("--project", default=default_project(),
                         help="W&B project of the runs (train.py --wandb_project)")

@@ -52,3 +52,30 @@ def test_the_cpu_fp16_hint_says_the_precision_is_accelerate_launchs_flag() -> No
     precision, warning = choose_precision("fp16", "cpu", "")
     assert precision == "no"
     assert "accelerate launch --mixed_precision bf16 ... train.py" in warning
+
+
+def _help(module: str) -> str:
+    import subprocess
+    import sys
+
+    from tests.launch import REPO
+
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=True)
+    return " ".join(done.stdout.split())  # argparse wraps lines: compare the words
+
+
+@pytest.mark.parametrize("module", ["analysis.experiment", "analysis.wandb_report"])
+def test_help_shows_each_default_once_and_no_empty_ones(module: str) -> None:
+    text = _help(module)
+    assert "(default: None)" not in text and "(default: False)" not in text
+    flags = text.split(" --")
+    assert not [flag for flag in flags if flag.count("(default") > 1]
+    if module == "analysis.experiment":
+        assert "--seed SEED the seed of every run" in text and "(default: 1337)" in text
+
+
+def test_tiny_preset_help_gives_its_cpu_time_honestly() -> None:
+    from training.presets import PRESETS
+
+    assert "seconds" not in str(PRESETS) and "about a minute on 2 cores" in str(PRESETS)
