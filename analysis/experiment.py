@@ -30,6 +30,7 @@ from pathlib import Path
 
 from analysis.scaling import gpu_hour_price, price_text
 from training import registry
+from training.cli import DefaultsHelpFormatter
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
 
 REPO = Path(__file__).resolve().parents[1]
@@ -394,7 +395,7 @@ def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m analysis.experiment", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--preset", required=True, help="train.py preset shared by every strategy")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--max_steps", type=int, help="optimizer steps per strategy")
@@ -406,7 +407,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         help=f"strategies to train (default: %(default)s; {on_request} on request)")
     parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
     seeding = parser.add_mutually_exclusive_group()
-    seeding.add_argument("--seed", type=int, default=1337)
+    seeding.add_argument("--seed", type=int, default=1337,
+                         help="the seed of every run (model init, data order, dropout)")
     seeding.add_argument("--seeds", type=int, nargs="+", default=[], metavar="SEED",
                          help="train each strategy once per seed (training noise), instead of --seed; with "
                          "several, folders OUT/runs/<strategy>/s<seed>")

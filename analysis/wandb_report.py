@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -26,6 +27,7 @@ from typing import Any
 from analysis.cli import OneLineParser
 from analysis.compare import load_comparison
 from analysis.report import Reading, build_reading, write_atomic
+from training.cli import DefaultsHelpFormatter
 from training.config import RunConfig
 from training.metric_table import BARS, CURVES, X_AXIS, X_TITLE
 from training.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key
@@ -239,6 +241,19 @@ def save_report(report: Any) -> str:
         raise ReportError(f"cannot save the W&B report to {where}: {_first_line(err)}") from err
 
 
+def report_entity(flag: str | None, run_dirs: Sequence[Path]) -> str | None:
+    """The entity the report goes to, short of asking W&B: --entity, else the entity the runs were logged
+    to (their config.json's run.wandb_entity), else WANDB_ENTITY; None leaves it to the login's default.
+
+    The typed flag wins because it is the one choice made for this command; the runs' own entity comes
+    next so that a team's runs get a team report even when the login's default entity is personal.
+    """
+    if flag:
+        return flag
+    recorded = wandb_target(run_dirs).entity if run_dirs else None
+    return recorded or os.environ.get("WANDB_ENTITY") or None
+
+
 def default_entity() -> str:
     """The logged-in user's default W&B entity (asks the server)."""
     import wandb
@@ -379,12 +394,12 @@ def default_project() -> str:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--experiment", required=True, metavar="GROUP", help="the experiment name = W&B group")
     parser.add_argument("--project", default=default_project(),
                         help="W&B project of the runs (train.py --wandb_project)")
-    parser.add_argument("--entity", help="W&B entity of the project (default: your login's default entity)")
+    parser.add_argument("--entity", help="W&B entity of the project (default: the entity the --runs were logged "
+                        "to, else WANDB_ENTITY, else your login's default entity)")
     parser.add_argument("--title", help="report title (default: 'Strategy comparison: GROUP', like the local report)")
     parser.add_argument("--runs", nargs="+", type=Path, default=[], metavar="RUN_DIR",
                         help="local run directories to compute the reading from (default: the group's runs "
@@ -406,9 +421,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 
 def dry_run_spec(args: argparse.Namespace, command: str) -> ReportSpec:
-    """The specification without W&B: the reading only from --runs, the entity only from --entity."""
+    """The specification without W&B: the reading only from --runs, the entity as report_entity says."""
     reading = reading_of(args.runs, args.experiment) if args.runs else None
-    spec = build_spec(args.experiment, args.project, args.entity, args.title, command, reading, _source(args.runs))
+    entity = report_entity(args.entity, args.runs)
+    spec = build_spec(args.experiment, args.project, entity, args.title, command, reading, _source(args.runs))
     to_wandb_report(spec)  # constructing the objects checks the spec against the library, offline
     return spec
 
@@ -418,7 +434,7 @@ def publish(args: argparse.Namespace, command: str) -> str:
     if not wandb_logged_in():
         raise ReportError("not logged in to W&B: run `wandb login` (or set WANDB_API_KEY), "
                           "or pass --dry_run to write the report specification without W&B")
-    entity = args.entity or default_entity()
+    entity = report_entity(args.entity, args.runs) or default_entity()
     if args.runs:
         reading, source = reading_of(args.runs, args.experiment), _source(args.runs)
     else:

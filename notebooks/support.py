@@ -140,7 +140,7 @@ class Devices:
                          f"{gpu['memory_gib']:.1f} GiB")
         if self.gpus:
             lines.append("precision: fp16, as the launch configs say (a T4 has fp16 tensor cores and emulates "
-                         f"bf16); {self.compile_note()}")
+                         f"bf16, more slowly than fp32); {self.compile_note()}")
         return "\n".join(lines)
 
     def compile_note(self) -> str:
@@ -188,9 +188,12 @@ def plan_run(preset: str, max_steps: int | None, gpus: int) -> Plan:
         notes.append("note: GPT-2 124M on CPU takes many seconds per step; preset tiny is the CPU check")
     steps = max_steps or DEFAULT_STEPS.get(preset, 30)
     if gpus == 1:
-        notes.append("one GPU: single, and FSDP with one process, which shards nothing and so measures what "
-                     "FSDP's wrapping and casting cost by themselves. DDP with one process would be the single "
-                     "run with a wrapper and is left out; two GPUs run all three.")
+        # Colab's usual session. With one process DDP would be the single run plus a wrapper and FSDP would
+        # shard nothing: neither would show what the comparison is about, so they are skipped, and said so.
+        skipped = ", ".join(s.name for s in registry.STRATEGIES if s.reference and s.multi_process)
+        notes.append(f"one GPU: only {', '.join(strategies_for(gpus))} runs; {skipped} need two GPUs (one process "
+                     "each, and the point is how they split the work between them), so they are skipped. "
+                     "On Kaggle choose the accelerator 'GPU T4 x2' to run all three.")
         return Plan(preset, steps, strategies_for(gpus), 1, notes)
     if gpus > 2:
         notes.append(f"{gpus} GPUs: DDP and FSDP use 2 of them, the reference experiment's layout")
@@ -200,10 +203,8 @@ def plan_run(preset: str, max_steps: int | None, gpus: int) -> Plan:
 
 
 def strategies_for(gpus: int) -> list[str]:
-    """The reference's strategies; on one GPU only those that differ from the single run with one process:
-    the one-process ones and the sharding ones (whose wrapping and casting still cost), not a lone replica."""
-    return [s.name for s in registry.STRATEGIES
-            if s.reference and (gpus != 1 or not s.multi_process or s.shards)]
+    """The reference's strategies; on one GPU only the one-process ones (the others need two GPUs)."""
+    return [s.name for s in registry.STRATEGIES if s.reference and (gpus != 1 or not s.multi_process)]
 
 
 def output_root(out_dir: str) -> Path:
@@ -368,14 +369,27 @@ def _key_from_secrets() -> str:
     return "wandb login (netrc)" if wandb_logged_in() else ""
 
 
-def wandb_group_url(experiment: str, project: str = "gpt2-strategies") -> str | None:
-    """The W&B page of the experiment's group, or None when the entity cannot be asked."""
-    try:
-        import wandb
+def wandb_place(out: Path) -> tuple[str | None, str]:
+    """(entity, project) the experiment's runs were logged to, as their config.json records them (train.py's
+    --wandb_entity and --wandb_project, which train_args may have set); the entity, when the runs did not
+    name one, is WANDB_ENTITY's, else None (the login's default, which only W&B can tell)."""
+    from analysis.wandb_report import report_entity, wandb_target
 
-        entity = wandb.Api(timeout=20).default_entity
-    except Exception:  # noqa: BLE001
-        return None
+    run_dirs = sorted(path.parent for path in out.glob("runs/*/config.json"))
+    return report_entity(None, run_dirs), wandb_target(run_dirs).project
+
+
+def wandb_group_url(experiment: str, out: Path) -> str | None:
+    """The W&B page of the experiment's group in the runs' own entity and project, or None when the
+    entity is not recorded and W&B cannot be asked for the login's default."""
+    entity, project = wandb_place(out)
+    if not entity:
+        try:
+            import wandb
+
+            entity = wandb.Api(timeout=20).default_entity
+        except Exception:  # noqa: BLE001 - offline, no login: the notebook names the group instead
+            return None
     return f"https://wandb.ai/{entity}/{project}/groups/{experiment}" if entity else None
 
 
@@ -449,12 +463,16 @@ def expected_time(plan: Plan, devices: Devices) -> str:
 # Running the driver and reading its report
 
 
-def experiment_command(plan: Plan, out: Path, name: str, data: DataChoice, train_args: str = "") -> list[str]:
-    """`python -m analysis.experiment ...` for the plan; flags the defaults already get right are left out."""
+def experiment_command(plan: Plan, out: Path, name: str, data: DataChoice, train_args: str = "",
+                       wandb_report: bool = False) -> list[str]:
+    """`python -m analysis.experiment ...` for the plan; flags the defaults already get right are left out.
+    `wandb_report`: also build the W&B report at the end (the notebook asks for it when W&B is online)."""
     command = [sys.executable, "-m", "analysis.experiment", "--preset", plan.preset, "--max_steps",
                str(plan.max_steps), "--out", str(out), "--experiment", name, "--strategies", *plan.strategies]
-    if plan.num_processes is not None:
+    if plan.num_processes is not None and any(registry.get(s).multi_process for s in plan.strategies):
         command += ["--num_processes", str(plan.num_processes)]
+    if wandb_report:
+        command.append("--wandb_report")
     if data.paths:
         command += ["--data", *data.paths]
     extra = [*data.train_args, *shlex.split(train_args)]

@@ -333,3 +333,32 @@ def test_after_an_experiment_logged_online_the_report_goes_to_the_runs_project(r
     assert report_after_experiment(GROUP, runs) is True
     assert capsys.readouterr().out.strip() == f"W&B report: {report_url(server, 'team', 'proj')}"
     assert [v["projectName"] for v in server.views] == ["proj"]
+
+
+# ---------------------------------------------------------------------------------------------
+# Which entity the report goes to
+
+
+def _log_runs_to(runs: list[Path], entity: str) -> None:
+    for run in runs:
+        config = json.loads((run / "config.json").read_text())
+        config.setdefault("run", {})["wandb_entity"] = entity
+        (run / "config.json").write_text(json.dumps(config))
+
+
+def test_wandb_entity_in_the_environment_aims_the_report(monkeypatch, capsys) -> None:
+    monkeypatch.setenv("WANDB_ENTITY", "team")
+    spec = dry_run([], capsys)
+    assert spec["entity"] == "team" and spec["runset"]["entity"] == "team"
+
+
+def test_the_runs_own_entity_beats_the_environment_and_the_flag_beats_both(runs, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("WANDB_ENTITY", "someone")
+    _log_runs_to(runs, "team")
+    assert dry_run(["--runs", *map(str, runs)], capsys)["entity"] == "team"
+    assert dry_run(["--runs", *map(str, runs), "--entity", "other"], capsys)["entity"] == "other"
+
+
+def test_without_any_entity_the_dry_run_leaves_it_to_the_login(monkeypatch, capsys) -> None:
+    monkeypatch.delenv("WANDB_ENTITY", raising=False)
+    assert dry_run([], capsys)["entity"] is None

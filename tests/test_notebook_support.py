@@ -3,6 +3,7 @@ credentials from the environment only, the requirements check and the driver com
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -17,7 +18,7 @@ from notebooks import support
 
 @pytest.mark.parametrize("gpus, strategies, processes, preset", [
     (0, ["single", "ddp", "fsdp"], None, "tiny"),
-    (1, ["single", "fsdp"], 1, "gpt2"),
+    (1, ["single"], 1, "gpt2"),
     (2, ["single", "ddp", "fsdp"], None, "gpt2"),
 ])
 def test_plan_follows_the_devices(gpus: int, strategies: list[str], processes: int | None, preset: str) -> None:
@@ -33,7 +34,7 @@ def test_driver_command_passes_only_what_the_plan_needs(tmp_path: Path) -> None:
     command = support.experiment_command(one_gpu, tmp_path, "exp", data, "--text_column article")
     assert command[:3] == [sys.executable, "-m", "analysis.experiment"]
     joined = " ".join(command)
-    assert "--strategies single fsdp --num_processes 1 --data a.csv b.csv" in joined
+    assert "--strategies single --data a.csv b.csv" in joined  # one process each: no --num_processes
     assert joined.endswith("--extra --hf_dataset x --text_column article")
     cpu = support.experiment_command(support.plan_run("tiny", 4, 0), tmp_path, "exp", support.DataChoice([], [], ""))
     assert "--num_processes" not in cpu and "--data" not in cpu and "--extra" not in cpu
@@ -149,3 +150,36 @@ def test_report_section(tmp_path: Path) -> None:
     report.write_text("# R\n\n## Reading\n\n- a\n- b\n\n## Table\n\n| x |\n")
     assert support.report_section(report, "Reading") == "- a\n- b"
     assert support.report_section(report, "Missing") == ""
+
+
+def test_one_gpu_runs_single_and_says_why_ddp_and_fsdp_are_skipped() -> None:
+    plan = support.plan_run("auto", None, 1)
+    assert plan.strategies == ["single"]
+    (note,) = plan.notes
+    assert "ddp, fsdp need two GPUs" in note and "skipped" in note
+    assert note in plan.describe()
+
+
+def test_the_wandb_report_is_asked_for_only_when_told(tmp_path: Path) -> None:
+    plan, data = support.plan_run("tiny", 4, 0), support.DataChoice([], [], "")
+    assert "--wandb_report" in support.experiment_command(plan, tmp_path, "exp", data, wandb_report=True)
+    assert "--wandb_report" not in support.experiment_command(plan, tmp_path, "exp", data)
+
+
+def _logged_run(out: Path, strategy: str, entity: str | None, project: str) -> None:
+    (out / "runs" / strategy).mkdir(parents=True)
+    config = {"run": {"wandb_entity": entity, "wandb_project": project}, "launch": {"wandb_mode": "online"}}
+    (out / "runs" / strategy / "config.json").write_text(json.dumps(config))
+
+
+def test_wandb_links_use_the_runs_own_entity_and_project(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.delenv("WANDB_ENTITY", raising=False)
+    _logged_run(tmp_path, "single", "team", "their-project")
+    assert support.wandb_place(tmp_path) == ("team", "their-project")
+    assert support.wandb_group_url("exp", tmp_path) == "https://wandb.ai/team/their-project/groups/exp"
+
+
+def test_without_a_recorded_entity_wandb_entity_is_used(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("WANDB_ENTITY", "lab")
+    _logged_run(tmp_path, "single", None, "p")
+    assert support.wandb_group_url("exp", tmp_path) == "https://wandb.ai/lab/p/groups/exp"

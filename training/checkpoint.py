@@ -11,6 +11,7 @@ so a checkpoint truncated or corrupted later (a full disk, a copy cut short) is 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import sys
@@ -69,6 +70,23 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
+# accelerate logs this at every save of a model with tied weights (lm_head.weight is wte.weight here):
+# safetensors keeps one copy of a shared tensor and the load ties it again, so the line is expected
+# noise. Only this exact message is dropped; every other accelerate warning still shows.
+_TIED_WEIGHT_NOTICE = "Removed shared tensor {'lm_head.weight'} while saving"
+
+
+def _drop_tied_weight_notice(record: logging.LogRecord) -> bool:
+    return _TIED_WEIGHT_NOTICE not in record.getMessage()
+
+
+def _quiet_tied_weight_notice() -> None:
+    # The logger that emits it: accelerate.utils.other.clean_state_dict_for_safetensors.
+    emitter = logging.getLogger("accelerate.utils.other")
+    if _drop_tied_weight_notice not in emitter.filters:
+        emitter.addFilter(_drop_tied_weight_notice)
+
+
 def save_checkpoint(accelerator: Accelerator, output_dir: Path, step: int, model_config: dict[str, Any],
                     keep: int, train_state: dict[str, Any] | None = None) -> Path:
     """Write a checkpoint on every rank, mark it complete, keep the newest `keep` complete ones.
@@ -80,6 +98,7 @@ def save_checkpoint(accelerator: Accelerator, output_dir: Path, step: int, model
     if accelerator.is_main_process and path.exists():
         shutil.rmtree(path)  # a leftover of an interrupted save at the same step
     accelerator.wait_for_everyone()
+    _quiet_tied_weight_notice()
     accelerator.save_state(str(path))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

@@ -28,6 +28,23 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(EXIT_BAD_INPUT, f"error: {message} (see {self.prog} --help)\n")
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Shows a flag's default once, and only when it says something.
+
+    argparse's ArgumentDefaultsHelpFormatter appends "(default: ...)" to every flag: a second default
+    after a help text that already names one ("the preset's"), and "(default: None)" on required flags
+    and on flags whose absence means "the preset's" or "off".
+    """
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        # By identity: a default of 0 equals False and must still show.
+        says_nothing = action.default is None or action.default is False or action.default is argparse.SUPPRESS
+        if "(default" in text or action.required or says_nothing or action.default == [] or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)".lstrip()
+
+
 # Fields whose flag is not the field name.
 _FLAG_NAMES = {"paths": "data"}
 

@@ -14,7 +14,7 @@ class Preset:
 
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(
-        "2-layer, 64-wide GPT-2 on 64-token blocks; a CPU run of a few dozen steps takes seconds",
+        "2-layer, 64-wide GPT-2 on 64-token blocks; a CPU run of a few dozen steps takes about a minute on 2 cores",
         {
             "model_preset": "tiny",
             "block_size": 64,

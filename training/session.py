@@ -309,7 +309,10 @@ def _session(cfg: TrainConfig, out: Path, processes: _Processes, data: _Data, tr
         train_loader=loaders.train, val_loader=loaders.val, geometry=geometry, schedule=data.schedule,
         state=TrainState(), tracker=MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps), times=RunTimes(),
         launch=record, jsonl=JsonlSink(out / "metrics.jsonl"),
-        wandb=WandbSink(accelerator, enabled=processes.wandb_mode != "disabled"), signals=processes.signals,
+        # Only the main process has a W&B run: on other ranks accelerate's tracker is an empty stand-in
+        # (no .dir, no .summary), so using it there would fail with a misleading warning.
+        wandb=WandbSink(accelerator, enabled=processes.wandb_mode != "disabled" and accelerator.is_main_process),
+        signals=processes.signals,
         wall_start=wall_start, sharding_observed=trainable.sharding_observed,
     )
 

@@ -110,7 +110,9 @@ def choose_precision(requested: str, device_type: str, device_name: str) -> tupl
     """The accelerate mixed-precision mode to use, and a one-line warning when it differs from the request."""
     if device_type != "cuda":
         if requested == "fp16":
-            return "no", "fp16 is not available on CPU: training in fp32 (pass --mixed_precision bf16 for bf16)"
+            # The precision is accelerate's flag, not train.py's: name where it goes.
+            return "no", ("fp16 is not available on CPU: training in fp32 "
+                          "(for bf16: accelerate launch --mixed_precision bf16 ... train.py)")
         return requested, None
     if requested == "bf16" and "T4" in device_name:
         # torch.cuda.is_bf16_supported() says True on a T4, but it has no bf16 tensor cores: bf16 is emulated.

@@ -1,0 +1,81 @@
+"""What a user sees on the console of a launch: no false W&B warning from the non-main rank, no
+tied-weight notice at every checkpoint, and a precision hint that says where the flag goes."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from tests.launch import train
+from training.checkpoint import _quiet_tied_weight_notice
+from training.strategy import choose_precision
+
+
+@pytest.fixture(scope="module")
+def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """A two-process run at the defaults: W&B "auto" is offline here, since tests/launch.py hides the login."""
+    root = tmp_path_factory.mktemp("ddp")
+    out = root / "run"
+    result = train("ddp.yaml", out, ["--preset", "tiny", "--max_steps", "4", "--log_interval", "2",
+                                     "--eval_interval", "4", "--checkpoint_interval", "2",
+                                     "--cache_dir", str(root / "cache"), "--seed", "3"])
+    return out, result.stdout + result.stderr
+
+
+def test_a_ddp_run_warns_nothing_about_wandb_and_leaves_one_offline_run(ddp_run: tuple[Path, str]) -> None:
+    out, console = ddp_run
+    assert "W&B" not in "\n".join(line for line in console.splitlines() if "warning" in line.lower())
+    assert len(list(out.glob("wandb/offline-run-*"))) == 1
+
+
+def test_checkpoints_do_not_print_the_tied_weight_notice(ddp_run: tuple[Path, str]) -> None:
+    out, console = ddp_run
+    assert list(out.glob("checkpoints/step_*"))  # the run did save
+    assert "Removed shared tensor" not in console
+
+
+def test_only_the_tied_weight_notice_is_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    _quiet_tied_weight_notice()
+    _quiet_tied_weight_notice()  # idempotent: one filter however many saves
+    emitter = logging.getLogger("accelerate.utils.other")
+    assert len(emitter.filters) == 1
+    with caplog.at_level(logging.WARNING, logger="accelerate.utils.other"):
+        emitter.warning("[RANK 0] Removed shared tensor {'lm_head.weight'} while saving. This should be OK")
+        emitter.warning("[RANK 0] Removed shared tensor {'other.weight'} while saving. This should be OK")
+    assert [r.getMessage() for r in caplog.records] == [
+        "[RANK 0] Removed shared tensor {'other.weight'} while saving. This should be OK"]
+
+
+def test_the_cpu_fp16_hint_says_the_precision_is_accelerate_launchs_flag() -> None:
+    precision, warning = choose_precision("fp16", "cpu", "")
+    assert precision == "no"
+    assert "accelerate launch --mixed_precision bf16 ... train.py" in warning
+
+
+def _help(module: str) -> str:
+    import subprocess
+    import sys
+
+    from tests.launch import REPO
+
+    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120, check=True)
+    return " ".join(done.stdout.split())  # argparse wraps lines: compare the words
+
+
+@pytest.mark.parametrize("module", ["analysis.experiment", "analysis.wandb_report"])
+def test_help_shows_each_default_once_and_no_empty_ones(module: str) -> None:
+    text = _help(module)
+    assert "(default: None)" not in text and "(default: False)" not in text
+    flags = text.split(" --")
+    assert not [flag for flag in flags if flag.count("(default") > 1]
+    if module == "analysis.experiment":
+        assert "--seed SEED the seed of every run" in text and "(default: 1337)" in text
+
+
+def test_tiny_preset_help_gives_its_cpu_time_honestly() -> None:
+    from training.presets import PRESETS
+
+    assert "seconds" not in str(PRESETS) and "about a minute on 2 cores" in str(PRESETS)
