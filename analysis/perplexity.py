@@ -103,7 +103,7 @@ def score(model_path: Path, blocks: list[list[int]], batch_size: int = 8) -> dic
     import evaluate
 
     metric = evaluate.load(str(METRIC_DIR))
-    return metric.compute(input_ids=blocks, model_path=str(model_path), batch_size=batch_size,
+    return metric.compute(predictions=blocks, model_path=str(model_path), batch_size=batch_size,
                           device="cpu", dtype="float32")
 
 

@@ -1,8 +1,11 @@
 """Perplexity of a Hugging Face causal language model folder, as an `evaluate` metric of the project.
 
     metric = evaluate.load("analysis/metrics/perplexity")   # this folder: loads offline, never from the hub
-    metric.compute(input_ids=[[...], ...], model_path="RUN_DIR/hf")   # token blocks
-    metric.compute(texts=["...", ...], model_path="RUN_DIR/hf")        # texts, tokenised by the folder's tokenizer
+    metric.compute(predictions=[[...], ...], model_path="RUN_DIR/hf")   # token blocks
+    metric.compute(predictions=["...", ...], model_path="RUN_DIR/hf")   # texts, tokenised by the folder's tokenizer
+
+The input is `predictions`, as in evaluate's own perplexity metric: evaluate tells input formats apart by
+their types under one name, not by name.
 
 Every sequence is scored on its own next tokens: the model reads tokens[:-1] and is scored on tokens[1:],
 which is what training measures on a packed block of block_size + 1 tokens. The result is the token-weighted
@@ -26,8 +29,8 @@ import transformers
 _DESCRIPTION = "Token-weighted mean next-token cross-entropy (nats) of a causal LM folder, and its exp."
 _KWARGS_DESCRIPTION = """
 Args:
-    input_ids: token sequences (each scored on tokens[1:] given tokens[:-1]), or
-    texts: strings, tokenised with the model folder's tokenizer (no special tokens added).
+    predictions: token sequences (each scored on tokens[1:] given tokens[:-1]), or strings, tokenised
+        with the model folder's tokenizer (no special tokens added).
     model_path: a Hugging Face causal LM folder (config.json + weights), loaded offline.
     batch_size: sequences of equal length scored together (default 8).
     device: torch device (default "cpu").
@@ -47,22 +50,22 @@ class Perplexity(evaluate.Metric):
             citation="",
             inputs_description=_KWARGS_DESCRIPTION,
             features=[
-                datasets.Features({"input_ids": datasets.Sequence(datasets.Value("int64"))}),
-                datasets.Features({"texts": datasets.Value("string")}),
+                datasets.Features({"predictions": datasets.Sequence(datasets.Value("int64"))}),
+                datasets.Features({"predictions": datasets.Value("string")}),
             ],
         )
 
-    def _compute(self, input_ids: list[list[int]] | None = None, texts: list[str] | None = None,
-                 model_path: str | None = None, batch_size: int = 8, device: str = "cpu",
+    def _compute(self, predictions: list[list[int]] | list[str], model_path: str | None = None, batch_size: int = 8, device: str = "cpu",
                  dtype: str = "float32") -> dict[str, Any]:
         if model_path is None:
             raise ValueError("perplexity needs model_path, a Hugging Face causal LM folder")
         model = transformers.AutoModelForCausalLM.from_pretrained(
             model_path, dtype=getattr(torch, dtype), local_files_only=True).to(device).eval()
-        if input_ids is None:
+        sequences = list(predictions)
+        if sequences and isinstance(sequences[0], str):
             tokenizer = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-            input_ids = tokenizer(list(texts), add_special_tokens=False)["input_ids"]
-        windows = _windows(input_ids, model.config.n_positions)
+            sequences = tokenizer(sequences, add_special_tokens=False)["input_ids"]
+        windows = _windows(sequences, model.config.n_positions)
         total, tokens = _score(model, windows, batch_size, device)
         loss = total / tokens if tokens else float("nan")
         return {"loss": loss, "perplexity": math.exp(min(loss, _MAX_EXP)), "tokens": tokens}
