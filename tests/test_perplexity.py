@@ -157,3 +157,18 @@ def test_a_run_without_export_is_one_error_line(runs: dict[str, Path], tmp_path:
     assert perplexity.main([str(run_dir), "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "no Hugging Face export" in err[0]
+
+
+@pytest.mark.multiprocess
+def test_the_experiment_driver_checks_every_export(runs: dict[str, Path], tmp_path: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    from analysis.experiment import EXIT_FAILED, EXIT_OK, check_exports
+
+    assert check_exports(list(runs.values())) == EXIT_OK
+    assert capsys.readouterr().out.count("export check: ") == len(runs)
+    changed = _copy_run(runs["single"], tmp_path / "changed")
+    save_file({k: v * 1.1 if k == "transformer.wte.weight" else v
+               for k, v in load_file(changed / "hf" / "model.safetensors").items()},
+              changed / "hf" / "model.safetensors", metadata={"format": "pt"})
+    assert check_exports([changed]) == EXIT_FAILED
+    assert "differ" in capsys.readouterr().err
