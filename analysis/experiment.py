@@ -432,6 +432,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--wandb_report", action="store_true",
                         help="at the end, build the W&B report of the experiment when logged in "
                              "(python -m analysis.wandb_report); otherwise print how to build it later")
+    parser.add_argument("--check_exports", action="store_true",
+                        help="at the end, score each run's hf/ export on its validation blocks against its recorded "
+                             "final validation loss (python -m analysis.perplexity); a difference fails the experiment")
     parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], metavar="ARG",
                         help="everything after --extra goes to train.py, e.g. --extra --overwrite --lr 3e-4")
     return parser.parse_args(argv)
@@ -476,11 +479,34 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
             print(wandb_report_command(spec, launches))
         return EXIT_OK
     status = run_experiment(spec, launches, cwd, echo)
+    if args.check_exports:
+        status = max(status, check_exports([launch.run_dir for launch in launches]))
     if args.wandb_report:
         # The report never changes the exit status: it is a view of runs that are already recorded.
         from analysis.wandb_report import report_after_experiment
 
         report_after_experiment(spec.experiment, [launch.run_dir for launch in launches])
+    return status
+
+
+def check_exports(run_dirs: list[Path]) -> int:
+    """EXIT_FAILED when an export's loss differs from its run's record; a run that left no export failed
+    already and was reported, so it is skipped here."""
+    from analysis.perplexity import ExportError, check_export, differ_line  # torch: only when asked
+
+    status = EXIT_OK
+    for run_dir in [d for d in run_dirs if (d / "hf").is_dir()]:
+        try:
+            check = check_export(run_dir)
+        except ExportError as err:
+            print(f"error: {err}", file=sys.stderr)
+            status = EXIT_FAILED
+            continue
+        print(f"export check: {run_dir}: loss {check.loss:.6f}, recorded {check.recorded_final_val_loss:.6f} "
+              f"(relative difference {check.relative_difference:.2e})", flush=True)
+        if not check.agree:
+            print(f"error: {differ_line(check)}", file=sys.stderr)
+            status = EXIT_FAILED
     return status
 
 

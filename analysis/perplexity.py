@@ -1,0 +1,156 @@
+"""Cross-check a run's Hugging Face export: its loss on the run's own validation blocks against the recorded one.
+
+    python -m analysis.perplexity RUN_DIR [--json] [--batch_size N]
+
+The validation blocks are rebuilt from config.json's data section through data/'s own pipeline (the packed
+cache is keyed by content, so an existing entry is reused and a missing one rebuilt identically), and the
+first `--eval_blocks` of them are taken by training's own `eval_subset`, in order: the blocks the run
+validated on. RUN_DIR/hf is scored on them in fp32 on the CPU, the precision runs validate in here, by the
+project's perplexity metric (analysis/metrics/perplexity, loaded with `evaluate.load` from that folder).
+
+Exit status: 0 when the export's loss and summary.json's total.final_val_loss agree within a relative 1e-4;
+1 when they differ (one line says so); 2 on bad input (not a run directory, no export, no recorded loss).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from analysis.cli import EXIT_BAD_INPUT, OneLineParser
+
+METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "perplexity"
+# The loss is the same model on the same blocks computed by a second implementation (Hugging Face's GPT-2
+# instead of the project's): fp32 rounding differs in the last digits, a wrong block or weight by far more.
+RELATIVE_TOLERANCE = 1e-4
+EXIT_OK, EXIT_DIFFER = 0, 1
+PROG = "python -m analysis.perplexity"
+
+
+class ExportError(ValueError):
+    """The run cannot be checked (not a run directory, no export, no recorded loss); one line."""
+
+
+@dataclass(frozen=True)
+class ExportCheck:
+    """The export's score on the run's validation blocks beside what the run recorded."""
+
+    run_dir: str
+    blocks: int
+    tokens: int
+    loss: float
+    perplexity: float
+    recorded_final_val_loss: float
+
+    @property
+    def relative_difference(self) -> float:
+        return abs(self.loss - self.recorded_final_val_loss) / abs(self.recorded_final_val_loss)
+
+    @property
+    def agree(self) -> bool:
+        return math.isfinite(self.loss) and self.relative_difference <= RELATIVE_TOLERANCE
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "relative_difference": self.relative_difference,
+                "tolerance": RELATIVE_TOLERANCE, "agree": self.agree}
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as err:
+        raise ExportError(f"cannot read {path}: {err}") from None
+
+
+def read_run(run_dir: Path) -> tuple[dict[str, Any], float]:
+    """config.json and the recorded final validation loss; ExportError when the run cannot be checked."""
+    if not (run_dir / "config.json").is_file() or not (run_dir / "summary.json").is_file():
+        raise ExportError(f"{run_dir} is not a run directory (no config.json and summary.json)")
+    if not (run_dir / "hf" / "config.json").is_file():
+        raise ExportError(f"{run_dir} has no Hugging Face export (hf/); the run was trained with --no-export_hf "
+                          "or did not finish")
+    config, summary = _read_json(run_dir / "config.json"), _read_json(run_dir / "summary.json")
+    recorded = (summary.get("total") or {}).get("final_val_loss")
+    if recorded is None:
+        raise ExportError(f"{run_dir} records no final validation loss (summary.json total.final_val_loss)")
+    if "data" not in config or "eval_blocks" not in config.get("run", {}):
+        raise ExportError(f"{run_dir}/config.json lacks the data config or run.eval_blocks")
+    return config, float(recorded)
+
+
+def validation_blocks(data_config: dict[str, Any], eval_blocks: int) -> list[list[int]]:
+    """The blocks the run validated on, each of block_size + 1 tokens, in the order it read them."""
+    from data import DataConfig, DataError, build_datasets
+    from training.step import eval_subset
+
+    try:
+        packed = build_datasets(DataConfig(**data_config), log=lambda line: None)
+    except (DataError, TypeError, ValueError) as err:
+        raise ExportError(f"cannot rebuild the validation split from config.json: {err}") from None
+    # Training's items are (input_ids, labels) = (block[:-1], block[1:]); the metric takes the whole block.
+    subset = eval_subset(packed.val, eval_blocks)
+    return [[*item["input_ids"].tolist(), int(item["labels"][-1])] for item in subset]
+
+
+def score(model_path: Path, blocks: list[list[int]], batch_size: int = 8) -> dict[str, Any]:
+    """The perplexity metric on `blocks`, loaded from the project's folder (never the hub)."""
+    os.environ.setdefault("HF_EVALUATE_OFFLINE", "1")  # read when evaluate is imported: before the import
+    import evaluate
+
+    metric = evaluate.load(str(METRIC_DIR))
+    return metric.compute(predictions=blocks, model_path=str(model_path), batch_size=batch_size,
+                          device="cpu", dtype="float32")
+
+
+def check_export(run_dir: Path, batch_size: int = 8) -> ExportCheck:
+    """Score RUN_DIR/hf on the run's own validation blocks; ExportError when the run cannot be checked."""
+    config, recorded = read_run(run_dir)
+    blocks = validation_blocks(config["data"], int(config["run"]["eval_blocks"]))
+    if not blocks:
+        raise ExportError(f"{run_dir} has no validation blocks (val_fraction 0?)")
+    result = score(run_dir / "hf", blocks, batch_size)
+    return ExportCheck(str(run_dir), len(blocks), int(result["tokens"]), float(result["loss"]),
+                       float(result["perplexity"]), recorded)
+
+
+def differ_line(check: ExportCheck) -> str:
+    return (f"{check.run_dir}: the export's validation loss {check.loss:.6f} and the recorded final_val_loss "
+            f"{check.recorded_final_val_loss:.6f} differ (relative {check.relative_difference:.2e} > "
+            f"{RELATIVE_TOLERANCE:.0e})")
+
+
+def _text(check: ExportCheck) -> str:
+    return (f"{check.run_dir}/hf on {check.blocks} validation blocks ({check.tokens:,} tokens): perplexity "
+            f"{check.perplexity:.4f}, loss {check.loss:.6f} nats; recorded final_val_loss "
+            f"{check.recorded_final_val_loss:.6f} (relative difference {check.relative_difference:.2e})")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog=PROG, description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", type=Path, help="a training run's output directory")
+    parser.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    parser.add_argument("--batch_size", type=int, default=8, help="blocks scored together (default 8)")
+    args = parser.parse_args(argv)
+    import transformers
+
+    # The command's output is its one result line (or one error line); weight-loading bars would bury it.
+    transformers.utils.logging.disable_progress_bar()
+    try:
+        check = check_export(args.run_dir, args.batch_size)
+    except ExportError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(json.dumps(check.to_dict()) if args.json else _text(check))
+    if not check.agree:
+        print(differ_line(check), file=sys.stderr)
+        return EXIT_DIFFER
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())
