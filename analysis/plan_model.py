@@ -148,17 +148,27 @@ class ElementBytes:
     residual: int
     normed: int
     other: int
+    ln_input: int  # a LayerNorm's input as it saves it for backward (the residual stream, or an fp32 cast of it)
+
+
+# Ops that CUDA autocast runs in fp32, casting half inputs up (PyTorch's aten/src/ATen/autocast_mode.cpp,
+# the CUDA fp32 list, KERNEL_CUDA(layer_norm, fp32)). CPU autocast's fp32 list has no layer_norm: there
+# it runs in the input's dtype. Only the ops that change what the step saves are listed.
+AUTOCAST_FP32_OPS = {"cuda": frozenset({"layer_norm"}), "cpu": frozenset()}
 
 
 def element_bytes(w: Workload, strategy: str | Strategy) -> ElementBytes:
     if w.precision == "fp32":
-        return ElementBytes(4, 4, 4)
+        return ElementBytes(4, 4, 4, 4)
     half = DTYPE_BYTES[w.precision]
     if entry(strategy).shards:
-        # FSDP's policy gathers parameters in half precision, so the embeddings and the residual stream are too.
-        return ElementBytes(half, half, half)
+        # FSDP's policy gathers parameters in half precision, so the embeddings and the residual stream are
+        # too. Where autocast runs layer_norm in fp32 (CUDA), each LayerNorm casts its half input to an fp32
+        # copy and saves that copy, not the half tensor (which nothing else keeps): 4 bytes per element.
+        ln_input = FP32 if "layer_norm" in AUTOCAST_FP32_OPS.get(w.device, frozenset()) else half
+        return ElementBytes(half, half, half, ln_input)
     # Autocast alone: the embeddings and the residual additions stay fp32; matmul inputs and outputs are half.
-    return ElementBytes(4, half, half)
+    return ElementBytes(4, half, half, 4)
 
 
 @dataclass(frozen=True)
@@ -189,15 +199,16 @@ def activations(w: Workload, strategy: str | Strategy) -> Activations:
     s = B * T * cfg.n_embd  # elements of one (B, T, C) tensor
     e = element_bytes(w, strategy)
     ln_stats = 2 * FP32 * B * T  # LayerNorm keeps a mean and a reciprocal std per position, in fp32
-    # Per block: the LayerNorms' inputs (residual stream), their outputs as the next matmul saves them,
+    # Per block: the LayerNorms' inputs (the residual stream, as each LayerNorm saves it), their outputs as
+    # the next matmul saves them,
     # q/k/v (3), the attention output (1), the MLP's expansion (4) and its GELU (4); (B, T, C) each.
-    per_block = s * (2 * e.residual + 2 * e.normed + 12 * e.other) + 2 * ln_stats
+    per_block = s * (2 * e.ln_input + 2 * e.normed + 12 * e.other) + 2 * ln_stats
     if cfg.attn_impl == "sdpa":
         per_block += FP32 * B * cfg.n_head * T  # the fused kernel's log-sum-exp per row
     else:
         per_block += B * cfg.n_head * T * T * e.other + T * T  # the softmax probabilities and the causal mask
     blocks = cfg.n_layer * (s * e.residual if w.activation_checkpointing else per_block)
-    head = s * (e.residual + e.normed) + ln_stats
+    head = s * (e.ln_input + e.normed) + ln_stats  # ln_f's input, and its output as the output head saves it
     # FSDP's policy casts the gathered parameters themselves; autocast alone caches a half copy of each matrix.
     autocast_copies = w.precision != "fp32" and not entry(strategy).shards
     weight_copies = DTYPE_BYTES[w.precision] * _linear_weight_numel(cfg) if autocast_copies else 0
