@@ -312,6 +312,11 @@ def _total_numel(cfg: GPT2Config) -> int:
     return sum(numel(s) for s in parameter_shapes(cfg).values())
 
 
+def total_parameters(cfg: GPT2Config) -> int:
+    """Every parameter of the model once (the tied output head is the token embedding)."""
+    return _total_numel(cfg)
+
+
 def _held_numel(shape: tuple[int, ...], s: Strategy, world_size: int, rank: int) -> int:
     """Elements of a parameter tensor that `rank` keeps: its shard when the strategy shards, else all."""
     return shard_numel(shape, world_size, rank) if s.shards else numel(shape)
@@ -388,11 +393,32 @@ def _with(w: Workload, **changes: Any) -> Workload:
 # Step time
 
 
+# The offloaded update is torch's per-tensor AdamW (torch/optim/adam.py, _single_tensor_adam, non-capturable
+# path: on the CPU torch picks neither the fused nor the foreach update), one element-wise pass at a time
+# over fp32 tensors. Bytes read and written per element by each pass:
+ADAMW_HOST_PASSES: tuple[tuple[str, int], ...] = (
+    ("exp_avg.lerp_(grad, 1 - beta1)", 12),  # reads exp_avg and grad, writes exp_avg
+    ("exp_avg_sq.mul_(beta2)", 8),
+    ("exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)", 12),  # grad read once: both operands are one tensor
+    ("exp_avg_sq.sqrt()", 8),  # a new tensor: denom
+    ("denom / bias_correction2_sqrt", 8),  # another new tensor
+    ("denom.add_(eps)", 8),
+    ("param.addcdiv_(exp_avg, denom, value=-step_size)", 16),
+)
+# Decoupled weight decay, one more pass, on the tensors training/step.py decays (those of 2 or more dims).
+ADAMW_HOST_DECAY_PASS = ("param.mul_(1 - lr * weight_decay)", 8)
+# accelerate launch sets OMP_NUM_THREADS=1 in every process it starts (one core each), so the update runs
+# on one core: the rate below is one core's, for these passes (the compute of sqrt, lerp and addcdiv
+# included), not the socket's memory bandwidth. 10 GB/s is assumed for a cloud vCPU; a 2-core development
+# VM measured 13 GB/s for a single 8M-element tensor (docs/planning.md, "Step time").
+HOST_UPDATE_CORE_GB_S = 10.0
+
+
 @dataclass(frozen=True)
 class Link:
     gb_s: float  # all-reduce bus bandwidth between the devices, 10^9 bytes per second
     host_gb_s: float = 12.0  # host <-> device copies (FSDP offload), PCIe 3.0/4.0 x16 in practice
-    host_update_gb_s: float = 10.0  # memory traffic of the CPU's AdamW update (offload), bytes/s / 1e9
+    host_update_gb_s: float = HOST_UPDATE_CORE_GB_S  # one host core's rate over the AdamW passes, bytes/s / 1e9
 
 
 @dataclass(frozen=True)
@@ -470,6 +496,16 @@ def _offload_seconds(w: Workload, s: Strategy, params: int, link: Link) -> float
         return 0.0
     local = params / w.world_size
     copies = w.grad_accum_steps * 2 * local * FP32 / (link.host_gb_s * 1e9)  # shards in, gradients out
-    # The CPU reads and writes parameters, gradients and both moments.
-    update = local * 2 * (FP32 + FP32 + ADAMW_STATE_BYTES) / (link.host_update_gb_s * 1e9)
-    return copies + update
+    return copies + host_update_bytes(w, s) / (link.host_update_gb_s * 1e9)
+
+
+def host_update_bytes(w: Workload, strategy: str | Strategy, rank: int = 0) -> int:
+    """Bytes the per-tensor AdamW update reads and writes on `rank`'s host core (ADAMW_HOST_PASSES): 72 per
+    element of its shard, 80 for the decayed matrices."""
+    s = entry(strategy)
+    per_element = sum(b for _, b in ADAMW_HOST_PASSES)
+    total = 0
+    for shape in parameter_shapes(w.model).values():
+        held = _held_numel(shape, s, w.world_size, rank)
+        total += held * (per_element + (ADAMW_HOST_DECAY_PASS[1] if len(shape) >= 2 else 0))
+    return total
