@@ -32,6 +32,7 @@ from analysis.plan_model import (
     max_micro_batch_size,
     model_state,
     step_memory,
+    total_parameters,
     step_time,
 )
 from analysis.plan_error import PlanError, error_pct
@@ -44,8 +45,9 @@ from training.presets import PRESETS, preset_overrides
 
 GIB = 2**30
 # A step "fits" when its predicted peak of allocated bytes, grown by the caching allocator's slack (it
-# reserves more than is allocated: 5-15% in PyTorch's own measurements), plus what CUDA itself takes
-# outside any tensor (the context, cuBLAS/cuDNN workspaces: about half a GiB), is within the memory.
+# reserves more than is allocated, and fragments: 5-15% in PyTorch's own measurements), plus what CUDA itself
+# takes outside any tensor (the context, cuBLAS/cuDNN workspaces, NCCL's buffers: about half a GiB), is
+# within the memory CUDA reports (torch.cuda.get_device_properties().total_memory; training/gpus.py).
 ALLOCATOR_SLACK = 1.10
 CUDA_RESERVE_GIB = 0.5
 DEFAULT_MFU = 0.30  # an assumption: eager PyTorch GPT-2 124M reaches 25-40% of the tensor-core peak
@@ -70,6 +72,7 @@ class Hardware:
     link: Link
     link_name: str
     link_spread: float = LINK_SPREAD_ASSUMED
+    memory_source: str = "given (--gpu_memory_gib)"
 
     @property
     def budget_bytes(self) -> float:
@@ -93,7 +96,8 @@ def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_
     entry = datasheet_entry(spec.device_name)
     peak = entry[2][precision] * 1e12 if entry and precision in entry[2] else float("nan")
     return Hardware(spec.key, memory_gib or spec.memory_gib, peak, Link(link_gb_s or spec.link_gb_s),
-                    spec.link if link_gb_s is None else f"{link_gb_s:.3g} GB/s {link_source}", spread)
+                    spec.link if link_gb_s is None else f"{link_gb_s:.3g} GB/s {link_source}", spread,
+                    "given (--gpu_memory_gib)" if memory_gib else spec.memory_source)
 
 
 def link_from_run(run_dir: Path) -> float:
@@ -231,14 +235,14 @@ def _fastest(speed: list[dict[str, Any]], hw: Hardware) -> dict[str, Any]:
         runner_up = (f", ahead of {others[0]['strategy']} ({others[0]['predicted_tokens_per_s']:,.0f}) beyond the "
                      "uncertainty" if others else "")
         return {"strategy": best["strategy"], "clear": True, "contenders": [best["strategy"]], "reason": (
-            f"fits ({_gib(best['per_device_bytes']['total'])} of {hw.memory_gib:g} GiB) and is predicted fastest: "
+            f"fits ({_gib(best['per_device_bytes']['total'])} of {hw.memory_gib:.4g} GiB) and is predicted fastest: "
             f"{best['predicted_tokens_per_s']:,.0f} tokens/s{runner_up}")}
     roomiest = min(contenders, key=lambda p: p["per_device_bytes"]["total"])
     named = ", ".join(f"{p['strategy']} ({p['predicted_tokens_per_s']:,.0f})" for p in contenders)
     return {"strategy": roomiest["strategy"], "clear": False, "contenders": [p["strategy"] for p in contenders],
             "reason": (f"no clear winner: {named} tokens/s are closer than the planner's uncertainty; of them "
                        f"{roomiest['strategy']} needs the least memory ({_gib(roomiest['per_device_bytes']['total'])} "
-                       f"of {hw.memory_gib:g} GiB). Measure: python -m analysis.experiment --repeats 3")}
+                       f"of {hw.memory_gib:.4g} GiB). Measure: python -m analysis.experiment --repeats 3")}
 
 
 def planned_strategies(num_gpus: int) -> list[str]:
@@ -261,9 +265,11 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                      "block_size": first.block_size, "precision": args.precision, "num_gpus": args.num_gpus,
                      "global_batch_tokens": first.micro_batch_size * first.block_size * first.grad_accum_steps,
                      "activation_checkpointing": args.activation_checkpointing, "mfu_assumed": args.mfu,
-                     "overlap": args.overlap},
-        "gpu": {"name": hw.name, "memory_gib": hw.memory_gib, "peak_flops": hw.peak_flops, "link": hw.link_name,
-                "link_gb_s": hw.link.gb_s, "budget_bytes": hw.budget_bytes},
+                     "overlap": args.overlap, "parameters": total_parameters(first.model)},
+        "gpu": {"name": hw.name, "memory_gib": hw.memory_gib, "memory_source": hw.memory_source,
+                "peak_flops": hw.peak_flops, "link": hw.link_name, "link_gb_s": hw.link.gb_s,
+                "host_update_gb_s": hw.link.host_update_gb_s, "budget_bytes": hw.budget_bytes,
+                "fit_margin": {"allocator_slack": ALLOCATOR_SLACK, "cuda_reserve_gib": CUDA_RESERVE_GIB}},
         "uncertainty": {"mfu_relative": MFU_SPREAD, "link_relative": hw.link_spread, "model_relative": MODEL_SPREAD},
         "strategies": plans,
         "recommendation": recommend(plans, hw, first.micro_batch_size),
@@ -359,7 +365,7 @@ def plan_text(result: dict[str, Any]) -> str:
     lines = [
         f"GPT-2 {w['preset']} ({w['model']['n_layer']} layers, {w['model']['n_embd']} wide), {w['precision']}, "
         f"micro-batch {w['micro_batch_size']} x {w['block_size']} tokens, global batch {w['global_batch_tokens']} "
-        f"tokens, on {w['num_gpus']} x {gpu['name']} ({gpu['memory_gib']:g} GiB, link: {gpu['link']}, "
+        f"tokens, on {w['num_gpus']} x {gpu['name']} ({gpu['memory_gib']:.4g} GiB, link: {gpu['link']}, "
         f"{gpu['link_gb_s']:.3g} GB/s); speed at MFU {w['mfu_assumed']:g} (assumed), communication overlap: "
         f"{w['overlap']} ({OVERLAP_MEANING[w['overlap']]})",
         "",
@@ -387,10 +393,19 @@ def plan_text(result: dict[str, Any]) -> str:
     lines += ["", f"uncertainty: MFU ±{u['mfu_relative']:.0%} and link ±{u['link_relative']:.0%} (shared by all "
               f"strategies), the time model's omissions ±{u['model_relative']:.0%} per strategy; a winner must be "
               "ahead at every corner (docs/planning.md)"]
-    lines += ["", f"recommendation: {rec['strategy']}: {rec['reason']}",
-              "(fits: peak x {:.2f} + {:g} GiB for CUDA itself within the GPU's memory; formulas: docs/planning.md)"
-              .format(ALLOCATOR_SLACK, CUDA_RESERVE_GIB)]
-    return "\n".join(lines)
+    lines += ["", f"recommendation: {rec['strategy']}: {rec['reason']}"]
+    return "\n".join(lines + assumptions_text(result))
+
+
+def assumptions_text(result: dict[str, Any]) -> list[str]:
+    """What the figures above rest on, so that a reader can tell which of them to replace with a measurement."""
+    w, gpu = result["workload"], result["gpu"]
+    margin = gpu["fit_margin"]
+    return ["", f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
+            f"({gpu['link']}); overlap {w['overlap']}; usable memory {gpu['memory_gib']:.2f} GiB per GPU "
+            f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
+            f"fits: peak x {margin['allocator_slack']:.2f} (allocator fragmentation) + {margin['cuda_reserve_gib']:g} "
+            "GiB (CUDA context, cuBLAS workspaces, NCCL buffers) within the usable memory; formulas: docs/planning.md"]
 
 
 def runs_text(entries: list[dict[str, Any]]) -> str:

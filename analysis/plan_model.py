@@ -148,17 +148,27 @@ class ElementBytes:
     residual: int
     normed: int
     other: int
+    ln_input: int  # a LayerNorm's input as it saves it for backward (the residual stream, or an fp32 cast of it)
+
+
+# Ops that CUDA autocast runs in fp32, casting half inputs up (PyTorch's aten/src/ATen/autocast_mode.cpp,
+# the CUDA fp32 list, KERNEL_CUDA(layer_norm, fp32)). CPU autocast's fp32 list has no layer_norm: there
+# it runs in the input's dtype. Only the ops that change what the step saves are listed.
+AUTOCAST_FP32_OPS = {"cuda": frozenset({"layer_norm"}), "cpu": frozenset()}
 
 
 def element_bytes(w: Workload, strategy: str | Strategy) -> ElementBytes:
     if w.precision == "fp32":
-        return ElementBytes(4, 4, 4)
+        return ElementBytes(4, 4, 4, 4)
     half = DTYPE_BYTES[w.precision]
     if entry(strategy).shards:
-        # FSDP's policy gathers parameters in half precision, so the embeddings and the residual stream are too.
-        return ElementBytes(half, half, half)
+        # FSDP's policy gathers parameters in half precision, so the embeddings and the residual stream are
+        # too. Where autocast runs layer_norm in fp32 (CUDA), each LayerNorm casts its half input to an fp32
+        # copy and saves that copy, not the half tensor (which nothing else keeps): 4 bytes per element.
+        ln_input = FP32 if "layer_norm" in AUTOCAST_FP32_OPS.get(w.device, frozenset()) else half
+        return ElementBytes(half, half, half, ln_input)
     # Autocast alone: the embeddings and the residual additions stay fp32; matmul inputs and outputs are half.
-    return ElementBytes(4, half, half)
+    return ElementBytes(4, half, half, 4)
 
 
 @dataclass(frozen=True)
@@ -189,15 +199,16 @@ def activations(w: Workload, strategy: str | Strategy) -> Activations:
     s = B * T * cfg.n_embd  # elements of one (B, T, C) tensor
     e = element_bytes(w, strategy)
     ln_stats = 2 * FP32 * B * T  # LayerNorm keeps a mean and a reciprocal std per position, in fp32
-    # Per block: the LayerNorms' inputs (residual stream), their outputs as the next matmul saves them,
+    # Per block: the LayerNorms' inputs (the residual stream, as each LayerNorm saves it), their outputs as
+    # the next matmul saves them,
     # q/k/v (3), the attention output (1), the MLP's expansion (4) and its GELU (4); (B, T, C) each.
-    per_block = s * (2 * e.residual + 2 * e.normed + 12 * e.other) + 2 * ln_stats
+    per_block = s * (2 * e.ln_input + 2 * e.normed + 12 * e.other) + 2 * ln_stats
     if cfg.attn_impl == "sdpa":
         per_block += FP32 * B * cfg.n_head * T  # the fused kernel's log-sum-exp per row
     else:
         per_block += B * cfg.n_head * T * T * e.other + T * T  # the softmax probabilities and the causal mask
     blocks = cfg.n_layer * (s * e.residual if w.activation_checkpointing else per_block)
-    head = s * (e.residual + e.normed) + ln_stats
+    head = s * (e.ln_input + e.normed) + ln_stats  # ln_f's input, and its output as the output head saves it
     # FSDP's policy casts the gathered parameters themselves; autocast alone caches a half copy of each matrix.
     autocast_copies = w.precision != "fp32" and not entry(strategy).shards
     weight_copies = DTYPE_BYTES[w.precision] * _linear_weight_numel(cfg) if autocast_copies else 0
@@ -301,6 +312,11 @@ def _total_numel(cfg: GPT2Config) -> int:
     return sum(numel(s) for s in parameter_shapes(cfg).values())
 
 
+def total_parameters(cfg: GPT2Config) -> int:
+    """Every parameter of the model once (the tied output head is the token embedding)."""
+    return _total_numel(cfg)
+
+
 def _held_numel(shape: tuple[int, ...], s: Strategy, world_size: int, rank: int) -> int:
     """Elements of a parameter tensor that `rank` keeps: its shard when the strategy shards, else all."""
     return shard_numel(shape, world_size, rank) if s.shards else numel(shape)
@@ -377,11 +393,32 @@ def _with(w: Workload, **changes: Any) -> Workload:
 # Step time
 
 
+# The offloaded update is torch's per-tensor AdamW (torch/optim/adam.py, _single_tensor_adam, non-capturable
+# path: on the CPU torch picks neither the fused nor the foreach update), one element-wise pass at a time
+# over fp32 tensors. Bytes read and written per element by each pass:
+ADAMW_HOST_PASSES: tuple[tuple[str, int], ...] = (
+    ("exp_avg.lerp_(grad, 1 - beta1)", 12),  # reads exp_avg and grad, writes exp_avg
+    ("exp_avg_sq.mul_(beta2)", 8),
+    ("exp_avg_sq.addcmul_(grad, grad, value=1 - beta2)", 12),  # grad read once: both operands are one tensor
+    ("exp_avg_sq.sqrt()", 8),  # a new tensor: denom
+    ("denom / bias_correction2_sqrt", 8),  # another new tensor
+    ("denom.add_(eps)", 8),
+    ("param.addcdiv_(exp_avg, denom, value=-step_size)", 16),
+)
+# Decoupled weight decay, one more pass, on the tensors training/step.py decays (those of 2 or more dims).
+ADAMW_HOST_DECAY_PASS = ("param.mul_(1 - lr * weight_decay)", 8)
+# accelerate launch sets OMP_NUM_THREADS=1 in every process it starts (one core each), so the update runs
+# on one core: the rate below is one core's, for these passes (the compute of sqrt, lerp and addcdiv
+# included), not the socket's memory bandwidth. 10 GB/s is assumed for a cloud vCPU; a 2-core development
+# VM measured 13 GB/s for a single 8M-element tensor (docs/planning.md, "Step time").
+HOST_UPDATE_CORE_GB_S = 10.0
+
+
 @dataclass(frozen=True)
 class Link:
     gb_s: float  # all-reduce bus bandwidth between the devices, 10^9 bytes per second
     host_gb_s: float = 12.0  # host <-> device copies (FSDP offload), PCIe 3.0/4.0 x16 in practice
-    host_update_gb_s: float = 10.0  # memory traffic of the CPU's AdamW update (offload), bytes/s / 1e9
+    host_update_gb_s: float = HOST_UPDATE_CORE_GB_S  # one host core's rate over the AdamW passes, bytes/s / 1e9
 
 
 @dataclass(frozen=True)
@@ -459,6 +496,16 @@ def _offload_seconds(w: Workload, s: Strategy, params: int, link: Link) -> float
         return 0.0
     local = params / w.world_size
     copies = w.grad_accum_steps * 2 * local * FP32 / (link.host_gb_s * 1e9)  # shards in, gradients out
-    # The CPU reads and writes parameters, gradients and both moments.
-    update = local * 2 * (FP32 + FP32 + ADAMW_STATE_BYTES) / (link.host_update_gb_s * 1e9)
-    return copies + update
+    return copies + host_update_bytes(w, s) / (link.host_update_gb_s * 1e9)
+
+
+def host_update_bytes(w: Workload, strategy: str | Strategy, rank: int = 0) -> int:
+    """Bytes the per-tensor AdamW update reads and writes on `rank`'s host core (ADAMW_HOST_PASSES): 72 per
+    element of its shard, 80 for the decayed matrices."""
+    s = entry(strategy)
+    per_element = sum(b for _, b in ADAMW_HOST_PASSES)
+    total = 0
+    for shape in parameter_shapes(w.model).values():
+        held = _held_numel(shape, s, w.world_size, rank)
+        total += held * (per_element + (ADAMW_HOST_DECAY_PASS[1] if len(shape) >= 2 else 0))
+    return total

@@ -1,29 +1,35 @@
 #!/usr/bin/env bash
 # GPU check (not part of the CPU test suite), offline. On one GPU:
 #   1. the benchmark of our training step against transformers' GPT2LMHeadModel, GPT-2 124M, bf16 and
-#      fp16, eager and compiled (tokens/s, ratio, MFU);
-#   2. GPT-2 124M trained for a few steps as a single process and under each FSDP mode that one GPU
-#      allows as one process (fsdp, fsdp_zero2, fsdp_offload), in fp16 (accelerate's grad scaler;
-#      sharded under FSDP) and bf16, at the speed levers' defaults (train.py prints which are on);
-#   3. the planner against the measured memory: GPT-2 124M as a single process for 4 steps, eager, in fp16
-#      and bf16; `python -m analysis.plan --run` puts the predicted peak of step 2 beside
-#      torch.cuda.max_memory_allocated and says whether the error is within 10% (the target). This step
-#      records: its result does not change the exit status (OUT_DIR/planner/check.txt);
+#      fp16, eager and compiled (tokens/s, ratio, MFU), 2 rounds of 2 s each;
+#   2. GPT-2 124M trained for a few steps, eager, as a single process and under each FSDP mode that one GPU
+#      allows as one process (default fsdp and fsdp_offload; add fsdp_zero2 through GPU_CHECK_STRATEGIES), in
+#      fp16 (accelerate's grad scaler; sharded under FSDP) and bf16. Eager (--compile off) because step 3
+#      compares these runs with the planner, which models the eager step (compiled blocks save other tensors);
+#      step 1 measures compiled speed;
+#   3. the planner against the measured memory of every run of step 2 (2 micro-batches of 4 x 1024 tokens per
+#      step; with 3 warm-up steps the memory probe measures step 2, the first to start with AdamW's state):
+#      `python -m analysis.plan --run` puts the predicted peak beside torch.cuda.max_memory_allocated and says
+#      whether the error is within 10% (the target); scripts/gpu_terms.py puts the planner's GPU-only terms
+#      beside it: this GPU's torch.cuda.get_device_properties(0).total_memory against the planner's usable
+#      memory, and how much of each prediction is CUDA autocast's fp32 LayerNorm inputs (the error with and
+#      without them). This step records: its result does not change the exit status (OUT_DIR/planner/check.txt);
 #   4. the five metrics of every run of step 2 side by side (the report's table), then step 3's lines again.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]          (default OUT_DIR: runs/gpu_check)
 #
-# Environment: GPU_CHECK_STEPS (training steps per run, default 10), GPU_CHECK_STRATEGIES (default
-# "single fsdp fsdp_zero2 fsdp_offload"), GPU_CHECK_PRECISIONS (default "fp16 bf16"), GPU_CHECK_BENCHMARK
-# (0 skips step 1), GPU_CHECK_PLANNER (0 skips step 3). Sized for about 11 minutes on one H100/H200-class
-# GPU (step 3: under 3); each part prints its wall time. Exits non-zero when no CUDA device is present or
-# any run of steps 1 and 2 fails. Needs no network: the tokenizer is bundled, the corpus is the bundled
-# sample, W&B logs offline.
+# Environment: GPU_CHECK_STEPS (training steps per run, default 6), GPU_CHECK_STRATEGIES (default
+# "single fsdp fsdp_offload"), GPU_CHECK_PRECISIONS (default "fp16 bf16"), GPU_CHECK_BENCHMARK
+# (0 skips step 1), GPU_CHECK_PLANNER (0 skips step 3). Sized for under 6 minutes on one H100/H200-class GPU
+# (estimated, not yet timed: step 1 about 2 minutes, most of it compiling; step 2 six launches of about 30 s,
+# fsdp_offload's CPU AdamW adding about a second a step; step 3 under 20 s, no launches); each part prints
+# its wall time. Exits non-zero when no CUDA device is present or any run of steps 1 and 2 fails. Needs no
+# network: the tokenizer is bundled, the corpus is the bundled sample, W&B logs offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu_check}
-steps=${GPU_CHECK_STEPS:-10}
-strategies=${GPU_CHECK_STRATEGIES:-single fsdp fsdp_zero2 fsdp_offload}
+steps=${GPU_CHECK_STEPS:-6}
+strategies=${GPU_CHECK_STRATEGIES:-single fsdp fsdp_offload}
 precisions=${GPU_CHECK_PRECISIONS:-fp16 bf16}
 export WANDB_MODE=${WANDB_MODE:-offline} HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 python - <<'EOF'
@@ -41,7 +47,7 @@ if [ "${GPU_CHECK_BENCHMARK:-1}" != 0 ]; then
   # Below compute capability 8.0 (T4) compile is off by default in training; measure eager only there.
   python -c "import sys, torch; sys.exit(torch.cuda.get_device_capability(0) < (8, 0))" || compile_flag=
   if ! python -m benchmarks.step_vs_transformers --device cuda --sizes 124m --precision "${precisions// /,}" \
-      $compile_flag | tee "$out/benchmark.txt"; then
+      --rounds 2 --round_s 2 $compile_flag | tee "$out/benchmark.txt"; then
     echo "gpu_check: benchmark failed" >&2
     status=1
   fi
@@ -72,7 +78,8 @@ for strategy in $strategies; do
     if accelerate launch --config_file "$config" --num_processes 1 --mixed_precision "$precision" \
         train.py --preset gpt2 --data "$out/corpus.jsonl" --strategy "$strategy" --max_steps "$steps" --micro_batch_size 4 \
         --global_batch_tokens 8192 --log_interval 2 --warmup_steps 4 --perf_warmup_steps 3 --eval_blocks 16 \
-        --output_dir "$dir" --overwrite --experiment gpu_check --no-export_hf 2>&1 | grep -E "^(levers|run|done|error)"; then
+        --compile off --output_dir "$dir" --overwrite --experiment gpu_check --no-export_hf 2>&1 \
+        | grep -E "^(levers|run|done|error)"; then
       runs+=("$dir")
     else
       echo "gpu_check: $strategy $precision failed" >&2
@@ -81,37 +88,31 @@ for strategy in $strategies; do
     echo "== $strategy $precision: $((SECONDS - start)) s"
   done
 done
-# 3. The planner's memory model (analysis/plan_model.py) against this GPU. Eager (--compile off): the planner
-# models the eager step, and compiled blocks save other tensors. 4 steps of 2 micro-batches of 4 x 1024
-# tokens; with 3 warm-up steps the memory probe measures step 2, the first to start with AdamW's state
-# (max_memory_allocated over steps 1-2). Nothing here changes the exit status: it records.
-if [ "${GPU_CHECK_PLANNER:-1}" != 0 ]; then
-  echo "== planner: predicted vs measured step peak, single, GPT-2 124M (target: within 10%)"
+# 3. The planner's memory model (analysis/plan_model.py) against this GPU, on step 2's runs. Nothing here
+# changes the exit status: it records.
+if [ "${GPU_CHECK_PLANNER:-1}" != 0 ] && [ ${#runs[@]} -gt 0 ]; then
+  echo "== planner: predicted vs measured step peak, GPT-2 124M (target: within 10%), and its GPU-only terms"
   start=$SECONDS
   mkdir -p "$out/planner"
   : > "$out/planner/check.txt"
-  for precision in fp16 bf16; do
-    dir="$out/planner/single-${precision}"
-    if accelerate launch --config_file accelerate_configs/single_gpu.yaml --num_processes 1 --mixed_precision "$precision" \
-        train.py --preset gpt2 --data "$out/corpus.jsonl" --strategy single --max_steps 4 --micro_batch_size 4 \
-        --global_batch_tokens 8192 --warmup_steps 4 --perf_warmup_steps 3 --eval_blocks 16 --compile off \
-        --output_dir "$dir" --overwrite --wandb_mode disabled --no-export_hf > "$dir.log" 2>&1 \
-        && python -m analysis.plan --run "$dir" --json > "$dir.plan.json"; then
-      python - "$dir" "$precision" <<'EOF' | tee -a "$out/planner/check.txt" || echo "gpu_check: planner $precision: no comparison (see $dir.plan.json)" >&2
+  for dir in "${runs[@]}"; do
+    name=$(basename "$dir")
+    if python -m analysis.plan --run "$dir" --json > "$out/planner/$name.plan.json"; then
+      python - "$dir" "$out/planner/$name.plan.json" <<'EOF' | tee -a "$out/planner/check.txt" || echo "gpu_check: planner $name: no comparison" >&2
 import json, sys
 from pathlib import Path
-run, precision = Path(sys.argv[1]), sys.argv[2]
-entry = json.loads(Path(f"{run}.plan.json").read_text())["runs"][0]
+run, plan = Path(sys.argv[1]), Path(sys.argv[2])
+entry = json.loads(plan.read_text())["runs"][0]
 rank = entry["ranks"][0]
 predicted, measured = rank["predicted"]["step_peak"], rank["measured"].get("step_peak")
 skipped = json.loads((run / "summary.json").read_text()).get("skipped_step_numbers") or []
 if not measured:
-    print(f"planner {precision}: no measured peak in {run}/summary.json")
+    print(f"planner {run.name}: no measured peak in {run}/summary.json")
     sys.exit(0)
 error = (predicted - measured) / measured * 100
 verdict = "within 10%: yes" if abs(error) <= 10 else "within 10%: NO"
-print(f"planner {precision}: step {entry['probe_step']} peak predicted {predicted / 2**20:,.1f} MiB "
-      f"(at {rank['peak_phase']}), measured {measured / 2**20:,.1f} MiB, error {error:+.2f}%, {verdict}")
+print(f"planner {run.name}: step {entry['probe_step']} peak predicted {predicted / 2**20:,.1f} MiB "
+      f"(at {rank['peak_phase']}), max_memory_allocated {measured / 2**20:,.1f} MiB, error {error:+.2f}%, {verdict}")
 for key in ("parameters", "gradients", "optimizer"):
     if key in rank["error_pct"]:
         print(f"  {key}: predicted {rank['predicted'][key] / 2**20:,.1f} MiB, error {rank['error_pct'][key]:+.2f}%")
@@ -120,10 +121,13 @@ if any(step <= entry["probe_step"] for step in skipped):
     print(f"  note: step(s) {skipped} skipped by the grad scaler; the optimizer state the plan counts may be missing")
 EOF
     else
-      echo "gpu_check: planner check $precision: run or plan failed (recorded, exit status unaffected); see $dir.log" >&2
-      echo "planner $precision: run or plan failed" >> "$out/planner/check.txt"
+      echo "gpu_check: planner $name: plan failed (recorded, exit status unaffected)" >&2
+      echo "planner $name: plan failed" >> "$out/planner/check.txt"
     fi
   done
+  # The GPU-only terms: usable memory as CUDA reports it, and autocast's fp32 LayerNorm inputs in each prediction.
+  python scripts/gpu_terms.py "${runs[@]}" | tee -a "$out/planner/check.txt" \
+    || echo "gpu_check: scripts/gpu_terms.py failed (recorded, exit status unaffected)" >&2
   echo "== planner: $((SECONDS - start)) s"
 fi
 python -m analysis.compare "${runs[@]}" --out "$out/report"
