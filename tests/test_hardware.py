@@ -455,9 +455,12 @@ def test_measured_under_load_then_quietly_the_cache_holds_the_quiet_figure(
         for process in load:
             process.wait()
     under_load = list(record.taken)
-    first = statistics.median(under_load[0])
-    assert hardware.spread_is_wide((max(under_load[0]) - min(under_load[0])) / first)  # flagged as disturbed
-    assert loaded.measurements == len(under_load) >= 2  # and so measured again
+    # Whether the load widens the trials is up to the scheduler, so the rule is checked both ways rather than
+    # one outcome asserted: a wide first measurement is measured again, a narrow one is taken as it is.
+    wide = [hardware.spread_is_wide((max(t) - min(t)) / statistics.median(t)) for t in under_load]
+    assert loaded.measurements == len(under_load)
+    expected = 1 + wide.index(False) if False in wide else hardware.CPU_MAX_MEASUREMENTS
+    assert len(under_load) == expected, wide
     assert loaded.flops_per_s == max(statistics.median(t) for t in under_load)
 
     quiet = cpu_peak_flops(tmp_path, threads=2, remeasure=True)
