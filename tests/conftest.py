@@ -53,15 +53,22 @@ class SharedRuns:
     """Run folders by strategy name; each registry entry launched once, on first use."""
 
     def __init__(self, root: Path, args: list[str]) -> None:
-        self.root, self.args, self.dirs = root, args, {}
+        self.root, self.args = root, args
+        self.dirs: dict[str, Path] = {}
+        self.consoles: dict[str, str] = {}  # what each launch printed, stdout then stderr
 
     def __getitem__(self, name: str) -> Path:
         if name not in self.dirs:
             entry = registry.get(name)
             out = self.root / name
-            train(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
-            self.dirs[name] = out
+            result = train(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
+            self.dirs[name], self.consoles[name] = out, result.stdout + result.stderr
         return self.dirs[name]
+
+    def console(self, name: str) -> str:
+        """What the launch of `name` printed (launching it first if needed)."""
+        self[name]
+        return self.consoles[name]
 
 
 @pytest.fixture(scope="session")

@@ -8,20 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import train
 from training.checkpoint import _quiet_tied_weight_notice
 from training.strategy import choose_precision
 
 
 @pytest.fixture(scope="module")
-def ddp_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """A two-process run at the defaults: W&B "auto" is offline here, since tests/launch.py hides the login."""
-    root = tmp_path_factory.mktemp("ddp")
-    out = root / "run"
-    result = train("ddp.yaml", out, ["--preset", "tiny", "--max_steps", "4", "--log_interval", "2",
-                                     "--eval_interval", "4", "--checkpoint_interval", "2",
-                                     "--cache_dir", str(root / "cache"), "--seed", "3"])
-    return out, result.stdout + result.stderr
+def ddp_run(shared_runs) -> tuple[Path, str]:
+    """The session's two-process DDP run at the defaults (tests/conftest.py): W&B "auto" is offline here,
+    since tests/launch.py hides the login, and it checkpoints every 3 steps."""
+    return shared_runs["ddp"], shared_runs.console("ddp")
 
 
 def test_a_ddp_run_warns_nothing_about_wandb_and_leaves_one_offline_run(ddp_run: tuple[Path, str]) -> None:

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
 
 import pytest
 import torch
 
-from tests.launch import CONFIGS, accelerate_command, run
 from training.link import DDP_BUCKET_BYTES, bus_bandwidth_gb_s, measure_link, message_bytes
 from training.record import LaunchRecord, LinkRecord, RunSummary
 
@@ -48,12 +46,9 @@ def test_the_link_is_read_back_and_old_runs_have_none() -> None:
 
 
 @pytest.mark.multiprocess
-def test_a_two_process_run_measures_its_link_and_records_it(tmp_path: Path) -> None:
-    """One short DDP launch on the CPU: gloo between the two processes."""
-    out = tmp_path / "ddp"
-    args = ["--preset", "tiny", "--max_steps", "2", "--eval_blocks", "16", "--wandb_mode", "disabled",
-            "--no-export_hf", "--cache_dir", str(tmp_path / "cache"), "--output_dir", str(out)]
-    run(accelerate_command(CONFIGS / "ddp.yaml", "train.py", args))
+def test_a_two_process_run_measures_its_link_and_records_it(shared_runs) -> None:
+    """The session's DDP run on the CPU (tests/conftest.py): gloo between the two processes."""
+    out = shared_runs["ddp"]
     launch = json.loads((out / "config.json").read_text())["launch"]
     summary = json.loads((out / "summary.json").read_text())
     link = launch["link"]

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -22,12 +21,12 @@ import transformers
 from safetensors.torch import load_file, save_file
 
 from analysis import perplexity
-from tests.launch import REPO, launch_env, train, write_news_csv
+from tests.launch import REPO, SHARED_EVAL_BLOCKS, launch_env
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
 CONTEXT = 16
-EVAL_BLOCKS = 10
-STRATEGY_CONFIGS = {"single": "single_gpu.yaml", "ddp": "ddp.yaml", "fsdp": "fsdp.yaml"}
+EVAL_BLOCKS = SHARED_EVAL_BLOCKS
+STRATEGIES = ("single", "ddp", "fsdp")
 
 
 @pytest.fixture(scope="module")
@@ -88,19 +87,9 @@ def test_texts_are_scored_as_their_tokens_and_long_ones_in_windows(model_dir: Pa
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """One short run per strategy with its export; a warm-up-free, high learning rate moves the weights."""
-    workdir = tmp_path_factory.mktemp("perplexity_runs")
-    write_news_csv(workdir / "news.csv", articles=40, words=150)
-    args = ["--preset", "tiny", "--data", str(workdir / "news.csv"), "--cache_dir", str(workdir / "cache"),
-            "--max_steps", "4", "--warmup_steps", "0", "--lr", "1e-2", "--seed", "3", "--val_fraction", "0.3",
-            "--eval_blocks", str(EVAL_BLOCKS), "--perf_warmup_steps", "1", "--checkpoint_interval", "0",
-            "--wandb_mode", "disabled"]  # W&B off: these runs compare numbers only
-    out = {}
-    for strategy, config in STRATEGY_CONFIGS.items():
-        out[strategy] = workdir / strategy
-        train(config, out[strategy], args)
-    return out
+def runs(shared_runs) -> dict[str, Path]:
+    """The session's single, DDP and FSDP runs (tests/conftest.py), exported at their defaults."""
+    return {strategy: shared_runs[strategy] for strategy in STRATEGIES}
 
 
 def _check(run_dir: Path) -> subprocess.CompletedProcess[str]:
@@ -109,7 +98,7 @@ def _check(run_dir: Path) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("strategy", list(STRATEGY_CONFIGS))
+@pytest.mark.parametrize("strategy", STRATEGIES)
 def test_export_scores_the_recorded_final_validation_loss(runs: dict[str, Path], strategy: str) -> None:
     summary = json.loads((runs[strategy] / "summary.json").read_text())
     assert summary["strategy"] == strategy
