@@ -17,7 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from analysis.cli import EXIT_BAD_INPUT, OneLineParser
+from training.cli import EXIT_BAD_INPUT, OneLineParser
 from analysis.report import build_report, write_report
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from analysis.scaling import gpu_hour_price

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from analysis.cli import EXIT_BAD_INPUT, OneLineParser
+from training.cli import EXIT_BAD_INPUT, OneLineParser
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "perplexity"
 # The loss is the same model on the same blocks computed by a second implementation (Hugging Face's GPT-2

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from analysis.cli import OneLineParser
+from training.cli import OneLineParser
 from analysis.plan_model import (
     Link,
     StepTime,

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from analysis.cli import OneLineParser
+from training.cli import OneLineParser
 from analysis.compare import load_comparison
 from analysis.report import Reading, build_reading, write_atomic
 from training.cli import DefaultsHelpFormatter

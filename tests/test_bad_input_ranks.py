@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch import REPO, run, train, write_news_csv
-from training.batching import batch_geometry
+from training.geometry import batch_geometry
 from training.config import OptimConfig
 from training.errors import RunError
 

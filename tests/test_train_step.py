@@ -11,7 +11,8 @@ import torch
 from accelerate import Accelerator
 
 from model import GPT2, GPT2Config
-from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry
+from training.batching import EpochOrderSampler
+from training.geometry import BatchGeometry, batch_geometry
 from training.config import OptimConfig
 from training.errors import RunError
 from training.metrics import MetricsTracker, ThroughputFacts

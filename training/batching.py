@@ -7,11 +7,6 @@ from typing import Any, Iterable, Iterator
 import torch
 from torch.utils.data import Sampler
 
-# The session and its tests take the batch rule from here, beside the sampler that cuts epochs to its steps.
-from training.geometry import BatchGeometry, batch_geometry
-
-__all__ = ["BatchGeometry", "EpochOrderSampler", "batch_geometry", "chunks"]
-
 
 class EpochOrderSampler(Sampler[int]):
     """A permutation of the training blocks fixed by (seed, epoch), cut to whole optimizer steps.

@@ -26,7 +26,8 @@ from torch.utils.data import DataLoader
 
 from data.errors import DataError
 from training import registry
-from training.batching import BatchGeometry, EpochOrderSampler, batch_geometry
+from training.batching import EpochOrderSampler
+from training.geometry import BatchGeometry, batch_geometry
 from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
