@@ -4,6 +4,10 @@ The data cache is keyed by content and the measured CPU peak FLOP/s lives in the
 with one folder for the session the corpus is tokenized once and the peak measured once. `shared_runs`
 launches each registry entry at most once, when a test first asks for it; the strategy, FSDP-mode,
 registry, planner and resume tests all read the same run folders.
+
+The README's test line runs the suite in two pytest-xdist workers, one per core of a 2-core machine: a
+single-process launch or an in-process test leaves the other core idle otherwise. The workers share these
+folders (under one lock each), so each run is still launched once per session, whichever worker asks first.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import os
 from pathlib import Path
 
 import pytest
+from filelock import FileLock
 
 from tests.launch import OFFLINE, SHARED_EXTRA, shared_args, train, write_news_csv
 from training import registry
@@ -23,15 +28,28 @@ for _name in ("WANDB_API_KEY", "WANDB_BASE_URL"):
     os.environ.pop(_name, None)
 
 
+def _session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder every worker of this session shares: under pytest-xdist each worker's basetemp is a
+    folder of the session's own; without it the basetemp is the session's."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def shared_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("shared")
+    path = _session_root(tmp_path_factory) / "shared"
+    path.mkdir(exist_ok=True)
+    return path
 
 
 @pytest.fixture(scope="session", autouse=True)
 def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One cache folder for every launch of the session ($GPT2S_CACHE for launches given no --cache_dir)."""
-    cache = tmp_path_factory.mktemp("cache")
+    """One cache folder for every launch of the session ($GPT2S_CACHE for launches given no --cache_dir).
+
+    Workers may fill it at once: data entries are published by an atomic rename and the peak by
+    write_atomic, so a reader sees a whole entry or none."""
+    cache = _session_root(tmp_path_factory) / "cache"
+    cache.mkdir(exist_ok=True)
     os.environ["GPT2S_CACHE"] = str(cache)
     return cache
 
@@ -40,7 +58,9 @@ def shared_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def corpus(shared_dir: Path) -> Path:
     """A small All the News CSV: about 60 validation blocks at --val_fraction 0.3, 9 steps per epoch."""
     path = shared_dir / "news.csv"
-    write_news_csv(path, articles=60, words=200)
+    with FileLock(shared_dir / "news.csv.lock"):
+        if not path.exists():
+            write_news_csv(path, articles=60, words=200)
     return path
 
 
@@ -50,25 +70,28 @@ def base_args(corpus: Path, shared_cache: Path) -> list[str]:
 
 
 class SharedRuns:
-    """Run folders by strategy name; each registry entry launched once, on first use."""
+    """Run folders by strategy name; each registry entry launched once per session, on first use.
+
+    What a launch printed is kept beside its folder (not in it: the run's own files are checked), and its
+    presence says the launch finished, so another worker reads the run instead of launching it again."""
 
     def __init__(self, root: Path, args: list[str]) -> None:
         self.root, self.args = root, args
-        self.dirs: dict[str, Path] = {}
-        self.consoles: dict[str, str] = {}  # what each launch printed, stdout then stderr
+        root.mkdir(exist_ok=True)
 
     def __getitem__(self, name: str) -> Path:
-        if name not in self.dirs:
-            entry = registry.get(name)
-            out = self.root / name
-            result = train(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
-            self.dirs[name], self.consoles[name] = out, result.stdout + result.stderr
-        return self.dirs[name]
+        out, printed = self.root / name, self.root / f"{name}.console"
+        with FileLock(self.root / f"{name}.lock"):
+            if not printed.exists():
+                entry = registry.get(name)
+                result = train(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
+                printed.write_text(result.stdout + result.stderr)
+        return out
 
     def console(self, name: str) -> str:
-        """What the launch of `name` printed (launching it first if needed)."""
+        """What the launch of `name` printed, stdout then stderr (launching it first if needed)."""
         self[name]
-        return self.consoles[name]
+        return (self.root / f"{name}.console").read_text()
 
 
 @pytest.fixture(scope="session")
