@@ -73,11 +73,12 @@ class Hardware:
     link_name: str
     link_spread: float = LINK_SPREAD_ASSUMED
     memory_source: str = "given (--gpu_memory_gib)"
+    reserve_gib: float = CUDA_RESERVE_GIB  # 0 for CPU processes (analysis/plan_launch.py): no CUDA context
 
     @property
     def budget_bytes(self) -> float:
         """The predicted peak that still fits: memory less CUDA's own, divided by the allocator's slack."""
-        return (self.memory_gib - CUDA_RESERVE_GIB) * GIB / ALLOCATOR_SLACK
+        return (self.memory_gib - self.reserve_gib) * GIB / ALLOCATOR_SLACK
 
 
 def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None,
@@ -128,8 +129,10 @@ def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
     except BatchError as exc:
         raise PlanError(str(exc)) from None
     try:
+        # The preset's activation checkpointing (the larger GPT-2s need it on 2x T4) unless the flag turns it on.
+        checkpointing = args.activation_checkpointing or bool(values.get("activation_checkpointing", False))
         return Workload(cfg, micro, block, args.precision, world, geometry.grad_accum_steps,
-                        args.activation_checkpointing, fused_adamw=True, device="cuda")
+                        checkpointing, fused_adamw=True, device="cuda")
     except ValueError as exc:
         raise PlanError(str(exc)) from None
 
@@ -264,7 +267,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         "workload": {"preset": args.preset, "model": first.model.to_dict(), "micro_batch_size": first.micro_batch_size,
                      "block_size": first.block_size, "precision": args.precision, "num_gpus": args.num_gpus,
                      "global_batch_tokens": first.micro_batch_size * first.block_size * first.grad_accum_steps,
-                     "activation_checkpointing": args.activation_checkpointing, "mfu_assumed": args.mfu,
+                     "activation_checkpointing": first.activation_checkpointing, "mfu_assumed": args.mfu,
                      "overlap": args.overlap, "parameters": total_parameters(first.model)},
         "gpu": {"name": hw.name, "memory_gib": hw.memory_gib, "memory_source": hw.memory_source,
                 "peak_flops": hw.peak_flops, "link": hw.link_name, "link_gb_s": hw.link.gb_s,
@@ -450,7 +453,21 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "previous unit's compute) or none (FSDP waits for its collectives). DDP's all-reduce "
                         "runs during backward either way: its bucket hooks do that, no setting turns it off")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    adaptive = parser.add_argument_group("adaptive launch and sweep (analysis/plan_launch.py, analysis/plan_sweep.py)")
+    adaptive.add_argument("--launch", action="store_true", help="print the accelerate launch of the fastest "
+                          "strategy that fits, with the micro-batch and levers it needs, and why")
+    adaptive.add_argument("--execute", action="store_true", help="with --launch: run that command (--run already "
+                          "names finished runs to compare)")
+    adaptive.add_argument("--cpu", action="store_true", help="with --launch: plan CPU processes (fp32, gloo, no "
+                          "offload) with --gpu_memory_gib as each process's memory")
+    adaptive.add_argument("--sweep", action="store_true", help="every training preset x strategy on --gpu/--num_gpus: "
+                          "per-device peak, fit, the largest model each strategy trains")
+    adaptive.add_argument("--figure", type=Path, help="with --sweep: write the memory-wall figure here (.png)")
     args = parser.parse_args(argv)
+    if args.execute and not args.launch:
+        parser.error("--execute runs the command of --launch: give both")
+    if args.cpu and not args.launch:
+        parser.error("--cpu plans a launch: give --launch")
     for name in ("num_gpus", "micro_batch_size", "block_size", "global_batch_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -470,6 +487,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.run:
             entries = [compare_run(path) for path in args.run]
             print(json.dumps({"runs": entries}, indent=2) if args.json else runs_text(entries))
+        elif args.launch or args.sweep:
+            # Handed this module's planner rather than importing it, so that they import no circle.
+            from analysis.plan_launch import Planner, launch_main
+            from analysis.plan_sweep import sweep_main
+
+            planner = Planner(hardware, workload_for, plan_strategy, recommend, planned_strategies)
+            return (launch_main if args.launch else sweep_main)(args, planner)
         else:
             result = plan(args)
             print(json.dumps(result, indent=2) if args.json else plan_text(result))
