@@ -129,8 +129,9 @@ def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
     except BatchError as exc:
         raise PlanError(str(exc)) from None
     try:
-        # The preset's activation checkpointing (the larger GPT-2s need it on 2x T4) unless the flag turns it on.
-        checkpointing = args.activation_checkpointing or bool(values.get("activation_checkpointing", False))
+        # The preset's activation checkpointing (gpt2-xl needs it on 2x T4) unless the flag says otherwise.
+        checkpointing = (bool(values.get("activation_checkpointing", False)) if args.activation_checkpointing is None
+                         else args.activation_checkpointing)
         return Workload(cfg, micro, block, args.precision, world, geometry.grad_accum_steps,
                         checkpointing, fused_adamw=True, device="cuda")
     except ValueError as exc:
@@ -442,7 +443,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--global_batch_tokens", type=int, help="default: the preset's")
     parser.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"])
     parser.add_argument("--attn_impl", default="sdpa", choices=["sdpa", "math"])
-    parser.add_argument("--activation_checkpointing", action="store_true")
+    parser.add_argument("--activation_checkpointing", action=argparse.BooleanOptionalAction,
+                        help="default: the preset's (off but for gpt2-xl)")
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed model FLOPs utilisation (0-1]")
     link = parser.add_mutually_exclusive_group()
     link.add_argument("--link_gb_s", type=float, help="all-reduce bus bandwidth between GPUs, GB/s")

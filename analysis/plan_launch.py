@@ -74,7 +74,7 @@ def ways(args: argparse.Namespace, strategy: str, planner: Planner) -> list[Way]
     base = planner.workload_for(args, strategy)
     sequences = base.micro_batch_size * base.grad_accum_steps  # per device per optimizer step
     micro = [m for m in range(base.micro_batch_size, 0, -1) if sequences % m == 0]
-    levels = (False, True) if not base.activation_checkpointing else (True,)
+    levels = (True,) if args.activation_checkpointing else (False, True)
     return [Way(m, ac) for ac in levels for m in micro]
 
 
