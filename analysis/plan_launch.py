@@ -102,7 +102,7 @@ def choose_launch(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
         least = min(candidates, key=lambda c: c["per_device_bytes"]["total"])
         raise PlanError(f"no strategy fits {args.preset} on {args.num_gpus} x {hw.name} ({hw.memory_gib:.4g} GiB) "
                         f"even at micro-batch 1 with activation checkpointing: the least is {least['strategy']} at "
-                        f"{least['per_device_bytes']['total'] / GIB:.2f} GiB; use more or larger GPUs")
+                        f"{least['per_device_bytes']['total'] / GIB:.2f} GiB; use more devices or more memory per device")
     rec = planner.recommend(fitting, hw, fitting[0]["way"].micro_batch_size)
     chosen = next(c for c in fitting if c["strategy"] == rec["strategy"])
     return {"strategy": chosen["strategy"], "way": chosen["way"], "candidates": candidates, "hardware": hw,
