@@ -21,7 +21,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.cli import OneLineParser
 from analysis.plan_model import (
@@ -42,6 +42,9 @@ from training.config import ModelChoice
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens
 from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu
 from training.presets import PRESETS, preset_overrides
+
+if TYPE_CHECKING:
+    from analysis.plan_launch import Planner
 
 GIB = 2**30
 # A step "fits" when its predicted peak of allocated bytes, grown by the caching allocator's slack (it
@@ -427,6 +430,13 @@ def runs_text(entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def planner() -> Planner:
+    """This module's planner, as the adaptive launch and the sweep take it (they must not import this module)."""
+    from analysis.plan_launch import Planner
+
+    return Planner(hardware, workload_for, plan_strategy, recommend, planned_strategies)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Command line
 
@@ -490,12 +500,10 @@ def main(argv: list[str] | None = None) -> int:
             entries = [compare_run(path) for path in args.run]
             print(json.dumps({"runs": entries}, indent=2) if args.json else runs_text(entries))
         elif args.launch or args.sweep:
-            # Handed this module's planner rather than importing it, so that they import no circle.
-            from analysis.plan_launch import Planner, launch_main
+            from analysis.plan_launch import launch_main
             from analysis.plan_sweep import sweep_main
 
-            planner = Planner(hardware, workload_for, plan_strategy, recommend, planned_strategies)
-            return (launch_main if args.launch else sweep_main)(args, planner)
+            return (launch_main if args.launch else sweep_main)(args, planner())
         else:
             result = plan(args)
             print(json.dumps(result, indent=2) if args.json else plan_text(result))

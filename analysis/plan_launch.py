@@ -22,13 +22,16 @@ import json
 import shlex
 import subprocess
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from analysis.plan_model import Workload
 
 from analysis.plan_error import PlanError
 from training import registry
 from training.presets import preset_overrides
+
+if TYPE_CHECKING:
+    from training.config import TrainConfig
 
 CONFIG_DIR = "accelerate_configs"
 GIB = 2**30
@@ -164,3 +167,50 @@ def launch_main(args: argparse.Namespace, planner: Planner) -> int:
     if not args.execute:
         return 0
     return subprocess.run(command(args, chosen), check=False).returncode
+
+
+# ---------------------------------------------------------------------------------------------------
+# train.py --strategy auto: the same choice, on the device the run has
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the launch check needs of the device a run starts on."""
+
+    name: str  # torch.cuda.get_device_name()
+    memory_gib: float  # torch.cuda.get_device_properties().total_memory, in GiB
+    count: int  # processes of the launch (its world size)
+
+
+def cuda_device(world_size: int) -> Device | None:
+    """This process's GPU, or None on a machine without one (a CPU run has no memory wall to check)."""
+    import torch  # here: the planner side stays torch-free
+
+    if not torch.cuda.is_available():
+        return None
+    return Device(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / GIB, world_size)
+
+
+def startup_note(cfg: TrainConfig, launched: str, precision: str, device: Device, planner: Planner,
+                 mfu: float) -> str | None:
+    """One line when the plan, on `device`, would launch another strategy than `launched`; None when it agrees
+    or the run's model is not its preset's (another --model_preset or --n_layer: the plan knows presets)."""
+    from training.gpus import PLANNER_GPUS
+
+    if cfg.model.n_layer is not None or cfg.model.model_preset != preset_overrides(cfg.preset).get(
+            "model_preset", cfg.model.model_preset):
+        return None
+    gpu = next((g.key for g in PLANNER_GPUS.values() if g.device_name.casefold() == device.name.casefold()), None)
+    args = argparse.Namespace(
+        preset=cfg.preset, gpu=gpu, gpu_memory_gib=device.memory_gib, num_gpus=device.count, precision=precision,
+        micro_batch_size=cfg.optim.micro_batch_size, block_size=cfg.data.block_size,
+        global_batch_tokens=cfg.optim.global_batch_tokens, attn_impl=cfg.model.attn_impl,
+        activation_checkpointing=None, mfu=mfu, overlap="full", link_gb_s=None, cpu=False)
+    try:
+        chosen = choose_launch(args, planner)
+    except PlanError as exc:
+        return f"plan: {exc}"
+    if chosen["strategy"] == launched:
+        return None
+    return (f"plan: launched {launched}, but on {device.count} x {device.name} the plan picks {chosen['strategy']}: "
+            f"{shlex.join(command(args, chosen))}  ({chosen['why']})")
