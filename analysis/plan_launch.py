@@ -4,8 +4,9 @@
   python -m analysis.plan --preset mini --cpu --gpu_memory_gib 0.05 --num_gpus 2 --launch
 
 For every strategy the planner's own figures (analysis/plan.py `plan_strategy`) are asked for each way of
-making it fit, cheapest first: the preset's micro-batch, then the largest smaller one that still divides the
-global batch (accumulation keeps the global batch), each without and then with activation checkpointing.
+making it fit, fastest first: the largest micro-batch the global batch allows (or --micro_batch_size), then
+smaller ones that divide it (accumulation keeps the global batch), each without and then with activation
+checkpointing.
 A strategy's first fitting way is its candidate; the planner's recommendation over the candidates (fastest
 beyond its uncertainty, else the one with the most memory left) is the launch. Offload is a strategy of its
 own (fsdp_offload), so it competes like the others.
@@ -72,11 +73,13 @@ def launch_strategies(args: argparse.Namespace, planner: Planner) -> list[str]:
 
 
 def ways(args: argparse.Namespace, strategy: str, planner: Planner) -> list[Way]:
-    """Every way to try, cheapest first: the preset's micro-batch, then smaller ones the global batch
-    divides by; without activation checkpointing before with it (it recomputes the forward in backward)."""
+    """Every way to try, fastest first: the largest micro-batch the global batch allows on this many devices
+    (fewer, larger micro-steps), then smaller ones it divides by; without activation checkpointing before
+    with it (it recomputes the forward in backward). A micro-batch given on the command line is the largest."""
     base = planner.workload_for(args, strategy)
     sequences = base.micro_batch_size * base.grad_accum_steps  # per device per optimizer step
-    micro = [m for m in range(base.micro_batch_size, 0, -1) if sequences % m == 0]
+    largest = args.micro_batch_size or sequences
+    micro = [m for m in range(min(largest, sequences), 0, -1) if sequences % m == 0]
     levels = (True,) if args.activation_checkpointing else (False, True)
     return [Way(m, ac) for ac in levels for m in micro]
 
@@ -116,7 +119,8 @@ def why(chosen: dict[str, Any], candidates: list[dict[str, Any]], hw: Any, rec: 
     """One line: what does not fit, the levers the chosen strategy needs, and the planner's reason."""
     out = [c for c in candidates if not c["fits"]]
     wall = (", ".join(f"{c['strategy']} {c['per_device_bytes']['total'] / GIB:.1f} GiB" for c in out)
-            + f" do not fit {hw.memory_gib:.4g} GiB even at micro-batch 1 with activation checkpointing; ") if out else ""
+            + f" do not fit (a peak may reach {hw.budget_bytes / GIB:.2f} of {hw.memory_gib:.4g} GiB) even at micro-batch 1 "
+            "with activation checkpointing; ") if out else ""
     way = chosen["way"]
     levers = [f"micro-batch {way.micro_batch_size} x {chosen['grad_accum_steps']} accumulation"]
     levers += ["activation checkpointing"] if way.activation_checkpointing else []
