@@ -5,12 +5,15 @@
                           [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F]
                           [--link_gb_s X | --link_from RUN_DIR] [--overlap full|none] [--json]
   python -m analysis.plan --run RUN_DIR... [--json]
+  python -m analysis.plan --preset P (--gpu G | --cpu --gpu_memory_gib X) --num_gpus N --launch [--execute]
+  python -m analysis.plan --sweep --gpu G --num_gpus N [--figure PATH]
 
 The first form prints, for every strategy, the predicted bytes per device by kind, whether the step
 fits the GPU, the largest micro-batch that fits, the predicted step time and tokens/s with the range
 its assumptions allow, and a recommendation, or "no clear winner" when the fastest are closer than
 that. The second reads finished runs and puts each prediction beside what the run measured
-(summary.json's "memory"), with the error in percent. The model behind both: analysis/plan_model.py;
+(summary.json's "memory"), with the error in percent. --launch (analysis/plan_launch.py) prints the
+command of the fastest strategy that fits; --sweep (analysis/plan_sweep.py) plans every preset. The model behind both: analysis/plan_model.py;
 its formulas and their sources: docs/planning.md. Exit status 0, or 2 with one error line.
 """
 
