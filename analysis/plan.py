@@ -483,6 +483,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--execute runs the command of --launch: give both")
     if args.cpu and not args.launch:
         parser.error("--cpu plans a launch: give --launch")
+    if args.launch and args.sweep:
+        parser.error("--launch plans one preset, --sweep every preset: give one of them")
+    if args.figure is not None and not args.sweep:
+        parser.error("--figure draws the sweep: give --sweep")
     for name in ("num_gpus", "micro_batch_size", "block_size", "global_batch_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:

@@ -98,6 +98,8 @@ def test_the_sweep_draws_the_memory_wall_of_two_t4(tmp_path) -> None:
     (["--gpu", "T4", "--cpu", "--launch"], "takes --gpu_memory_gib"),
     (["--preset", "gpt2-xl", "--gpu", "T4", "--launch"], "no strategy fits"),
     (["--sweep"], "--sweep needs --gpu"),
+    (["--gpu", "T4", "--sweep", "--launch"], "give one of them"),
+    (["--gpu", "T4", "--figure", "wall.png"], "--figure draws the sweep"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     result = _plan(*args)
