@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from training.config import TrainConfig
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -25,6 +29,11 @@ def main(argv: list[str] | None = None) -> int:
     from training.loop import RunError, run_training
     from training.strategy import StrategyMismatch
 
+    from training import registry
+
+    if config.run.strategy == registry.AUTO and os.environ.get("RANK", "0") == "0":
+        _say_what_the_plan_picks(config)
+
     try:
         summary = run_training(config)
     except (DataError, RunError, StrategyMismatch, ValueError, FileNotFoundError) as exc:
@@ -39,6 +48,21 @@ def main(argv: list[str] | None = None) -> int:
     if os.environ.get("RANK", "0") == "0":
         print(f"{'error' if stop['reason'] == 'nonfinite' else 'stopped'}: {stop['message']}", file=sys.stderr)
     return int(stop["exit_status"])
+
+
+def _say_what_the_plan_picks(config: TrainConfig) -> None:
+    """--strategy auto on a GPU: one line when the plan, on this device, would launch another strategy."""
+    from analysis.plan import DEFAULT_MFU, planner
+    from analysis.plan_launch import cuda_device, startup_note
+    from training.strategy import precision_name, requested_from_env
+
+    launched = requested_from_env(os.environ)
+    device = cuda_device(launched.world_size or 1)
+    if device is not None:
+        note = startup_note(config, launched.strategy, precision_name(launched.mixed_precision), device, planner(),
+                            DEFAULT_MFU)
+        if note:
+            print(note, file=sys.stderr, flush=True)
 
 
 def _leave_together() -> None:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from analysis.scaling import gpu_hour_price, price_text
@@ -217,6 +217,33 @@ def choose_batch(spec: ExperimentSpec, sizes: Sequence[int], defaults: dict[str,
     return Batch(micro, block, smallest_fitting(wanted, micro, block, list(sizes)))
 
 
+def planned_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, gpu: str | None,
+                    memory_gib: float | None, precision: str) -> dict[str, str]:
+    """The strategies the planner says will not fit `gpu` (or `memory_gib` per device) at the experiment's
+    batch, each with the line the report shows: "does not fit (planned X GiB of Y)"."""
+    from analysis.plan import DEFAULT_MFU, GIB, hardware, plan_strategy, workload_for  # the planner: when asked
+    from analysis.plan_error import PlanError
+
+    extra = set(spec.extra)  # a lever passed on to train.py is planned too; else the preset's
+    checkpointing = True if "--activation_checkpointing" in extra else (
+        False if "--no-activation_checkpointing" in extra else None)
+    try:
+        hw = hardware(gpu, precision, memory_gib, None)
+        misfits = {}
+        for strategy in spec.strategies:
+            args = argparse.Namespace(preset=spec.preset, attn_impl="sdpa", block_size=batch.block_size,
+                                      micro_batch_size=batch.micro_batch_size, num_gpus=sizes[strategy],
+                                      global_batch_tokens=batch.global_batch_tokens, precision=precision,
+                                      activation_checkpointing=checkpointing)
+            plan = plan_strategy(workload_for(args, strategy), strategy, hw, DEFAULT_MFU, "full")  # speed unused
+            if not plan["fits"]:
+                misfits[strategy] = (f"{strategy}: does not fit (planned {plan['per_device_bytes']['total'] / GIB:.2f} "
+                                     f"GiB of {hw.memory_gib:.4g} GiB per device on {hw.name}, {precision}); not launched")
+    except PlanError as err:
+        raise SetupError(str(err)) from None
+    return misfits
+
+
 def default_launcher() -> tuple[str, ...]:
     """`accelerate launch` from this interpreter's environment when it is there, else from PATH."""
     beside = Path(sys.executable).parent / "accelerate"
@@ -349,13 +376,15 @@ def run_all(launches: list[Launch], cwd: Path, echo: bool = True) -> list[Outcom
     return outcomes
 
 
-def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo: bool = True) -> int:
+def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo: bool = True,
+                   skipped: Sequence[str] = ()) -> int:
+    """`skipped`: one line per strategy the plan left out, for the report."""
     from analysis.compare import compare  # the report stack (matplotlib) is needed only at the end
 
     outcomes = run_all(launches, cwd, echo)
     write_run_order(spec, outcomes)
     failed = [o for o in outcomes if not o.ok]
-    notes = [failure_note(o) for o in failed]
+    notes = [*skipped, *(failure_note(o) for o in failed)]
     run_dirs = [launch.run_dir for launch in launches if launch.run_dir.is_dir()]
     if run_dirs:
         # Passed only when given, so a comparison without a target reads as it always did.
@@ -428,6 +457,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                         f"files (e.g. 1 for FSDP on a one-GPU machine); {single} is always one process")
     parser.add_argument("--gpu_hour_price", type=gpu_hour_price, metavar="PRICE",
                         help="price of one device for one hour, any currency: the report adds cost per million tokens")
+    fit = parser.add_argument_group("fit", "skip the strategies the planner says will not fit (python -m analysis.plan)")
+    fit.add_argument("--gpu", help="the GPUs the runs will have (python -m analysis.plan --gpu)")
+    fit.add_argument("--gpu_memory_gib", type=float, help="memory per GPU, instead of (or overriding) --gpu's")
+    fit.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"],
+                     help="the precision planned (the accelerate configs' mixed_precision)")
     parser.add_argument("--dry_run", action="store_true", help="print the commands and exit")
     parser.add_argument("--wandb_report", action="store_true",
                         help="at the end, build the W&B report of the experiment when logged in "
@@ -461,11 +495,12 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
         spec = spec_from_args(args)
         sizes = world_sizes(spec.strategies, config_dir, spec.num_processes)
         batch = choose_batch(spec, list(sizes.values()), preset_defaults(spec.preset))
+        spec, skipped = _skip_misfits(spec, sizes, batch, args)
     except SetupError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_SETUP
     launches = build_launches(spec, sizes, batch, launcher or default_launcher(), cwd, config_dir)
-    accumulation = ", ".join(f"{s} {batch.grad_accum(n)}" for s, n in sizes.items())
+    accumulation = ", ".join(f"{s} {batch.grad_accum(n)}" for s, n in sizes.items() if s in spec.strategies)
     print(f"experiment {spec.experiment}: global batch {batch.global_batch_tokens:,} tokens "
           f"(micro batch {batch.micro_batch_size} x block {batch.block_size}; accumulation steps: {accumulation})")
     if not spec.one_run_each:
@@ -478,7 +513,7 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
         if args.wandb_report:
             print(wandb_report_command(spec, launches))
         return EXIT_OK
-    status = run_experiment(spec, launches, cwd, echo)
+    status = run_experiment(spec, launches, cwd, echo, skipped)
     if args.check_exports:
         status = max(status, check_exports([launch.run_dir for launch in launches]))
     if args.wandb_report:
@@ -487,6 +522,21 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
 
         report_after_experiment(spec.experiment, [launch.run_dir for launch in launches])
     return status
+
+
+def _skip_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
+                  args: argparse.Namespace) -> tuple[ExperimentSpec, list[str]]:
+    """The experiment without the strategies that will not fit (said once here, and in the report)."""
+    if args.gpu is None and args.gpu_memory_gib is None:
+        return spec, []
+    misfits = planned_misfits(spec, sizes, batch, args.gpu, args.gpu_memory_gib, args.precision)
+    for line in misfits.values():
+        print(f"skipping {line}", flush=True)
+    kept = tuple(s for s in spec.strategies if s not in misfits)
+    if not kept:
+        raise SetupError(f"no strategy fits {spec.preset} at this batch; python -m analysis.plan --preset "
+                         f"{spec.preset} --launch shows the micro-batch and levers that would")
+    return replace(spec, strategies=kept), list(misfits.values())
 
 
 def check_exports(run_dirs: list[Path]) -> int:

@@ -5,12 +5,15 @@
                           [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F]
                           [--link_gb_s X | --link_from RUN_DIR] [--overlap full|none] [--json]
   python -m analysis.plan --run RUN_DIR... [--json]
+  python -m analysis.plan --preset P (--gpu G | --cpu --gpu_memory_gib X) --num_gpus N --launch [--execute]
+  python -m analysis.plan --sweep --gpu G --num_gpus N [--figure PATH]
 
 The first form prints, for every strategy, the predicted bytes per device by kind, whether the step
 fits the GPU, the largest micro-batch that fits, the predicted step time and tokens/s with the range
 its assumptions allow, and a recommendation, or "no clear winner" when the fastest are closer than
 that. The second reads finished runs and puts each prediction beside what the run measured
-(summary.json's "memory"), with the error in percent. The model behind both: analysis/plan_model.py;
+(summary.json's "memory"), with the error in percent. --launch (analysis/plan_launch.py) prints the
+command of the fastest strategy that fits; --sweep (analysis/plan_sweep.py) plans every preset. The model behind both: analysis/plan_model.py;
 its formulas and their sources: docs/planning.md. Exit status 0, or 2 with one error line.
 """
 
@@ -21,7 +24,7 @@ import json
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from training.cli import OneLineParser
 from analysis.plan_model import (
@@ -42,6 +45,9 @@ from training.config import ModelChoice
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens
 from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu
 from training.presets import PRESETS, preset_overrides
+
+if TYPE_CHECKING:
+    from analysis.plan_launch import Planner
 
 GIB = 2**30
 # A step "fits" when its predicted peak of allocated bytes, grown by the caching allocator's slack (it
@@ -73,11 +79,12 @@ class Hardware:
     link_name: str
     link_spread: float = LINK_SPREAD_ASSUMED
     memory_source: str = "given (--gpu_memory_gib)"
+    reserve_gib: float = CUDA_RESERVE_GIB  # 0 for CPU processes (analysis/plan_launch.py): no CUDA context
 
     @property
     def budget_bytes(self) -> float:
         """The predicted peak that still fits: memory less CUDA's own, divided by the allocator's slack."""
-        return (self.memory_gib - CUDA_RESERVE_GIB) * GIB / ALLOCATOR_SLACK
+        return (self.memory_gib - self.reserve_gib) * GIB / ALLOCATOR_SLACK
 
 
 def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None,
@@ -128,8 +135,11 @@ def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
     except BatchError as exc:
         raise PlanError(str(exc)) from None
     try:
+        # The preset's activation checkpointing (gpt2-xl needs it on 2x T4) unless the flag says otherwise.
+        checkpointing = (bool(values.get("activation_checkpointing", False)) if args.activation_checkpointing is None
+                         else args.activation_checkpointing)
         return Workload(cfg, micro, block, args.precision, world, geometry.grad_accum_steps,
-                        args.activation_checkpointing, fused_adamw=True, device="cuda")
+                        checkpointing, fused_adamw=True, device="cuda")
     except ValueError as exc:
         raise PlanError(str(exc)) from None
 
@@ -264,7 +274,7 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
         "workload": {"preset": args.preset, "model": first.model.to_dict(), "micro_batch_size": first.micro_batch_size,
                      "block_size": first.block_size, "precision": args.precision, "num_gpus": args.num_gpus,
                      "global_batch_tokens": first.micro_batch_size * first.block_size * first.grad_accum_steps,
-                     "activation_checkpointing": args.activation_checkpointing, "mfu_assumed": args.mfu,
+                     "activation_checkpointing": first.activation_checkpointing, "mfu_assumed": args.mfu,
                      "overlap": args.overlap, "parameters": total_parameters(first.model)},
         "gpu": {"name": hw.name, "memory_gib": hw.memory_gib, "memory_source": hw.memory_source,
                 "peak_flops": hw.peak_flops, "link": hw.link_name, "link_gb_s": hw.link.gb_s,
@@ -423,6 +433,13 @@ def runs_text(entries: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def planner() -> Planner:
+    """This module's planner, as the adaptive launch and the sweep take it (they must not import this module)."""
+    from analysis.plan_launch import Planner
+
+    return Planner(hardware, workload_for, plan_strategy, recommend, planned_strategies)
+
+
 # ---------------------------------------------------------------------------------------------------
 # Command line
 
@@ -439,7 +456,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--global_batch_tokens", type=int, help="default: the preset's")
     parser.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"])
     parser.add_argument("--attn_impl", default="sdpa", choices=["sdpa", "math"])
-    parser.add_argument("--activation_checkpointing", action="store_true")
+    parser.add_argument("--activation_checkpointing", action=argparse.BooleanOptionalAction,
+                        help="default: the preset's (off but for gpt2-xl)")
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed model FLOPs utilisation (0-1]")
     link = parser.add_mutually_exclusive_group()
     link.add_argument("--link_gb_s", type=float, help="all-reduce bus bandwidth between GPUs, GB/s")
@@ -450,7 +468,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "previous unit's compute) or none (FSDP waits for its collectives). DDP's all-reduce "
                         "runs during backward either way: its bucket hooks do that, no setting turns it off")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    adaptive = parser.add_argument_group("adaptive launch and sweep (analysis/plan_launch.py, analysis/plan_sweep.py)")
+    adaptive.add_argument("--launch", action="store_true", help="print the accelerate launch of the fastest "
+                          "strategy that fits, with the micro-batch and levers it needs, and why")
+    adaptive.add_argument("--execute", action="store_true", help="with --launch: run that command (--run already "
+                          "names finished runs to compare)")
+    adaptive.add_argument("--cpu", action="store_true", help="with --launch: plan CPU processes (fp32, gloo, no "
+                          "offload) with --gpu_memory_gib as each process's memory")
+    adaptive.add_argument("--sweep", action="store_true", help="every training preset x strategy on --gpu/--num_gpus: "
+                          "per-device peak, fit, the largest model each strategy trains")
+    adaptive.add_argument("--figure", type=Path, help="with --sweep: write the memory-wall figure here (.png)")
     args = parser.parse_args(argv)
+    if args.execute and not args.launch:
+        parser.error("--execute runs the command of --launch: give both")
+    if args.cpu and not args.launch:
+        parser.error("--cpu plans a launch: give --launch")
+    if args.launch and args.sweep:
+        parser.error("--launch plans one preset, --sweep every preset: give one of them")
+    if args.figure is not None and not args.sweep:
+        parser.error("--figure draws the sweep: give --sweep")
     for name in ("num_gpus", "micro_batch_size", "block_size", "global_batch_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -470,6 +506,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.run:
             entries = [compare_run(path) for path in args.run]
             print(json.dumps({"runs": entries}, indent=2) if args.json else runs_text(entries))
+        elif args.launch or args.sweep:
+            from analysis.plan_launch import launch_main
+            from analysis.plan_sweep import sweep_main
+
+            return (launch_main if args.launch else sweep_main)(args, planner())
         else:
             result = plan(args)
             print(json.dumps(result, indent=2) if args.json else plan_text(result))

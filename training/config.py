@@ -23,13 +23,19 @@ def _help(text: str, **kwargs: Any) -> Any:
 class ModelChoice:
     """Which GPT-2 to train; sizes come from the model preset (see model.GPT2Config.from_preset)."""
 
-    model_preset: str = _help("model size preset: gpt2 (124M), gpt2-medium, mini, tiny", default="gpt2")
+    model_preset: str = _help("model size preset: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, mini, tiny",
+                              default="gpt2")
+    n_layer: int | None = _help(
+        "transformer blocks instead of the model preset's (none: the preset's); a shallow model of a large "
+        "preset's width runs the same command quickly on CPU", default=None)
     dropout: float = _help("dropout for embeddings, attention and residuals (0 = off)", default=0.0)
     attn_impl: str = _help("attention kernel: sdpa (fused) or math (explicit softmax)", default="sdpa")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"--dropout must be in [0, 1), got {self.dropout}")
+        if self.n_layer is not None and self.n_layer < 1:
+            raise ValueError(f"--n_layer must be at least 1, got {self.n_layer}")
         if self.attn_impl not in ("sdpa", "math"):
             raise ValueError(f"--attn_impl must be sdpa or math, got {self.attn_impl!r}")
 

@@ -55,6 +55,28 @@ PRESETS: dict[str, Preset] = {
             "log_interval": 10,
         },
     ),
+    # The larger GPT-2s keep the 124M preset's global batch (16 x 1024 tokens); the learning rates are those
+    # GPT-3's paper (Table 2.1) used at these sizes. The micro-batch and activation checkpointing are what
+    # `python -m analysis.plan --preset P --gpu T4 --num_gpus 2 --launch` picks for 2x T4 in fp16, with the
+    # strategy it launches (tests/test_plan_launch.py keeps them equal; docs/scaling_models.md).
+    "gpt2-medium": Preset(
+        "GPT-2 355M (24 layers, 1024 wide) on 1024-token blocks; sized for 2x T4, fp16, by the planner: fsdp, "
+        "micro-batch 4 (single fits too; ddp does not)",
+        {"model_preset": "gpt2-medium", "block_size": 1024, "micro_batch_size": 4, "global_batch_tokens": 16 * 1024,
+         "lr": 3e-4, "warmup_steps": 100, "log_interval": 10},
+    ),
+    "gpt2-large": Preset(
+        "GPT-2 774M (36 layers, 1280 wide) on 1024-token blocks; sized for 2x T4, fp16, by the planner: fsdp, "
+        "micro-batch 2 (single and ddp do not fit)",
+        {"model_preset": "gpt2-large", "block_size": 1024, "micro_batch_size": 2, "global_batch_tokens": 16 * 1024,
+         "lr": 2.5e-4, "warmup_steps": 100, "log_interval": 10},
+    ),
+    "gpt2-xl": Preset(
+        "GPT-2 1.5B (48 layers, 1600 wide) on 1024-token blocks; sized for 2x T4, fp16, by the planner: fsdp, "
+        "micro-batch 1 with activation checkpointing (only fsdp and fsdp_offload fit)",
+        {"model_preset": "gpt2-xl", "block_size": 1024, "micro_batch_size": 1, "global_batch_tokens": 16 * 1024,
+         "activation_checkpointing": True, "lr": 2e-4, "warmup_steps": 100, "log_interval": 10},
+    ),
 }
 
 

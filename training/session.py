@@ -203,6 +203,7 @@ def _model_config(cfg: TrainConfig) -> Any:
     model_config = GPT2Config.from_preset(
         cfg.model.model_preset, embd_pdrop=cfg.model.dropout, attn_pdrop=cfg.model.dropout,
         resid_pdrop=cfg.model.dropout, attn_impl=cfg.model.attn_impl,
+        **({} if cfg.model.n_layer is None else {"n_layer": cfg.model.n_layer}),
     )
     if cfg.data.block_size > model_config.n_positions:
         raise RunError(f"--block_size {cfg.data.block_size} exceeds the model's {model_config.n_positions} positions")

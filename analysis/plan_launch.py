@@ -1,0 +1,220 @@
+"""The adaptive launch: the fastest strategy that fits, with the levers it needs, as one `accelerate launch`.
+
+  python -m analysis.plan --preset gpt2-large --gpu T4 --num_gpus 2 --launch [--execute]
+  python -m analysis.plan --preset mini --cpu --gpu_memory_gib 0.05 --num_gpus 2 --launch
+
+For every strategy the planner's own figures (analysis/plan.py `plan_strategy`) are asked for each way of
+making it fit, fastest first: the largest micro-batch the global batch allows (or --micro_batch_size), then
+smaller ones that divide it (accumulation keeps the global batch), each without and then with activation
+checkpointing.
+A strategy's first fitting way is its candidate; the planner's recommendation over the candidates (fastest
+beyond its uncertainty, else the one with the most memory left) is the launch. Offload is a strategy of its
+own (fsdp_offload), so it competes like the others.
+
+A CPU plan (`--cpu`) plans the processes the tests and development runs start: fp32, the CPU's unfused
+optimizer, no CUDA reserve, and no offload strategy (its "host" is the same memory). Without a peak FLOP/s
+there is no speed prediction, and the planner's rule for that case (least memory among those that fit) decides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any, Callable
+
+from analysis.plan_model import Workload
+
+from analysis.plan_error import PlanError
+from training import registry
+from training.presets import preset_overrides
+
+if TYPE_CHECKING:
+    from training.config import TrainConfig
+
+CONFIG_DIR = "accelerate_configs"
+GIB = 2**30
+
+
+@dataclass(frozen=True)
+class Planner:
+    """analysis/plan.py's functions, handed in by its command line (this module must not import it back)."""
+
+    hardware: Callable[..., Any]  # (gpu, precision, memory_gib, link_gb_s) -> Hardware
+    workload_for: Callable[[argparse.Namespace, str], Workload]
+    plan_strategy: Callable[..., dict[str, Any]]  # (workload, strategy, hardware, mfu, overlap)
+    recommend: Callable[..., dict[str, Any]]  # (plans, hardware, micro) -> {"strategy", "reason", ...}
+    planned_strategies: Callable[[int], list[str]]
+
+
+@dataclass(frozen=True)
+class Way:
+    """One way to run a strategy: its micro-batch and whether activations are checkpointed."""
+
+    micro_batch_size: int
+    activation_checkpointing: bool
+
+
+def launch_hardware(args: argparse.Namespace, planner: Planner) -> Any:
+    """The GPUs of the plan; with --cpu, CPU processes of --gpu_memory_gib each (no CUDA reserve)."""
+    if not args.cpu:
+        return planner.hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
+    if args.gpu is not None or args.gpu_memory_gib is None:
+        raise PlanError("a CPU plan (--cpu) takes --gpu_memory_gib as the memory per process, not --gpu")
+    return replace(planner.hardware(None, "fp32", args.gpu_memory_gib, args.link_gb_s), name="CPU process",
+                   reserve_gib=0.0)
+
+
+def launch_strategies(args: argparse.Namespace, planner: Planner) -> list[str]:
+    """The planned strategies; on the CPU without the offloading ones (nothing to offload to)."""
+    return [s for s in planner.planned_strategies(args.num_gpus) if not (args.cpu and registry.get(s).offloads)]
+
+
+def ways(args: argparse.Namespace, strategy: str, planner: Planner) -> list[Way]:
+    """Every way to try, fastest first: the largest micro-batch the global batch allows on this many devices
+    (fewer, larger micro-steps), then smaller ones it divides by; without activation checkpointing before
+    with it (it recomputes the forward in backward). A micro-batch given on the command line is the largest."""
+    base = planner.workload_for(args, strategy)
+    sequences = base.micro_batch_size * base.grad_accum_steps  # per device per optimizer step
+    largest = args.micro_batch_size or sequences
+    micro = [m for m in range(min(largest, sequences), 0, -1) if sequences % m == 0]
+    levels = (True,) if args.activation_checkpointing else (False, True)
+    return [Way(m, ac) for ac in levels for m in micro]
+
+
+def _plan_way(args: argparse.Namespace, strategy: str, way: Way, hw: Any, planner: Planner) -> dict[str, Any]:
+    shaped = argparse.Namespace(**{**vars(args), "micro_batch_size": way.micro_batch_size,
+                                   "activation_checkpointing": way.activation_checkpointing})
+    w = planner.workload_for(shaped, strategy)
+    if args.cpu:  # what a CPU process runs: fp32 and torch's per-tensor (unfused) AdamW
+        w = replace(w, precision="fp32", fused_adamw=False, device="cpu")
+    return {**planner.plan_strategy(w, strategy, hw, args.mfu, args.overlap), "way": way}
+
+
+def candidate(args: argparse.Namespace, strategy: str, hw: Any, planner: Planner) -> dict[str, Any]:
+    """The strategy's first way that fits, or its last (least memory; it does not fit) when none does."""
+    planned = [_plan_way(args, strategy, way, hw, planner) for way in ways(args, strategy, planner)]
+    return next((p for p in planned if p["fits"]), planned[-1])
+
+
+def choose_launch(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
+    """The launch the plan picks: strategy, its way, the one line of why, and every candidate."""
+    hw = launch_hardware(args, planner)
+    candidates = [candidate(args, s, hw, planner) for s in launch_strategies(args, planner)]
+    fitting = [c for c in candidates if c["fits"]]
+    if not fitting:
+        least = min(candidates, key=lambda c: c["per_device_bytes"]["total"])
+        raise PlanError(f"no strategy fits {args.preset} on {args.num_gpus} x {hw.name} ({hw.memory_gib:.4g} GiB) "
+                        f"even at micro-batch 1 with activation checkpointing: the least is {least['strategy']} at "
+                        f"{least['per_device_bytes']['total'] / GIB:.2f} GiB; use more devices or more memory per device")
+    rec = planner.recommend(fitting, hw, fitting[0]["way"].micro_batch_size)
+    chosen = next(c for c in fitting if c["strategy"] == rec["strategy"])
+    return {"strategy": chosen["strategy"], "way": chosen["way"], "candidates": candidates, "hardware": hw,
+            "why": why(chosen, candidates, hw, rec)}
+
+
+def why(chosen: dict[str, Any], candidates: list[dict[str, Any]], hw: Any, rec: dict[str, Any]) -> str:
+    """One line: what does not fit, the levers the chosen strategy needs, and the planner's reason."""
+    out = [c for c in candidates if not c["fits"]]
+    wall = (", ".join(f"{c['strategy']} {c['per_device_bytes']['total'] / GIB:.1f} GiB" for c in out)
+            + f" do not fit (a peak may reach {hw.budget_bytes / GIB:.2f} of {hw.memory_gib:.4g} GiB) even at micro-batch 1 "
+            "with activation checkpointing; ") if out else ""
+    way = chosen["way"]
+    levers = [f"micro-batch {way.micro_batch_size} x {chosen['grad_accum_steps']} accumulation"]
+    levers += ["activation checkpointing"] if way.activation_checkpointing else []
+    levers += ["CPU offload"] if registry.get(chosen["strategy"]).offloads else []
+    return f"{wall}{chosen['strategy']} with {', '.join(levers)}: {rec['reason']}"
+
+
+def command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
+    """The `accelerate launch` of the choice: the strategy's config, its processes and precision, train.py's flags."""
+    entry = registry.get(chosen["strategy"])
+    way: Any = chosen["way"]
+    cmd = ["accelerate", "launch", "--config_file", f"{CONFIG_DIR}/{entry.config_file}"]
+    if entry.multi_process:
+        cmd += ["--num_processes", str(args.num_gpus)]
+    cmd += ["--mixed_precision", "no" if args.cpu or args.precision == "fp32" else args.precision]
+    cmd += ["train.py", "--preset", args.preset, "--strategy", entry.name,
+            "--micro_batch_size", str(way.micro_batch_size)]
+    if args.block_size:
+        cmd += ["--block_size", str(args.block_size)]
+    if args.global_batch_tokens:
+        cmd += ["--global_batch_tokens", str(args.global_batch_tokens)]
+    preset_ac = bool(preset_overrides(args.preset).get("activation_checkpointing", False))
+    if way.activation_checkpointing != preset_ac:
+        cmd.append("--activation_checkpointing" if way.activation_checkpointing else "--no-activation_checkpointing")
+    return cmd
+
+
+def launch_text(args: argparse.Namespace, chosen: dict[str, Any]) -> str:
+    return f"{shlex.join(command(args, chosen))}\n# why: {chosen['why']}"
+
+
+def launch_json(args: argparse.Namespace, chosen: dict[str, Any]) -> dict[str, Any]:
+    way: Any = chosen["way"]
+    return {"strategy": chosen["strategy"], "micro_batch_size": way.micro_batch_size,
+            "activation_checkpointing": way.activation_checkpointing,
+            "offload": registry.get(chosen["strategy"]).offloads, "command": command(args, chosen),
+            "why": chosen["why"],
+            "candidates": [{"strategy": c["strategy"], "fits": c["fits"], "micro_batch_size": c["way"].micro_batch_size,
+                            "activation_checkpointing": c["way"].activation_checkpointing,
+                            "per_device_bytes": c["per_device_bytes"]["total"],
+                            "predicted_tokens_per_s": c["predicted_tokens_per_s"]} for c in chosen["candidates"]]}
+
+
+def launch_main(args: argparse.Namespace, planner: Planner) -> int:
+    """`--launch`: print the command and why (or JSON); with `--execute`, run it and return its exit status."""
+    chosen = choose_launch(args, planner)
+    print(json.dumps(launch_json(args, chosen), indent=2) if args.json else launch_text(args, chosen), flush=True)
+    if not args.execute:
+        return 0
+    return subprocess.run(command(args, chosen), check=False).returncode
+
+
+# ---------------------------------------------------------------------------------------------------
+# train.py --strategy auto: the same choice, on the device the run has
+
+
+@dataclass(frozen=True)
+class Device:
+    """What the launch check needs of the device a run starts on."""
+
+    name: str  # torch.cuda.get_device_name()
+    memory_gib: float  # torch.cuda.get_device_properties().total_memory, in GiB
+    count: int  # processes of the launch (its world size)
+
+
+def cuda_device(world_size: int) -> Device | None:
+    """This process's GPU, or None on a machine without one (a CPU run has no memory wall to check)."""
+    import torch  # here: the planner side stays torch-free
+
+    if not torch.cuda.is_available():
+        return None
+    return Device(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / GIB, world_size)
+
+
+def startup_note(cfg: TrainConfig, launched: str, precision: str, device: Device, planner: Planner,
+                 mfu: float) -> str | None:
+    """One line when the plan, on `device`, would launch another strategy than `launched`; None when it agrees
+    or the run's model is not its preset's (another --model_preset or --n_layer: the plan knows presets)."""
+    from training.gpus import PLANNER_GPUS
+
+    if cfg.model.n_layer is not None or cfg.model.model_preset != preset_overrides(cfg.preset).get(
+            "model_preset", cfg.model.model_preset):
+        return None
+    gpu = next((g.key for g in PLANNER_GPUS.values() if g.device_name.casefold() == device.name.casefold()), None)
+    args = argparse.Namespace(
+        preset=cfg.preset, gpu=gpu, gpu_memory_gib=device.memory_gib, num_gpus=device.count, precision=precision,
+        micro_batch_size=cfg.optim.micro_batch_size, block_size=cfg.data.block_size,
+        global_batch_tokens=cfg.optim.global_batch_tokens, attn_impl=cfg.model.attn_impl,
+        activation_checkpointing=None, mfu=mfu, overlap="full", link_gb_s=None, cpu=False)
+    try:
+        chosen = choose_launch(args, planner)
+    except PlanError as exc:
+        return f"plan: {exc}"
+    if chosen["strategy"] == launched:
+        return None
+    return (f"plan: launched {launched}, but on {device.count} x {device.name} the plan picks {chosen['strategy']}: "
+            f"{shlex.join(command(args, chosen))}  ({chosen['why']})")
