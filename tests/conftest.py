@@ -2,7 +2,8 @@
 
 The data cache is keyed by content and the measured CPU peak FLOP/s lives in the same cache folder, so
 with one folder for the session the corpus is tokenized once and the peak measured once. `shared_runs`
-launches each registry entry at most once, when a test first asks for it; the strategy, FSDP-mode,
+launches each registry entry at most once, when a test first asks for it (one for several machines as the
+SLURM recipe does, its launch line once per "machine" on loopback); the strategy, FSDP-mode,
 registry, planner and resume tests all read the same run folders.
 """
 
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import OFFLINE, SHARED_EXTRA, shared_args, train, write_news_csv
+from tests.launch import OFFLINE, SHARED_EXTRA, shared_args, train, train_on_machines, write_news_csv
 from training import registry
 
 # The test process and every process it starts: offline for the hub, and no W&B login from the machine.
@@ -61,7 +62,9 @@ class SharedRuns:
         if name not in self.dirs:
             entry = registry.get(name)
             out = self.root / name
-            result = train(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
+            # A strategy for several machines runs as the SLURM recipe launches it, 2 "machines" on loopback.
+            launch = train_on_machines if entry.multi_machine else train
+            result = launch(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
             self.dirs[name], self.consoles[name] = out, result.stdout + result.stderr
         return self.dirs[name]
 
