@@ -465,8 +465,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num_nodes", type=int, default=1,
                         help="machines (default 1); several add the strategies made for them (hybrid sharding)")
     parser.add_argument("--inter_node_gb_s", type=float,
-                        help="bus bandwidth of a collective across machines, GB/s per GPU (with --num_nodes 2 or more; "
-                        "about 10 for 100 Gb/s Ethernet, 40-45 for 400 Gb/s InfiniBand)")
+                        help="network bandwidth of each machine to the others, GB/s, all its ports together (with "
+                        "--num_nodes 2 or more): about 10 for one 100 Gb/s Ethernet port, 45 for one 400 Gb/s "
+                        "InfiniBand port, 180 for eight 200 Gb/s InfiniBand rails")
     parser.add_argument("--micro_batch_size", type=int, help="default: the preset's")
     parser.add_argument("--block_size", type=int, help="default: the preset's")
     parser.add_argument("--global_batch_tokens", type=int, help="default: the preset's")

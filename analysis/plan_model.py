@@ -432,9 +432,10 @@ class Link:
     gb_s: float  # all-reduce bus bandwidth between the devices, 10^9 bytes per second
     host_gb_s: float = 12.0  # host <-> device copies (FSDP offload), PCIe 3.0/4.0 x16 in practice
     host_update_gb_s: float = HOST_UPDATE_CORE_GB_S  # one host core's rate over the AdamW passes, bytes/s / 1e9
-    # The bus bandwidth of a collective whose ring crosses machines (per device, as nccl-tests report it for a
-    # multi-machine run); None on one machine. A collective over all devices of several machines runs at the
-    # slower of the two links; hybrid sharding sends only its replicas' all-reduce over this one.
+    # A machine's network bandwidth to the others (all its ports together), 10^9 bytes/s; None on one machine.
+    # A ring collective over the devices of several machines reaches about this bus bandwidth (each ring
+    # crosses a machine's boundary once per direction): it runs at the slower of the two links. Hybrid
+    # sharding sends only its replicas' all-reduce over it, every device of the machine at once.
     inter_node_gb_s: float | None = None
 
 
@@ -488,7 +489,8 @@ def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: flo
     collectives_s = volume / (_ring_gb_s(w, s, link) * 1e9) if volume else 0.0
     across = _replica_all_reduce_bytes(w, s, params)
     if across:
-        collectives_s += across / ((link.inter_node_gb_s or link.gb_s) * 1e9)
+        # Every device of a machine all-reduces its shard at once, all through the machine's network link.
+        collectives_s += across * shard_group_size(w, s) / ((link.inter_node_gb_s or link.gb_s) * 1e9)
         volume += across
     host_s = _offload_seconds(w, s, params, link)
     hidden = min(collectives_s, overlappable)
