@@ -95,21 +95,32 @@ def slurm_node_env(node: int, nodes: int, per_node: int, port: int) -> dict[str,
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
 
 
-def train_on_machines(config_name: str, output_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """The SLURM recipe's launch line (scripts/slurm/launch_node.sh), run once per "machine" of the config,
-    as srun would run it on each node, here all on loopback; what every machine printed, machine 0 first."""
+def start_on_machines(config_name: str, output_dir: Path, args: list[str]) -> list[subprocess.Popen[str]]:
+    """The SLURM recipe's launch line (scripts/slurm/launch_node.sh) started once per "machine" of the config,
+    as srun starts it on each node, here all on loopback: one launcher process per machine, machine 0 first."""
+    import psutil
+
     nodes = 2
     per_node = config_processes(config_name) // nodes
     port = free_port()
     command = ["bash", str(SLURM_LAUNCH_LINE), str(CONFIGS / config_name), *args, "--output_dir", str(output_dir)]
-    procs = [subprocess.Popen(command, cwd=REPO, env=slurm_node_env(node, nodes, per_node, port),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in range(nodes)]
+    return [psutil.Popen(command, cwd=REPO, env=slurm_node_env(node, nodes, per_node, port),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in range(nodes)]
+
+
+def wait_on_machines(procs: list[subprocess.Popen[str]], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Every machine's launcher ended; what they printed, machine 0 first; the worst exit status."""
     outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]
     stdout, stderr = "".join(o for o, _ in outputs), "".join(e for _, e in outputs)
     status = max(p.returncode for p in procs)
-    if status != 0:
-        raise AssertionError(f"{' '.join(command)} exited {status} on a machine:\n{stderr[-4000:]}")
-    return subprocess.CompletedProcess(command, status, stdout, stderr)
+    if check and status != 0:
+        raise AssertionError(f"a machine's launch exited {status}:\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(procs[0].args, status, stdout, stderr)
+
+
+def train_on_machines(config_name: str, output_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """A job over two "machines" on loopback, launched as the SLURM recipe launches it, run to its end."""
+    return wait_on_machines(start_on_machines(config_name, output_dir, args))
 
 
 def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:
