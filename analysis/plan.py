@@ -430,7 +430,7 @@ def assumptions_text(result: dict[str, Any]) -> list[str]:
     w, gpu = result["workload"], result["gpu"]
     margin = gpu["fit_margin"]
     return ["", f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
-            f"({gpu['link']}); overlap {w['overlap']}; usable memory {gpu['memory_gib']:.2f} GiB per GPU "
+            f"({gpu['link']}){_inter_node(gpu)}; overlap {w['overlap']}; usable memory {gpu['memory_gib']:.2f} GiB per GPU "
             f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
             f"fits: peak x {margin['allocator_slack']:.2f} (allocator fragmentation) + {margin['cuda_reserve_gib']:g} "
             "GiB (CUDA context, cuBLAS workspaces, NCCL buffers) within the usable memory; formulas: docs/planning.md"]
