@@ -8,9 +8,11 @@ accelerate_configs/hsdp.yaml (replicate 2 x shard 2). The rest here needs no lau
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -74,6 +76,22 @@ def test_the_summary_records_the_mesh_and_each_ranks_half_of_the_model(hsdp: Pat
     assert abs(s["local_param_numel"] / s["n_params"] - 0.5) < 1e-3
     config = json.loads((hsdp / "config.json").read_text())["launch"]["effective"]
     assert config["shard_groups_within_machines"] is True
+
+
+@pytest.mark.multiprocess
+def test_the_report_compares_hsdp_from_machine_rank_0s_run_with_every_ranks_memory(hsdp: Path, single: Path,
+                                                                                  tmp_path: Path) -> None:
+    from analysis.compare import main as compare
+
+    assert compare([str(single), str(hsdp), "--out", str(tmp_path)]) == 0
+    rows = {row["strategy"]: row for row in csv.DictReader((tmp_path / "table.csv").open(encoding="utf-8"))}
+    assert rows["hsdp"]["world size (devices)"] == "4"
+    # The peak over the 4 ranks of both machines, and their mean: the summary holds every rank's figures.
+    peaks = [float(rows["hsdp"][f"peak allocated, {how} over devices (MiB)"]) for how in ("max", "mean")]
+    assert peaks[0] >= peaks[1] > 0
+    # The plan beside the measurement: HSDP's model state, predicted and measured, agree.
+    report = (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert re.search(r"^\| hsdp \| hsdp \| ([\d.]+) \| \1 \| \+0\.0 \|", report, flags=re.M), report[-2000:]
 
 
 def test_the_slurm_scripts_parse() -> None:
