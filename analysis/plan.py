@@ -386,7 +386,8 @@ def plan_text(result: dict[str, Any]) -> str:
         f"GPT-2 {w['preset']} ({w['model']['n_layer']} layers, {w['model']['n_embd']} wide), {w['precision']}, "
         f"micro-batch {w['micro_batch_size']} x {w['block_size']} tokens, global batch {w['global_batch_tokens']} "
         f"tokens, on {_machines(w)}{w['num_gpus']} x {gpu['name']} ({gpu['memory_gib']:.4g} GiB, link: {gpu['link']}, "
-        f"{gpu['link_gb_s']:.3g} GB/s{_inter_node(gpu)}); speed at MFU {w['mfu_assumed']:g} (assumed), communication overlap: "
+        f"{gpu['link_gb_s']:.3g} GB/s{_inter_node(gpu)}); speed at MFU {w['mfu_assumed']:g} (assumed), "
+        "communication overlap: "
         f"{w['overlap']} ({OVERLAP_MEANING[w['overlap']]})",
         "",
         "GiB per device      params  grads  optim  activ  logits  comm   temp  | peak (at)          fits  "
@@ -430,7 +431,8 @@ def assumptions_text(result: dict[str, Any]) -> list[str]:
     w, gpu = result["workload"], result["gpu"]
     margin = gpu["fit_margin"]
     return ["", f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
-            f"({gpu['link']}){_inter_node(gpu)}; overlap {w['overlap']}; usable memory {gpu['memory_gib']:.2f} GiB per GPU "
+            f"({gpu['link']}){_inter_node(gpu)}; overlap {w['overlap']}; "
+            f"usable memory {gpu['memory_gib']:.2f} GiB per GPU "
             f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
             f"fits: peak x {margin['allocator_slack']:.2f} (allocator fragmentation) + {margin['cuda_reserve_gib']:g} "
             "GiB (CUDA context, cuBLAS workspaces, NCCL buffers) within the usable memory; formulas: docs/planning.md"]

@@ -96,7 +96,7 @@ class EffectiveStrategy:
     fsdp_offload_params: bool | None = None
     param_devices: tuple[str, ...] = ()
     checkpoint_wrapped_blocks: int = 0  # blocks wrapped by accelerate's FSDP activation checkpointing
-    # Read from the blocks' FSDP units under hybrid sharding (None and () otherwise): the mesh's replicate and
+    # Read from the blocks' FSDP units under hybrid sharding (None otherwise): the mesh's replicate and
     # shard sizes, the ranks of every shard group (the mesh's rows), and whether each group is on one machine.
     dp_replicate_size: int | None = None
     dp_shard_size: int | None = None
@@ -183,8 +183,8 @@ def create_accelerator(requested: RequestedLaunch, **accelerator_kwargs: Any) ->
         # when given none); `_apply_parallelism_config_on_cpu` applies the launch's one after the switch.
         from accelerate.parallelism_config import ParallelismConfig
 
-        accelerator_kwargs["parallelism_config"] = ParallelismConfig(dp_replicate_size=1, dp_shard_size=1, tp_size=1, cp_size=1,
-                                                                    sp_size=1)
+        accelerator_kwargs["parallelism_config"] = ParallelismConfig(
+            dp_replicate_size=1, dp_shard_size=1, tp_size=1, cp_size=1, sp_size=1)
     # Without cpu=True on a GPU-less machine accelerate leaves every process unconnected (type NO).
     accelerator = Accelerator(cpu=not has_gpu, mixed_precision=mixed_precision, **accelerator_kwargs)
     if registry.shards(requested.strategy) and not has_gpu:
@@ -435,7 +435,7 @@ def _mesh_problems(requested: RequestedLaunch, effective: EffectiveStrategy) -> 
         return []
     live = (effective.dp_replicate_size, effective.dp_shard_size)
     if live != (requested.mesh.dp_replicate_size, requested.mesh.dp_shard_size):
-        return [f"mesh replicate {live[0]} x shard {live[1]}"]
+        return [f"mesh replicate {live[0]} x shard {live[1]}" if live[0] else "no 2-D mesh"]
     if effective.num_machines > 1 and not effective.shard_groups_within_machines:
         return [f"shard groups {[list(g) for g in effective.shard_groups or ()]} spanning machines"]
     return []
