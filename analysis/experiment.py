@@ -8,7 +8,10 @@ experiment name). With --repeats N (the same seed again: timing noise) or --seed
 noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs
 beside them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared
 machine's slow drift touches every strategy alike. A run that fails is reported and the others still run;
-the comparison is written into OUT from whatever finished. Exit status: 0 when every strategy finished and the report
+the comparison is written into OUT from whatever finished. A strategy that spans machines (HSDP) needs
+--main_process_ip; run the same command on every machine with its --machine_rank: machine rank 0 trains every
+strategy and writes the report (its runs hold every rank's memory), the others join the spanning ones only.
+Exit status: 0 when every strategy finished and the report
 was written, 1 when a strategy failed, 2 when the experiment could not be set up.
 """
 
@@ -68,6 +71,8 @@ class ExperimentSpec:
     repeats: int = 1  # runs of each strategy and seed: timing noise
     seeds: tuple[int, ...] = ()  # several seeds: training noise; empty: `seed` alone, as before
     target_loss: float | None = None  # passed to the comparison (time to reach this loss)
+    machine_rank: int = 0  # this machine's rank in the strategies that span machines (registry multi_machine)
+    main_process_ip: str | None = None  # machine rank 0's address; needed when such a strategy is trained
 
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
@@ -77,6 +82,13 @@ class ExperimentSpec:
             raise SetupError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(registry.names())}")
         if len(set(self.strategies)) != len(self.strategies):
             raise SetupError("each strategy once: the run directory is named after it")
+        spanning = [s for s in self.strategies if registry.get(s).multi_machine]
+        if spanning and self.main_process_ip is None:
+            raise SetupError(f"{spanning[0]} spans machines: give --main_process_ip (machine rank 0's address) and "
+                             "run the same command on every machine with its --machine_rank")
+        if self.machine_rank < 0 or (self.machine_rank > 0 and not spanning):
+            raise SetupError(f"--machine_rank {self.machine_rank}: only machine rank 0 trains strategies that do not "
+                             "span machines; other machines join those that do (choose one with --strategies)")
         if len(set(self.seeds)) != len(self.seeds):
             raise SetupError("each seed once: a repeat of a seed is what --repeats is for")
         for name in ("max_steps", "epochs", "global_batch_tokens", "micro_batch_size", "block_size", "num_processes",
@@ -85,6 +97,12 @@ class ExperimentSpec:
             if value is not None and value <= 0:
                 raise SetupError(f"--{name} must be > 0, got {value}")
 
+
+    @property
+    def strategies_here(self) -> tuple[str, ...]:
+        """What this machine trains: everything on machine rank 0; only the strategies that span machines on
+        the others (rank 0's report is the experiment's)."""
+        return tuple(s for s in self.strategies if self.machine_rank == 0 or registry.get(s).multi_machine)
 
     @property
     def run_seeds(self) -> tuple[int, ...]:
@@ -181,7 +199,8 @@ def world_sizes(strategies: Sequence[str], config_dir: Path = CONFIG_DIR,
     given (a one-process strategy is one process by definition)."""
     sizes = {s: read_num_processes(config_dir / registry.get(s).config_file) for s in strategies}
     if num_processes is not None:
-        sizes.update({s: num_processes for s in strategies if registry.get(s).multi_process})
+        sizes.update({s: num_processes for s in strategies
+                      if registry.get(s).multi_process and not registry.get(s).multi_machine})
     return sizes
 
 
@@ -283,7 +302,7 @@ def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
     shared = _shared_args(spec, batch)
     launches = []
     for slot in slots(spec):
-        for strategy in spec.strategies:
+        for strategy in spec.strategies_here:
             launches.append(_launch(spec, strategy, slot, sizes[strategy], shared, launcher, cwd, config_dir,
                                     train_script))
     return launches
@@ -299,11 +318,14 @@ def _launch(spec: ExperimentSpec, strategy: str, slot: Slot, world_size: int, sh
     identity = ["--seed", str(slot.seed)]
     if run_name:
         identity += ["--run_name", run_name, "--repeat", str(slot.repeat)]
-    # accelerate's own flag overrides the file's num_processes, so the printed command says it.
+    # accelerate's own flag overrides the file's num_processes, so the printed command says it. A config that
+    # spans machines counts the processes of all of them: it keeps its own, and is told where it runs.
     entry = registry.get(strategy)
     processes = (("--num_processes", str(spec.num_processes))
-                 if spec.num_processes is not None and entry.multi_process else ())
-    argv = (*launcher, "--config_file", _shown(config_dir / entry.config_file, cwd), *processes,
+                 if spec.num_processes is not None and entry.multi_process and not entry.multi_machine else ())
+    machines = (("--machine_rank", str(spec.machine_rank), "--main_process_ip", str(spec.main_process_ip))
+                if entry.multi_machine else ())
+    argv = (*launcher, "--config_file", _shown(config_dir / entry.config_file, cwd), *processes, *machines,
             _shown(train_script, cwd), *shared, *identity, "--output_dir", str(run_dir),
             # train.py stops at start-up if the launch gives another strategy (FSDP quietly
             # becoming DDP, say), so a mislabelled run never reaches the report.
@@ -384,6 +406,11 @@ def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo
     outcomes = run_all(launches, cwd, echo)
     write_run_order(spec, outcomes)
     failed = [o for o in outcomes if not o.ok]
+    if spec.machine_rank > 0:
+        print(f"machine rank {spec.machine_rank}: done; the report is written on machine rank 0", flush=True)
+        for note in (failure_note(o) for o in failed):
+            print(f"error: {note}", file=sys.stderr)
+        return EXIT_FAILED if failed else EXIT_OK
     notes = [*skipped, *(failure_note(o) for o in failed)]
     run_dirs = [launch.run_dir for launch in launches if launch.run_dir.is_dir()]
     if run_dirs:
@@ -455,6 +482,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     single = ", ".join(s.name for s in registry.STRATEGIES if not s.multi_process)
     parser.add_argument("--num_processes", type=int, help=f"processes of {multi}, overriding their config "
                         f"files (e.g. 1 for FSDP on a one-GPU machine); {single} is always one process")
+    spanning = ", ".join(s.name for s in registry.STRATEGIES if s.multi_machine)
+    parser.add_argument("--machine_rank", type=int, default=0,
+                        help=f"this machine's rank for the strategies that span machines ({spanning}); 0 trains "
+                        "every strategy and writes the report, the others join the spanning ones")
+    parser.add_argument("--main_process_ip", help=f"machine rank 0's address, for {spanning}")
     parser.add_argument("--gpu_hour_price", type=gpu_hour_price, metavar="PRICE",
                         help="price of one device for one hour, any currency: the report adds cost per million tokens")
     fit = parser.add_argument_group("fit", "skip the strategies the planner says will not fit (python -m analysis.plan)")
@@ -482,7 +514,7 @@ def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
         global_batch_tokens=args.global_batch_tokens, micro_batch_size=args.micro_batch_size,
         block_size=args.block_size, experiment=name, num_processes=args.num_processes, extra=tuple(args.extra),
         gpu_hour_price=args.gpu_hour_price, repeats=args.repeats, seeds=tuple(args.seeds),
-        target_loss=args.target_loss,
+        target_loss=args.target_loss, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
     )
 
 

@@ -3,7 +3,8 @@
   python -m analysis.plan --preset gpt2 --gpu T4 --num_gpus 2 [--micro_batch_size N] [--block_size T]
                           [--precision fp16|bf16|fp32] [--global_batch_tokens N] [--activation_checkpointing]
                           [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F]
-                          [--link_gb_s X | --link_from RUN_DIR] [--overlap full|none] [--json]
+                          [--link_gb_s X | --link_from RUN_DIR] [--overlap full|none]
+                          [--num_nodes M --inter_node_gb_s Y] [--json]
   python -m analysis.plan --run RUN_DIR... [--json]
   python -m analysis.plan --preset P (--gpu G | --cpu --gpu_memory_gib X) --num_gpus N --launch [--execute]
   python -m analysis.plan --sweep --gpu G --num_gpus N [--figure PATH]
@@ -88,8 +89,16 @@ class Hardware:
 
 
 def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None,
-             link_source: str = "given") -> Hardware:
+             link_source: str = "given", inter_node_gb_s: float | None = None) -> Hardware:
     """`link_source` names where a `link_gb_s` came from ("given", or "measured by RUN_DIR")."""
+    found = _hardware(gpu, precision, memory_gib, link_gb_s, link_source)
+    if inter_node_gb_s is None:
+        return found
+    return replace(found, link=replace(found.link, inter_node_gb_s=inter_node_gb_s))
+
+
+def _hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None,
+              link_source: str) -> Hardware:
     if gpu is None and memory_gib is None:
         raise PlanError("give --gpu (one of " + ", ".join(PLANNER_GPUS) + ") or --gpu_memory_gib")
     spread = LINK_SPREAD_ASSUMED if link_gb_s is None else LINK_SPREAD_MEASURED
@@ -126,10 +135,12 @@ def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
     cfg = GPT2Config.from_preset(model_preset, attn_impl=args.attn_impl)
     block = args.block_size or defaults.block_size
     micro = args.micro_batch_size or defaults.micro_batch_size
-    world = args.num_gpus if registry.get(strategy).multi_process else 1
+    multi_process = registry.get(strategy).multi_process
+    # --num_gpus counts the GPUs of one machine; the multi-process strategies run on those of every machine.
+    world = args.num_gpus * args.num_nodes if multi_process else 1
     # Unless told, the global batch is one micro-batch on each GPU: the one-process strategies accumulate.
     global_tokens = (args.global_batch_tokens or defaults.global_batch_tokens
-                     or micro_step_tokens(micro, block, args.num_gpus))
+                     or micro_step_tokens(micro, block, args.num_gpus * args.num_nodes))
     try:
         geometry = divide(global_tokens, micro, block, world, processes=f"devices of {strategy}")
     except BatchError as exc:
@@ -139,7 +150,8 @@ def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
         checkpointing = (bool(values.get("activation_checkpointing", False)) if args.activation_checkpointing is None
                          else args.activation_checkpointing)
         return Workload(cfg, micro, block, args.precision, world, geometry.grad_accum_steps,
-                        checkpointing, fused_adamw=True, device="cuda")
+                        checkpointing, fused_adamw=True, device="cuda",
+                        num_nodes=args.num_nodes if multi_process else 1)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
 
@@ -184,7 +196,9 @@ def speed_corners(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap:
     corners = []
     for mfu_factor in (1 - MFU_SPREAD, 1 + MFU_SPREAD):
         for link_factor in (1 - hw.link_spread, 1 + hw.link_spread):
-            link = replace(hw.link, gb_s=hw.link.gb_s * link_factor)
+            inter = hw.link.inter_node_gb_s
+            link = replace(hw.link, gb_s=hw.link.gb_s * link_factor,
+                           inter_node_gb_s=None if inter is None else inter * link_factor)
             step_s = _step_s(step_time(w, strategy, hw.peak_flops, min(1.0, mfu * mfu_factor), link), overlap)
             corners.append(tokens / step_s if step_s > 0 else None)
     return corners
@@ -255,19 +269,21 @@ def _fastest(speed: list[dict[str, Any]], hw: Hardware) -> dict[str, Any]:
                        f"of {hw.memory_gib:.4g} GiB). Measure: python -m analysis.experiment --repeats 3")}
 
 
-def planned_strategies(num_gpus: int) -> list[str]:
+def planned_strategies(num_gpus: int, num_nodes: int = 1) -> list[str]:
     """Every strategy on several GPUs; on one, those that run one process (the others would only add a
-    wrapper around the same work)."""
-    return [s.name for s in registry.STRATEGIES if num_gpus > 1 or not s.multi_process]
+    wrapper around the same work). Those made for several machines (hybrid sharding) only on several."""
+    return [s.name for s in registry.STRATEGIES
+            if (num_gpus * num_nodes > 1 or not s.multi_process) and (num_nodes > 1 or not s.multi_machine)]
 
 
 def plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.link_from is not None:
         hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, link_from_run(args.link_from),
-                      f"measured by {args.link_from}")
+                      f"measured by {args.link_from}", args.inter_node_gb_s)
     else:
-        hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
-    strategies = planned_strategies(args.num_gpus)
+        hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s,
+                      inter_node_gb_s=args.inter_node_gb_s)
+    strategies = planned_strategies(args.num_gpus, args.num_nodes)
     plans = [plan_strategy(workload_for(args, s), s, hw, args.mfu, args.overlap) for s in strategies]
     first = workload_for(args, strategies[0])
     return {
@@ -275,10 +291,12 @@ def plan(args: argparse.Namespace) -> dict[str, Any]:
                      "block_size": first.block_size, "precision": args.precision, "num_gpus": args.num_gpus,
                      "global_batch_tokens": first.micro_batch_size * first.block_size * first.grad_accum_steps,
                      "activation_checkpointing": first.activation_checkpointing, "mfu_assumed": args.mfu,
-                     "overlap": args.overlap, "parameters": total_parameters(first.model)},
+                     "overlap": args.overlap, "parameters": total_parameters(first.model),
+                     **({"num_nodes": args.num_nodes} if args.num_nodes > 1 else {})},
         "gpu": {"name": hw.name, "memory_gib": hw.memory_gib, "memory_source": hw.memory_source,
                 "peak_flops": hw.peak_flops, "link": hw.link_name, "link_gb_s": hw.link.gb_s,
                 "host_update_gb_s": hw.link.host_update_gb_s, "budget_bytes": hw.budget_bytes,
+                **({"inter_node_gb_s": hw.link.inter_node_gb_s} if hw.link.inter_node_gb_s is not None else {}),
                 "fit_margin": {"allocator_slack": ALLOCATOR_SLACK, "cuda_reserve_gib": CUDA_RESERVE_GIB}},
         "uncertainty": {"mfu_relative": MFU_SPREAD, "link_relative": hw.link_spread, "model_relative": MODEL_SPREAD},
         "strategies": plans,
@@ -300,7 +318,9 @@ def run_workload(config: dict[str, Any], summary: dict[str, Any]) -> tuple[Workl
     w = Workload(model, summary["micro_batch_size"], summary["block_size"], summary["precision"],
                  summary["world_size"], summary["grad_accum_steps"],
                  levers.get("activation_checkpointing", "off") != "off", bool(levers.get("fused_adamw")),
-                 first_step=memory.get("probe_step") == 1, device="cpu" if on_cpu else "cuda")
+                 first_step=memory.get("probe_step") == 1, device="cpu" if on_cpu else "cuda",
+                 # Hybrid sharding's replicas are its machines; the live mesh recorded says how many.
+                 num_nodes=summary.get("dp_replicate_size") or 1)
     return w, summary["strategy"], on_cpu
 
 
@@ -375,8 +395,9 @@ def plan_text(result: dict[str, Any]) -> str:
     lines = [
         f"GPT-2 {w['preset']} ({w['model']['n_layer']} layers, {w['model']['n_embd']} wide), {w['precision']}, "
         f"micro-batch {w['micro_batch_size']} x {w['block_size']} tokens, global batch {w['global_batch_tokens']} "
-        f"tokens, on {w['num_gpus']} x {gpu['name']} ({gpu['memory_gib']:.4g} GiB, link: {gpu['link']}, "
-        f"{gpu['link_gb_s']:.3g} GB/s); speed at MFU {w['mfu_assumed']:g} (assumed), communication overlap: "
+        f"tokens, on {_machines(w)}{w['num_gpus']} x {gpu['name']} ({gpu['memory_gib']:.4g} GiB, link: {gpu['link']}, "
+        f"{gpu['link_gb_s']:.3g} GB/s{_inter_node(gpu)}); speed at MFU {w['mfu_assumed']:g} (assumed), "
+        "communication overlap: "
         f"{w['overlap']} ({OVERLAP_MEANING[w['overlap']]})",
         "",
         "GiB per device      params  grads  optim  activ  logits  comm   temp  | peak (at)          fits  "
@@ -407,12 +428,21 @@ def plan_text(result: dict[str, Any]) -> str:
     return "\n".join(lines + assumptions_text(result))
 
 
+def _machines(workload: dict[str, Any]) -> str:
+    return f"{workload['num_nodes']} machines x " if workload.get("num_nodes", 1) > 1 else ""
+
+
+def _inter_node(gpu: dict[str, Any]) -> str:
+    return f"; between machines {gpu['inter_node_gb_s']:.3g} GB/s" if "inter_node_gb_s" in gpu else ""
+
+
 def assumptions_text(result: dict[str, Any]) -> list[str]:
     """What the figures above rest on, so that a reader can tell which of them to replace with a measurement."""
     w, gpu = result["workload"], result["gpu"]
     margin = gpu["fit_margin"]
     return ["", f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
-            f"({gpu['link']}); overlap {w['overlap']}; usable memory {gpu['memory_gib']:.2f} GiB per GPU "
+            f"({gpu['link']}){_inter_node(gpu)}; overlap {w['overlap']}; "
+            f"usable memory {gpu['memory_gib']:.2f} GiB per GPU "
             f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
             f"fits: peak x {margin['allocator_slack']:.2f} (allocator fragmentation) + {margin['cuda_reserve_gib']:g} "
             "GiB (CUDA context, cuBLAS workspaces, NCCL buffers) within the usable memory; formulas: docs/planning.md"]
@@ -450,7 +480,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--preset", default="gpt2", choices=sorted(PRESETS), help="training preset (default gpt2)")
     parser.add_argument("--gpu", help=f"one of {', '.join(PLANNER_GPUS)}")
     parser.add_argument("--gpu_memory_gib", type=float, help="memory per GPU, instead of (or overriding) --gpu's")
-    parser.add_argument("--num_gpus", type=int, default=1)
+    parser.add_argument("--num_gpus", type=int, default=1, help="GPUs per machine")
+    parser.add_argument("--num_nodes", type=int, default=1,
+                        help="machines (default 1); several add the strategies made for them (hybrid sharding)")
+    parser.add_argument("--inter_node_gb_s", type=float,
+                        help="network bandwidth of each machine to the others, GB/s, all its ports together (with "
+                        "--num_nodes 2 or more): about 10 for one 100 Gb/s Ethernet port, 45 for one 400 Gb/s "
+                        "InfiniBand port, 180 for eight 200 Gb/s InfiniBand rails")
     parser.add_argument("--micro_batch_size", type=int, help="default: the preset's")
     parser.add_argument("--block_size", type=int, help="default: the preset's")
     parser.add_argument("--global_batch_tokens", type=int, help="default: the preset's")
@@ -487,16 +523,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--launch plans one preset, --sweep every preset: give one of them")
     if args.figure is not None and not args.sweep:
         parser.error("--figure draws the sweep: give --sweep")
-    for name in ("num_gpus", "micro_batch_size", "block_size", "global_batch_tokens"):
+    for name in ("num_gpus", "num_nodes", "micro_batch_size", "block_size", "global_batch_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be at least 1, got {value}")
     if not 0 < args.mfu <= 1:
         parser.error(f"--mfu must lie in (0, 1], got {args.mfu}")
-    for name in ("gpu_memory_gib", "link_gb_s"):
+    for name in ("gpu_memory_gib", "link_gb_s", "inter_node_gb_s"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             parser.error(f"--{name} must be positive, got {value}")
+    if (args.num_nodes > 1) != (args.inter_node_gb_s is not None) and not args.run:
+        parser.error("--num_nodes 2 or more and --inter_node_gb_s go together: the link between machines decides "
+                     "which strategy is fastest")
     return args
 
 

@@ -42,8 +42,11 @@ class Workload:
     fused_adamw: bool = False  # one fused update kernel: no step-sized temporary
     device: str = "cuda"  # cuda | cpu: the CPU's multi-tensor ops loop over tensors, with a temporary each
     first_step: bool = False  # the optimizer state is created during this step (a run's first step)
+    num_nodes: int = 1  # machines the world_size devices are spread over, evenly (hybrid sharding's replicas)
 
     def __post_init__(self) -> None:
+        if self.num_nodes < 1 or self.world_size % self.num_nodes:
+            raise ValueError(f"world_size {self.world_size} does not spread evenly over {self.num_nodes} machine(s)")
         if self.precision not in DTYPE_BYTES:
             raise ValueError(f"precision must be one of {', '.join(DTYPE_BYTES)}, got {self.precision!r}")
         for name in ("micro_batch_size", "block_size", "world_size", "grad_accum_steps"):
@@ -130,7 +133,7 @@ def model_state(w: Workload, strategy: str | Strategy, rank: int = 0) -> ModelSt
     """
     s = checked(strategy, w)
     shapes = parameter_shapes(w.model).values()
-    elements = sum(_held_numel(shape, s, w.world_size, rank) for shape in shapes)
+    elements = sum(_held_numel(shape, s, w, rank) for shape in shapes)
     return ModelState(parameters=elements * FP32, gradients=elements * FP32,
                       optimizer=elements * ADAMW_STATE_BYTES + len(shapes) * ADAMW_STEP_BYTES,
                       on_host=s.offloads)
@@ -299,7 +302,7 @@ def _communication_held(w: Workload, s: Strategy, state: ModelState, compute: in
     if s.communication is Communication.ALL_REDUCE:
         # DDP copies gradients into buckets of their own dtype for the all-reduce (gradient_as_bucket_view off).
         return state.gradients, state.gradients, state.gradients
-    if s.communication is Communication.GATHER_SCATTER:
+    if s.communication in (Communication.GATHER_SCATTER, Communication.HYBRID):
         root = sum(numel(parameter_shapes(cfg)[n]) for n in _root_names(cfg))
         # The root unit stays gathered from forward to backward; of the blocks, those whole when backward
         # starts (FSDP prefetches the last one; all of them when kept unresharded after forward).
@@ -317,9 +320,19 @@ def total_parameters(cfg: GPT2Config) -> int:
     return _total_numel(cfg)
 
 
-def _held_numel(shape: tuple[int, ...], s: Strategy, world_size: int, rank: int) -> int:
-    """Elements of a parameter tensor that `rank` keeps: its shard when the strategy shards, else all."""
-    return shard_numel(shape, world_size, rank) if s.shards else numel(shape)
+def shard_group_size(w: Workload, s: Strategy) -> int:
+    """Devices a sharding strategy splits the model over: all of them, or under hybrid sharding those of one
+    machine (the model is replicated across machines)."""
+    return w.world_size // w.num_nodes if s.fsdp is not None and s.fsdp.hybrid else w.world_size
+
+
+def _held_numel(shape: tuple[int, ...], s: Strategy, w: Workload, rank: int) -> int:
+    """Elements of a parameter tensor that `rank` keeps: its shard when the strategy shards, else all. Ranks
+    are numbered machine by machine, so `rank`'s place in its shard group is rank modulo the group's size."""
+    if not s.shards:
+        return numel(shape)
+    group = shard_group_size(w, s)
+    return shard_numel(shape, group, rank % group)
 
 
 def _update_temporaries(w: Workload, s: Strategy, rank: int) -> int:
@@ -332,7 +345,7 @@ def _update_temporaries(w: Workload, s: Strategy, rank: int) -> int:
     """
     if w.fused_adamw and not s.offloads:
         return 0
-    sizes = [_held_numel(shape, s, w.world_size, rank) for shape in parameter_shapes(w.model).values()]
+    sizes = [_held_numel(shape, s, w, rank) for shape in parameter_shapes(w.model).values()]
     if w.device == "cpu" or s.offloads:
         return 2 * FP32 * max(sizes)
     return FP32 * sum(sizes)
@@ -345,7 +358,7 @@ def _compute_bytes(w: Workload, s: Strategy) -> int:
 
 
 def _wte_share(w: Workload, s: Strategy, rank: int) -> int:
-    return _held_numel((w.model.vocab_size, w.model.n_embd), s, w.world_size, rank)
+    return _held_numel((w.model.vocab_size, w.model.n_embd), s, w, rank)
 
 
 def entry(strategy: str | Strategy) -> Strategy:
@@ -419,6 +432,11 @@ class Link:
     gb_s: float  # all-reduce bus bandwidth between the devices, 10^9 bytes per second
     host_gb_s: float = 12.0  # host <-> device copies (FSDP offload), PCIe 3.0/4.0 x16 in practice
     host_update_gb_s: float = HOST_UPDATE_CORE_GB_S  # one host core's rate over the AdamW passes, bytes/s / 1e9
+    # A machine's network bandwidth to the others (all its ports together), 10^9 bytes/s; None on one machine.
+    # A ring collective over the devices of several machines reaches about this bus bandwidth (each ring
+    # crosses a machine's boundary once per direction): it runs at the slower of the two links. Hybrid
+    # sharding sends only its replicas' all-reduce over it, every device of the machine at once.
+    inter_node_gb_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -468,16 +486,40 @@ def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: flo
     compute_s = tokens * flops_per_token(cfg, w.block_size) * recompute / (mfu * peak_flops)
     params = _total_numel(cfg)
     volume, overlappable = _collective_bytes(w, s, params, compute_s)
-    collectives_s = volume / (link.gb_s * 1e9) if volume else 0.0
+    collectives_s = volume / (_ring_gb_s(w, s, link) * 1e9) if volume else 0.0
+    across = _replica_all_reduce_bytes(w, s, params)
+    if across:
+        # Every device of a machine all-reduces its shard at once, all through the machine's network link.
+        collectives_s += across * shard_group_size(w, s) / ((link.inter_node_gb_s or link.gb_s) * 1e9)
+        volume += across
     host_s = _offload_seconds(w, s, params, link)
     hidden = min(collectives_s, overlappable)
     built_in = hidden if s.communication is Communication.ALL_REDUCE else 0.0
     return StepTime(compute_s, collectives_s + host_s, collectives_s - hidden + host_s, volume, built_in)
 
 
+def _ring_gb_s(w: Workload, s: Strategy, link: Link) -> float:
+    """The bus bandwidth of the step's main collectives (_collective_bytes): over all devices, at the slower
+    link when they span machines; hybrid sharding's stay inside one machine."""
+    hybrid = s.fsdp is not None and s.fsdp.hybrid
+    if w.num_nodes == 1 or link.inter_node_gb_s is None or hybrid:
+        return link.gb_s
+    return min(link.gb_s, link.inter_node_gb_s)
+
+
+def _replica_all_reduce_bytes(w: Workload, s: Strategy, params: int) -> float:
+    """Hybrid sharding, after each step's reduce-scatter inside the machines: every device all-reduces its
+    gradient shard (in the policy's dtype) with the devices holding the same shard on the other machines."""
+    replicas = w.num_nodes
+    if s.communication is not Communication.HYBRID or replicas == 1:
+        return 0.0
+    return 2 * (replicas - 1) / replicas * params / shard_group_size(w, s) * DTYPE_BYTES[w.precision]
+
+
 def _collective_bytes(w: Workload, s: Strategy, params: int, compute_s: float) -> tuple[float, float]:
-    """(bytes each device sends per step, seconds of compute that can hide them)."""
-    n = w.world_size
+    """(bytes each device sends per step, seconds of compute that can hide them): over all devices, or for
+    hybrid sharding its gathers and reduce-scatters inside one machine (the replicas' all-reduce apart)."""
+    n = shard_group_size(w, s)
     share = (n - 1) / n
     half = DTYPE_BYTES[w.precision]
     if s.communication is Communication.NONE or n == 1:
@@ -494,7 +536,7 @@ def _offload_seconds(w: Workload, s: Strategy, params: int, link: Link) -> float
     """Host copies and the CPU's AdamW update of an offloading strategy; the GPU waits for both."""
     if not s.offloads:
         return 0.0
-    local = params / w.world_size
+    local = params / shard_group_size(w, s)
     copies = w.grad_accum_steps * 2 * local * FP32 / (link.host_gb_s * 1e9)  # shards in, gradients out
     return copies + host_update_bytes(w, s) / (link.host_update_gb_s * 1e9)
 
@@ -506,6 +548,6 @@ def host_update_bytes(w: Workload, strategy: str | Strategy, rank: int = 0) -> i
     per_element = sum(b for _, b in ADAMW_HOST_PASSES)
     total = 0
     for shape in parameter_shapes(w.model).values():
-        held = _held_numel(shape, s, w.world_size, rank)
+        held = _held_numel(shape, s, w, rank)
         total += held * (per_element + (ADAMW_HOST_DECAY_PASS[1] if len(shape) >= 2 else 0))
     return total

@@ -2,7 +2,8 @@
 
 The data cache is keyed by content and the measured CPU peak FLOP/s lives in the same cache folder, so
 with one folder for the session the corpus is tokenized once and the peak measured once. `shared_runs`
-launches each registry entry at most once, when a test first asks for it; the strategy, FSDP-mode,
+launches each registry entry at most once, when a test first asks for it (one for several machines as the
+SLURM recipe does, its launch line once per "machine" on loopback); the strategy, FSDP-mode,
 registry, planner and resume tests all read the same run folders.
 
 The README's test line runs the suite in two pytest-xdist workers, one per core of a 2-core machine: a
@@ -18,7 +19,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from tests.launch import OFFLINE, SHARED_EXTRA, shared_args, train, write_news_csv
+from tests.launch import OFFLINE, SHARED_EXTRA, shared_args, train, train_on_machines, write_news_csv
 from training import registry
 
 # The test process and every process it starts: offline for the hub, and no W&B login from the machine.
@@ -84,7 +85,9 @@ class SharedRuns:
         with FileLock(self.root / f"{name}.lock"):
             if not printed.exists():
                 entry = registry.get(name)
-                result = train(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
+                # A strategy for several machines runs as the SLURM recipe launches it, 2 "machines" on loopback.
+                launch = train_on_machines if entry.multi_machine else train
+                result = launch(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
                 printed.write_text(result.stdout + result.stderr)
         return out
 

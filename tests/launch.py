@@ -26,7 +26,10 @@ SHARED_STEPS = 12
 SHARED_EVAL_BLOCKS = 20
 # The offload run also checkpoints activations through accelerate's FSDP option: one launch shows both
 # leave the training unchanged (tests/test_fsdp_modes.py).
-SHARED_EXTRA = {"fsdp_offload": ["--activation_checkpointing"]}
+# HSDP runs 4 processes (2 "machines" x 2): micro-batches of 2 keep the global batch of 16 blocks, with the
+# single run's accumulation of 2.
+SHARED_EXTRA = {"fsdp_offload": ["--activation_checkpointing"], "hsdp": ["--micro_batch_size", "2"]}
+SLURM_LAUNCH_LINE = REPO / "scripts" / "slurm" / "launch_node.sh"
 
 
 def shared_args(corpus: Path, cache_dir: Path) -> list[str]:
@@ -75,6 +78,49 @@ def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[s
 def train(config_name: str, output_dir: Path, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
     command = accelerate_command(CONFIGS / config_name, "train.py", [*args, "--output_dir", str(output_dir)])
     return run(command, check=check)
+
+
+def config_processes(config_name: str) -> int:
+    """The total process count an accelerate config launches (num_processes over all its machines)."""
+    from analysis.experiment import read_num_processes
+
+    return read_num_processes(CONFIGS / config_name)
+
+
+def slurm_node_env(node: int, nodes: int, per_node: int, port: int) -> dict[str, str]:
+    """What SLURM sets in a job's task on node `node` (and the batch script adds: the first node's address),
+    for `nodes` "machines" on this one over loopback. The PATH leads to this interpreter's `accelerate`."""
+    return {**launch_env(), "SLURM_NNODES": str(nodes), "SLURM_NODEID": str(node),
+            "SLURM_GPUS_ON_NODE": str(per_node), "MAIN_PROCESS_IP": "127.0.0.1", "MAIN_PROCESS_PORT": str(port),
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+
+
+def start_on_machines(config_name: str, output_dir: Path, args: list[str]) -> list[subprocess.Popen[str]]:
+    """The SLURM recipe's launch line (scripts/slurm/launch_node.sh) started once per "machine" of the config,
+    as srun starts it on each node, here all on loopback: one launcher process per machine, machine 0 first."""
+    import psutil
+
+    nodes = 2
+    per_node = config_processes(config_name) // nodes
+    port = free_port()
+    command = ["bash", str(SLURM_LAUNCH_LINE), str(CONFIGS / config_name), *args, "--output_dir", str(output_dir)]
+    return [psutil.Popen(command, cwd=REPO, env=slurm_node_env(node, nodes, per_node, port),
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in range(nodes)]
+
+
+def wait_on_machines(procs: list[subprocess.Popen[str]], check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Every machine's launcher ended; what they printed, machine 0 first; the worst exit status."""
+    outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]
+    stdout, stderr = "".join(o for o, _ in outputs), "".join(e for _, e in outputs)
+    status = max(p.returncode for p in procs)
+    if check and status != 0:
+        raise AssertionError(f"a machine's launch exited {status}:\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(procs[0].args, status, stdout, stderr)
+
+
+def train_on_machines(config_name: str, output_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
+    """A job over two "machines" on loopback, launched as the SLURM recipe launches it, run to its end."""
+    return wait_on_machines(start_on_machines(config_name, output_dir, args))
 
 
 def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:

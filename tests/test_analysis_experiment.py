@@ -281,3 +281,34 @@ def test_the_other_fsdp_modes_are_strategies_of_their_own(tmp_path: Path, capsys
     assert [flag(launch.argv, "--strategy") for launch in launches] == ["single", "fsdp_zero2", "fsdp_offload"]
     assert [launch.run_dir.name for launch in launches] == ["single", "fsdp_zero2", "fsdp_offload"]
     assert ExperimentSpec(preset="tiny", out=tmp_path, max_steps=1).strategies == ("single", "ddp", "fsdp")
+
+
+def test_a_strategy_spanning_machines_is_launched_on_each_with_its_rank(tmp_path: Path, capsys) -> None:
+    common = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--dry_run",
+              "--main_process_ip", "10.0.0.1", "--num_processes", "1"]
+    # Machine rank 0 trains every strategy; HSDP keeps its config's 4 processes and learns where it runs.
+    assert main([*common, "--strategies", "single", "fsdp", "hsdp"], launcher=("accelerate", "launch")) == 0
+    lines = capsys.readouterr().out.splitlines()
+    commands = {flag(tuple(c.split()), "--strategy"): c.split() for c in lines if c.startswith("accelerate launch")}
+    assert list(commands) == ["single", "fsdp", "hsdp"]
+    # The batch fits HSDP's 4 processes (all machines'): the preset's 16 blocks are raised to 4 x 8.
+    assert "global batch 2,048 tokens" in lines[0] and "fsdp 4, hsdp 1" in lines[0]
+    hsdp = tuple(commands["hsdp"])
+    assert (flag(hsdp, "--machine_rank"), flag(hsdp, "--main_process_ip")) == ("0", "10.0.0.1")
+    assert "--num_processes" not in hsdp and flag(tuple(commands["fsdp"]), "--num_processes") == "1"
+    # Machine rank 1 joins HSDP only; machine rank 0's report is the experiment's.
+    assert main([*common, "--strategies", "single", "fsdp", "hsdp", "--machine_rank", "1"],
+                launcher=("accelerate", "launch")) == 0
+    commands = [c for c in capsys.readouterr().out.splitlines() if c.startswith("accelerate launch")]
+    assert len(commands) == 1 and flag(tuple(commands[0].split()), "--machine_rank") == "1"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--strategies", "hsdp"], "hsdp spans machines: give --main_process_ip"),
+    (["--strategies", "ddp", "--machine_rank", "1"], "only machine rank 0 trains strategies that do not span"),
+])
+def test_bad_machine_settings_are_one_line_and_exit_2(tmp_path: Path, capsys, args: list[str], message: str) -> None:
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path), "--dry_run", *args]
+    assert main(argv, launcher=("accelerate", "launch")) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0]

@@ -31,9 +31,12 @@ from analysis.plan_model import (
     step_time,
 )
 from model import GPT2, GPT2Config
+from training.registry import STRATEGIES as ENTRIES
 from training.registry import names
 
 STRATEGIES = names()  # the planner plans every registered strategy, in the registry's order
+# On one machine: all but those made for several (hybrid sharding).
+ONE_MACHINE = [s.name for s in ENTRIES if not s.multi_machine]
 
 REPO = Path(__file__).resolve().parents[1]
 GPT2_124M = GPT2Config()
@@ -252,7 +255,7 @@ def test_plan_json_has_every_strategy_with_its_bytes_fit_and_speed() -> None:
                              "2", "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
-    assert [s["strategy"] for s in plan["strategies"]] == list(STRATEGIES)
+    assert [s["strategy"] for s in plan["strategies"]] == ONE_MACHINE
     for entry in plan["strategies"]:
         assert set(entry["per_device_bytes"]) >= {"parameters", "gradients", "optimizer", "activations", "logits",
                                                   "total"}
@@ -291,6 +294,9 @@ def test_a_gpu_too_small_gets_the_micro_batch_that_fits() -> None:
     (["--gpu", "T4", "--block_size", "4096"], "exceeds the model's 1024 positions"),
     (["--gpu", "T4", "--num_gpus", "2", "--global_batch_tokens", "1000"], "not a multiple"),
     (["--run", "/nonexistent/run"], "missing"),
+    (["--gpu", "T4", "--num_gpus", "2", "--num_nodes", "2"], "go together"),
+    (["--gpu", "T4", "--num_gpus", "2", "--inter_node_gb_s", "10"], "go together"),
+    (["--gpu", "T4", "--num_nodes", "0"], "--num_nodes must be at least 1"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     result = _plan(*args)
@@ -359,3 +365,43 @@ def test_link_from_reads_the_bus_bandwidth_a_run_measured(tmp_path: Path) -> Non
     assert len(result.stderr.strip().splitlines()) == 1
     both = _plan("--gpu", "T4", "--link_from", str(run), "--link_gb_s", "3")
     assert both.returncode == 2 and "not allowed with" in both.stderr
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several machines: hybrid sharding against sharding over all GPUs
+
+
+def test_hybrid_sharding_holds_one_machines_shard_and_sends_only_shards_across_machines() -> None:
+    two_by_eight = workload(world_size=16, num_nodes=2, grad_accum_steps=2)
+    one_machine = workload(world_size=8, grad_accum_steps=2)
+    # Sharded over the 8 GPUs of a machine, as FSDP on one machine of 8; rank 9 holds what rank 1 holds.
+    assert model_state(two_by_eight, "hsdp", 9) == model_state(one_machine, "fsdp", 1)
+    assert step_memory(two_by_eight, "hsdp", 0).total == step_memory(one_machine, "fsdp", 0).total
+    link = Link(gb_s=200.0, inter_node_gb_s=10.0)
+    hsdp = step_time(two_by_eight, "hsdp", 312e12, 0.3, link)
+    fsdp = step_time(two_by_eight, "fsdp", 312e12, 0.3, link)
+    inside = (7 / 8) * P_124M * (2 * 2 * 2 + 2)  # FSDP's gathers and reduce-scatter, over the machine's 8
+    across = 2 * (1 / 2) * P_124M / 8 * 2  # each fp16 gradient shard all-reduced with its one replica
+    assert hsdp.communication_bytes == pytest.approx(inside + across)
+    # The 8 GPUs of a machine all-reduce their shards at once, through the machine's one link.
+    assert hsdp.communication_s == pytest.approx(inside / 200e9 + 8 * across / 10e9)
+    # FSDP over all 16 GPUs sends all its gathers through the slower link.
+    assert fsdp.communication_s == pytest.approx((15 / 16) * P_124M * (2 * 2 * 2 + 2) / 10e9)
+    assert hsdp.communication_s < fsdp.communication_s / 3
+
+
+def test_the_machines_link_decides_and_one_machine_plans_no_hybrid_sharding() -> None:
+    common = ["--preset", "gpt2", "--gpu", "A100-80GB", "--num_gpus", "8", "--global_batch_tokens", str(2**17)]
+    one = _plan(*common, "--json")
+    assert [s["strategy"] for s in json.loads(one.stdout)["strategies"]] == ONE_MACHINE
+    plans = {}
+    for gb_s in ("10", "400"):
+        result = _plan(*common, "--num_nodes", "2", "--inter_node_gb_s", gb_s, "--json")
+        assert result.returncode == 0, result.stderr
+        plans[gb_s] = {p["strategy"]: p for p in json.loads(result.stdout)["strategies"]}
+        assert list(plans[gb_s]) == list(STRATEGIES) and plans[gb_s]["hsdp"]["world_size"] == 16
+    slow, fast = plans["10"], plans["400"]
+    assert slow["hsdp"]["predicted_step_s"] < slow["fsdp"]["predicted_step_s"]  # Ethernet: HSDP ahead
+    # A link between machines as fast as inside them: FSDP over all 16 holds less, and is as fast.
+    assert fast["fsdp"]["per_device_bytes"]["parameters"] < fast["hsdp"]["per_device_bytes"]["parameters"]
+    assert fast["fsdp"]["predicted_step_s"] == pytest.approx(fast["hsdp"]["predicted_step_s"], rel=0.05)

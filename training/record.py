@@ -99,8 +99,15 @@ class EffectiveRecord(Record):
     fsdp_offload_params: bool | None
     param_devices: tuple[str, ...] | None
     checkpoint_wrapped_blocks: int | None
+    # Hybrid sharding's live mesh (None, and no groups, for every other strategy): see training/strategy.py.
+    dp_replicate_size: int | None = None
+    dp_shard_size: int | None = None
+    shard_groups: tuple[tuple[int, ...], ...] | None = None
+    shard_groups_within_machines: bool | None = None
 
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
+        {"dp_replicate_size", "dp_shard_size", "shard_groups", "shard_groups_within_machines"})
 
 
 @dataclass(frozen=True)
@@ -276,6 +283,10 @@ class RunSummary(Record):
     fsdp_offload_params: bool | None
     param_devices: tuple[str, ...] | None
     checkpoint_wrapped_blocks: int | None
+    # Hybrid sharding's live mesh: replicas x shard group size and the ranks of each shard group (HSDP only).
+    dp_replicate_size: int | None
+    dp_shard_size: int | None
+    shard_groups: list[list[int]] | None
     sharding_observed: dict[str, Any] | None  # training.strategy.ShardingObserver's result
     memory: dict[str, Any] | None  # training.memory.MemoryProbe's result
     levers: dict[str, Any] | None
@@ -313,7 +324,8 @@ class RunSummary(Record):
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
     # Absent rather than null when None: older run folders read back as they were written.
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"stop", "peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link"})
+        {"stop", "peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link", "dp_replicate_size",
+         "dp_shard_size", "shard_groups"})
 
 
 @dataclass(frozen=True)
@@ -356,7 +368,10 @@ def run_summary(launch: LaunchRecord, facts: RunFacts) -> RunSummary:
         block_shard_fractions=effective.block_shard_fractions,
         fsdp_reshard_after_forward=effective.fsdp_reshard_after_forward,
         fsdp_offload_params=effective.fsdp_offload_params, param_devices=effective.param_devices,
-        checkpoint_wrapped_blocks=effective.checkpoint_wrapped_blocks, sharding_observed=facts.sharding_observed,
+        checkpoint_wrapped_blocks=effective.checkpoint_wrapped_blocks,
+        dp_replicate_size=effective.dp_replicate_size, dp_shard_size=effective.dp_shard_size,
+        shard_groups=[list(g) for g in effective.shard_groups] if effective.shard_groups else None,
+        sharding_observed=facts.sharding_observed,
         memory=facts.memory, levers=launch.levers, peak_flops_per_device=launch.peak_flops_per_device,
         peak_flops_source=launch.peak_flops_source, peak_flops_measured_at=launch.peak_flops_measured_at,
         peak_flops_relative_spread=launch.peak_flops_relative_spread, preset=facts.preset, n_params=launch.n_params,

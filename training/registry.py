@@ -21,6 +21,9 @@ class Communication(str, Enum):
     NONE = "none"
     ALL_REDUCE = "all_reduce"  # every gradient, fp32, bucketed and overlapped with backward (DDP)
     GATHER_SCATTER = "gather_scatter"  # parameters all-gathered per unit, gradients reduce-scattered (FSDP)
+    # FSDP's gathers and reduce-scatters inside each machine, then each gradient shard all-reduced across the
+    # machines that hold the same shard (HSDP): only the last crosses the link between machines.
+    HYBRID = "hybrid"
 
 
 class Wrapper(str, Enum):
@@ -37,6 +40,9 @@ class FsdpMode:
 
     reshard_after_forward: bool  # free a block's gathered parameters after its forward (gather again in backward)
     offload_params: bool  # parameter shards, their gradients and the optimizer step on the CPU
+    # Sharded over one dimension of a 2-D device mesh and replicated over the other (HSDP): the shard groups
+    # are the devices of a machine, the replicas the machines.
+    hybrid: bool = False
 
 
 @dataclass(frozen=True)
@@ -51,6 +57,7 @@ class Strategy:
     wrapper: Wrapper
     communication: Communication
     fsdp: FsdpMode | None = None
+    multi_machine: bool = False  # its config spans several machines (launched once per machine, --machine_rank)
     reference: bool = False  # one of the reference paper's three, which an experiment trains by default
     colour: str = "#7f7f7f"  # its line and bar colour in the report's figures
     marker: str = "o"
@@ -107,6 +114,13 @@ STRATEGIES: tuple[Strategy, ...] = (
              "slowest",
              multi_process=True, wrapper=Wrapper.FSDP, communication=Communication.GATHER_SCATTER,
              fsdp=FsdpMode(reshard_after_forward=True, offload_params=True), colour="#8c564b", marker="P"),
+    Strategy("hsdp", "hsdp.yaml", "HSDP",
+             "FSDP2 hybrid sharding on a 2-D mesh (accelerate's parallelism_config): parameters, gradients and "
+             "optimizer state sharded over a machine's devices and replicated across machines, so only the "
+             "gradient shards' all-reduce crosses the link between machines",
+             multi_process=True, multi_machine=True, wrapper=Wrapper.FSDP, communication=Communication.HYBRID,
+             fsdp=FsdpMode(reshard_after_forward=True, offload_params=False, hybrid=True),
+             colour="#17becf", marker="X"),
 )
 
 AUTO = "auto"  # train.py's --strategy default: whatever the launch config gives
@@ -146,6 +160,7 @@ def order(name: str) -> int:
 
 # How FSDP modes without an entry of their own are named (they still shard).
 _FSDP_PREFIX = "fsdp"
+_HYBRID_PREFIX = "hsdp"
 
 
 def fsdp_mode_name(mode: FsdpMode | None) -> str:
@@ -156,8 +171,8 @@ def fsdp_mode_name(mode: FsdpMode | None) -> str:
     found = next((s for s in STRATEGIES if s.fsdp == mode), None)
     if found is not None:
         return found.name
-    return (_FSDP_PREFIX + ("" if mode.reshard_after_forward else "_zero2")
-            + ("_offload" if mode.offload_params else ""))
+    return (_HYBRID_PREFIX if mode.hybrid else _FSDP_PREFIX) + ("" if mode.reshard_after_forward else "_zero2") + (
+        "_offload" if mode.offload_params else "")
 
 
 # Where activation checkpointing is applied (the levers' recorded value): through accelerate's FSDP option for a
@@ -174,7 +189,7 @@ def activation_checkpointing(name: str) -> str:
 def shards(name: str) -> bool:
     """Whether the strategy called `name` shards: an entry's own answer, or an FSDP mode `fsdp_mode_name` spelled out."""
     entry = find(name)
-    return entry.shards if entry is not None else name.startswith(_FSDP_PREFIX)
+    return entry.shards if entry is not None else name.startswith((_FSDP_PREFIX, _HYBRID_PREFIX))
 
 
 def single_process(name: str) -> bool:

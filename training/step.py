@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -56,29 +57,41 @@ def global_grad_norm(parameters: list[nn.Parameter]) -> torch.Tensor:
     # it to the GPU, and a blocking host-to-device copy waits for the whole backward (a host sync).
     local_sq: torch.Tensor | None = None
     sharded_sq: torch.Tensor | None = None
-    mesh = None
+    layout = None
     for p in parameters:
         if p.grad is None:
             continue
         grad = p.grad
         if isinstance(grad, DTensor):
-            if any(not placement.is_shard() for placement in grad.placements):
-                raise RuntimeError(f"unexpected gradient placement {grad.placements}: only sharded DTensors are summed")
-            mesh = grad.device_mesh
+            layout = _shard_layout(grad, layout)
             term = torch.linalg.vector_norm(grad.to_local(), dtype=torch.float64) ** 2
             sharded_sq = term if sharded_sq is None else sharded_sq + term.to(sharded_sq.device)
         else:
             term = torch.linalg.vector_norm(grad, dtype=torch.float64) ** 2
             local_sq = term if local_sq is None else local_sq + term.to(local_sq.device)
-    if sharded_sq is not None and mesh is not None:
-        # Every element lives in exactly one shard: the sum of the ranks' local squares is the global one.
-        # Reduced on the mesh's device: with parameters offloaded, gradients (and so this sum) are on the
-        # CPU, which NCCL cannot reduce.
+    if sharded_sq is not None and layout is not None:
+        mesh, shard_dims = layout
+        # Every element lives in exactly one shard of each group along the sharded dimensions, and is the same
+        # on every replica along a replicated one (HSDP's): summing over the sharded dimensions only, once,
+        # gives the global square. Reduced on the mesh's device: with parameters offloaded, gradients (and so
+        # this sum) are on the CPU, which NCCL cannot reduce.
         sharded_sq = sharded_sq.to(mesh.device_type)
-        torch.distributed.all_reduce(sharded_sq, group=mesh.get_group())
+        for dim in shard_dims:
+            torch.distributed.all_reduce(sharded_sq, group=mesh.get_group(dim))
     if sharded_sq is None:
         return torch.sqrt(local_sq) if local_sq is not None else torch.zeros((), dtype=torch.float64)
     return torch.sqrt(sharded_sq if local_sq is None else local_sq.to(sharded_sq.device) + sharded_sq)
+
+
+def _shard_layout(grad: Any, seen: tuple[Any, tuple[int, ...]] | None) -> tuple[Any, tuple[int, ...]]:
+    """(mesh, its sharded dimensions) of a DTensor gradient: each dimension sharded or replicated (FSDP: one
+    sharded; HSDP: replicated, then sharded), the same for every gradient, or a RuntimeError."""
+    if any(not (placement.is_shard() or placement.is_replicate()) for placement in grad.placements):
+        raise RuntimeError(f"unexpected gradient placement {grad.placements}: only sharded or replicated DTensors")
+    layout = (grad.device_mesh, tuple(i for i, placement in enumerate(grad.placements) if placement.is_shard()))
+    if seen is not None and seen != layout:
+        raise RuntimeError(f"gradients on different meshes or placements: {seen} and {layout}")
+    return layout
 
 
 def clip_gradients(accelerator: Accelerator, parameters: list[nn.Parameter], max_norm: float) -> torch.Tensor:

@@ -40,6 +40,25 @@ class StrategyMismatch(RuntimeError):
 
 
 @dataclass(frozen=True)
+class MeshLayout:
+    """The data-parallel device mesh of accelerate's parallelism_config: replicas x shard group size.
+
+    Under hybrid sharding (HSDP) the shard groups are meant to be the devices of one machine and the
+    replicas the machines, so that only the gradient all-reduce between replicas crosses machines.
+    """
+
+    dp_replicate_size: int
+    dp_shard_size: int
+
+    @property
+    def size(self) -> int:
+        return self.dp_replicate_size * self.dp_shard_size
+
+    def describe(self) -> str:
+        return f"mesh replicate {self.dp_replicate_size} x shard {self.dp_shard_size}"
+
+
+@dataclass(frozen=True)
 class RequestedLaunch:
     """What the launch (accelerate config + command line) asked for."""
 
@@ -47,10 +66,12 @@ class RequestedLaunch:
     world_size: int | None  # None: the config asked for several processes, how many is not visible
     num_machines: int
     mixed_precision: str  # no | fp16 | bf16
+    mesh: MeshLayout | None = None  # the launch's parallelism_config sizes; None when it has none
 
     def describe(self) -> str:
         processes = "several" if self.world_size is None else str(self.world_size)
-        return f"{self.strategy} with {processes} process(es)"
+        mesh = f" on a {self.mesh.describe()}" if self.mesh is not None else ""
+        return f"{self.strategy} with {processes} process(es){mesh}"
 
 
 @dataclass(frozen=True)
@@ -75,6 +96,12 @@ class EffectiveStrategy:
     fsdp_offload_params: bool | None = None
     param_devices: tuple[str, ...] = ()
     checkpoint_wrapped_blocks: int = 0  # blocks wrapped by accelerate's FSDP activation checkpointing
+    # Read from the blocks' FSDP units under hybrid sharding (None otherwise): the mesh's replicate and
+    # shard sizes, the ranks of every shard group (the mesh's rows), and whether each group is on one machine.
+    dp_replicate_size: int | None = None
+    dp_shard_size: int | None = None
+    shard_groups: tuple[tuple[int, ...], ...] | None = None
+    shard_groups_within_machines: bool | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,12 +112,14 @@ def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> Reques
     world_size = int(env.get("WORLD_SIZE", "1"))
     group_world = int(env.get("GROUP_WORLD_SIZE", "1"))
     use_fsdp = env.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    mesh = _requested_mesh(env)
     # A MULTI_CPU config sets ACCELERATE_USE_CPU and a rendezvous address, yet without an MPI host
     # file accelerate starts a single process and no WORLD_SIZE: the config asked for several.
     multi_cpu_config = env.get("ACCELERATE_USE_CPU", "").lower() == "true" and "MASTER_ADDR" in env
     if use_fsdp:
         launched = registry.fsdp_mode_name(FsdpMode(_env_flag(env, "FSDP_RESHARD_AFTER_FORWARD", True),
-                                                    _env_flag(env, "FSDP_OFFLOAD_PARAMS", False)))
+                                                    _env_flag(env, "FSDP_OFFLOAD_PARAMS", False),
+                                                    hybrid=mesh is not None and mesh.dp_replicate_size > 1))
     else:
         launched = registry.unsharded(multi_process=world_size > 1 or multi_cpu_config).name
     if expected != registry.AUTO and expected != launched:
@@ -98,12 +127,26 @@ def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> Reques
             f"--strategy {expected} was requested but the launch config gives {launched} "
             f"({world_size} process(es)); launch with accelerate_configs/{registry.get(expected).config_file}"
         )
+    if mesh is not None and mesh.size != world_size:
+        raise StrategyMismatch(
+            f"the launch config's {mesh.describe()} needs {mesh.size} processes but {world_size} were launched; "
+            "set num_processes to the total over all machines (--num_processes)"
+        )
     return RequestedLaunch(
         strategy=launched,
         world_size=None if multi_cpu_config and world_size == 1 else world_size,
         num_machines=group_world,
         mixed_precision=env.get("ACCELERATE_MIXED_PRECISION", "no"),
+        mesh=mesh,
     )
+
+
+def _requested_mesh(env: Mapping[str, str]) -> MeshLayout | None:
+    """The data-parallel sizes of the launch's parallelism_config, as `accelerate launch` passes them on."""
+    if env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() != "true":
+        return None
+    return MeshLayout(int(env.get("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "1")),
+                      int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE", "1")))
 
 
 def choose_precision(requested: str, device_type: str, device_name: str) -> tuple[str, str | None]:
@@ -132,11 +175,43 @@ def create_accelerator(requested: RequestedLaunch, **accelerator_kwargs: Any) ->
     has_gpu = torch.cuda.is_available()
     device_name = torch.cuda.get_device_name(0) if has_gpu else "cpu"
     mixed_precision, warning = choose_precision(requested.mixed_precision, "cuda" if has_gpu else "cpu", device_name)
+    mesh_on_cpu = requested.mesh is not None and not has_gpu
+    if mesh_on_cpu:
+        # accelerate validates a parallelism_config as soon as the Accelerator is built, and refuses one whose
+        # distributed type is MULTI_CPU, which is what every CPU launch is until `_enable_fsdp_on_cpu` makes it
+        # FSDP. A config of size 1 keeps it from reading the launch's one now (it reads the environment only
+        # when given none); `_apply_parallelism_config_on_cpu` applies the launch's one after the switch.
+        from accelerate.parallelism_config import ParallelismConfig
+
+        accelerator_kwargs["parallelism_config"] = ParallelismConfig(
+            dp_replicate_size=1, dp_shard_size=1, tp_size=1, cp_size=1, sp_size=1)
     # Without cpu=True on a GPU-less machine accelerate leaves every process unconnected (type NO).
     accelerator = Accelerator(cpu=not has_gpu, mixed_precision=mixed_precision, **accelerator_kwargs)
     if registry.shards(requested.strategy) and not has_gpu:
         _enable_fsdp_on_cpu(accelerator, mixed_precision)
+    if mesh_on_cpu:
+        _apply_parallelism_config_on_cpu(accelerator)
     return accelerator, warning
+
+
+def _apply_parallelism_config_on_cpu(accelerator: Accelerator) -> None:
+    """Give accelerate the launch's parallelism_config and device mesh once it runs FSDP on the CPU.
+
+    Everything here is accelerate's own: the config reads the launch's PARALLELISM_CONFIG_* sizes, builds the
+    mesh (init_device_mesh on "cpu", over gloo) and validates itself against the accelerator, exactly as
+    `Accelerator.__init__` does on a GPU; only the moment differs (after `_enable_fsdp_on_cpu`, so that the
+    validation sees FSDP). `prepare()` then hands FSDP2 the mesh's (dp_replicate, dp_shard) dimensions.
+    """
+    from accelerate.parallelism_config import ParallelismConfig
+    from accelerate.state import AcceleratorState
+
+    config = ParallelismConfig()
+    AcceleratorState._shared_state["parallelism_config"] = config
+    accelerator.state.device_mesh = config.get_device_mesh(accelerator.device.type)
+    try:
+        config._validate_accelerator(accelerator)
+    except ValueError as exc:
+        raise StrategyMismatch(f"accelerate refuses the launch's parallelism_config: {exc}") from None
 
 
 def _enable_fsdp_on_cpu(accelerator: Accelerator, mixed_precision: str) -> None:
@@ -241,6 +316,42 @@ def fsdp_mode(model: nn.Module) -> tuple[bool | None, bool | None]:
     return (reshard.pop() if len(reshard) == 1 else None), (offload.pop() if len(offload) == 1 else None)
 
 
+@dataclass(frozen=True)
+class HybridMesh:
+    """The 2-D mesh the blocks' FSDP units shard over, as their parameter groups hold it (HSDP only)."""
+
+    layout: MeshLayout
+    shard_groups: tuple[tuple[int, ...], ...]  # the ranks of each shard group (the mesh's rows)
+
+
+def hybrid_mesh(model: nn.Module) -> HybridMesh | None:
+    """The mesh of the blocks' FSDP units when they shard over one dimension and replicate over the other;
+    None when they shard over all ranks (plain FSDP), or disagree.
+
+    Read from FSDP2's parameter groups: under hybrid sharding their mesh info has a replicate dimension
+    (HSDPMeshInfo) besides the shard one, and the mesh tensor lists every rank, row by row.
+    """
+    meshes = {(info.mesh, info.replicate_mesh_dim, info.shard_mesh_dim)
+              for info in (unit._get_fsdp_state()._fsdp_param_group.mesh_info for unit in block_units(model))
+              if getattr(info, "replicate_mesh_dim", None) is not None}
+    if len(meshes) != 1:
+        return None
+    mesh, replicate_dim, shard_dim = meshes.pop()
+    ranks = mesh.mesh.transpose(replicate_dim, shard_dim) if replicate_dim > shard_dim else mesh.mesh
+    return HybridMesh(MeshLayout(mesh.size(replicate_dim), mesh.size(shard_dim)),
+                      tuple(tuple(int(r) for r in row) for row in ranks.reshape(mesh.size(replicate_dim), -1)))
+
+
+def machine_of_each_rank() -> tuple[int, ...]:
+    """Which machine (torchrun's GROUP_RANK) each rank runs on, gathered from all ranks."""
+    own = int(os.environ.get("GROUP_RANK", "0"))
+    if not torch.distributed.is_initialized():
+        return (own,)
+    machines: list[Any] = [None] * torch.distributed.get_world_size()
+    torch.distributed.all_gather_object(machines, own)
+    return tuple(machines)
+
+
 def parameter_devices(model: nn.Module) -> tuple[str, ...]:
     """The device types the parameters (their local shards, for DTensors) are stored on."""
     return tuple(sorted({local_tensor(p).device.type for p in model.parameters()}))
@@ -250,8 +361,13 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
     wrapper = _wrapper_name(prepared_model)
     sharded, local, total = parameter_sizes(prepared_model)
     reshard, offload = fsdp_mode(prepared_model) if wrapper == Wrapper.FSDP.value else (None, None)
-    strategy = _strategy_in_effect(wrapper, sharded, reshard, offload, accelerator.num_processes)
+    hybrid = hybrid_mesh(prepared_model) if wrapper == Wrapper.FSDP.value else None
+    strategy = _strategy_in_effect(wrapper, sharded, reshard, offload, hybrid is not None, accelerator.num_processes)
     num_machines = int(os.environ.get("GROUP_WORLD_SIZE", "1"))
+    within_machines = None
+    if hybrid is not None:
+        machines = machine_of_each_rank()
+        within_machines = all(len({machines[r] for r in group}) == 1 for group in hybrid.shard_groups)
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
     return EffectiveStrategy(
         strategy=strategy,
@@ -270,15 +386,19 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
         fsdp_offload_params=offload,
         param_devices=parameter_devices(prepared_model),
         checkpoint_wrapped_blocks=sum(type(m).__name__.endswith("CheckpointWrapper") for m in prepared_model.modules()),
+        dp_replicate_size=hybrid.layout.dp_replicate_size if hybrid else None,
+        dp_shard_size=hybrid.layout.dp_shard_size if hybrid else None,
+        shard_groups=hybrid.shard_groups if hybrid else None,
+        shard_groups_within_machines=within_machines,
     )
 
 
-def _strategy_in_effect(wrapper: str, sharded: bool, reshard: bool | None, offload: bool | None,
+def _strategy_in_effect(wrapper: str, sharded: bool, reshard: bool | None, offload: bool | None, hybrid: bool,
                         num_processes: int) -> str:
     """The registry name of what is running, read from the wrapper and FSDP's units; a description when none fits."""
     if wrapper == Wrapper.FSDP.value and sharded:
         known = reshard is not None and offload is not None
-        return registry.fsdp_mode_name(FsdpMode(reshard, offload) if known else None)
+        return registry.fsdp_mode_name(FsdpMode(reshard, offload, hybrid) if known else None)
     by_wrapper = registry.by_wrapper(wrapper)
     if by_wrapper is not None and not by_wrapper.shards:
         return by_wrapper.name
@@ -299,12 +419,26 @@ def check_strategy(requested: RequestedLaunch, effective: EffectiveStrategy) -> 
         problems.append(f"{effective.world_size} connected process(es)")
     if registry.shards(requested.strategy) and effective.world_size > 1 and not effective.params_sharded:
         problems.append("unsharded parameters")
+    problems += _mesh_problems(requested, effective)
     if problems:
         raise StrategyMismatch(
             f"requested {requested.describe()}, but in effect: {', '.join(problems)} "
             f"(distributed type {effective.distributed_type}); "
             "refusing to record one strategy's figures under another's name"
         )
+
+
+def _mesh_problems(requested: RequestedLaunch, effective: EffectiveStrategy) -> list[str]:
+    """How the live hybrid mesh differs from the launch's: its sizes, and shard groups that span machines
+    (whose all-gathers would then cross the slow link every step)."""
+    if requested.mesh is None or requested.mesh.dp_replicate_size == 1:
+        return []
+    live = (effective.dp_replicate_size, effective.dp_shard_size)
+    if live != (requested.mesh.dp_replicate_size, requested.mesh.dp_shard_size):
+        return [f"mesh replicate {live[0]} x shard {live[1]}" if live[0] else "no 2-D mesh"]
+    if effective.num_machines > 1 and not effective.shard_groups_within_machines:
+        return [f"shard groups {[list(g) for g in effective.shard_groups or ()]} spanning machines"]
+    return []
 
 
 class ShardingObserver:

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# One machine's launch line of a multi-machine job: `accelerate launch` of train.py with the total process
+# count, this machine's rank and the rendezvous at the first machine, all from SLURM's variables.
+# scripts/slurm/train_multinode.sbatch runs it once per node (srun, one task per node); it runs as well by
+# hand or from a test that sets the variables itself:
+#
+#   SLURM_NNODES=2 SLURM_NODEID=0 SLURM_GPUS_ON_NODE=8 MAIN_PROCESS_IP=10.0.0.1 \
+#       bash scripts/slurm/launch_node.sh accelerate_configs/hsdp.yaml --preset gpt2 ...
+#
+#   $1                  the accelerate config (ddp_multinode.yaml, fsdp.yaml, hsdp.yaml, ...); the rest: train.py's flags
+#   SLURM_NNODES        machines in the job (--num_machines)
+#   SLURM_NODEID        this machine's index, 0 on the first (--machine_rank)
+#   SLURM_GPUS_ON_NODE  processes per machine, one per GPU (PROCESSES_PER_NODE overrides it)
+#   MAIN_PROCESS_IP     the first machine's address (the batch script takes it from SLURM_JOB_NODELIST)
+#   MAIN_PROCESS_PORT   the rendezvous port on it (default 29500)
+#
+# The rendezvous is torch's c10d store, hosted by machine 0 (is_host says which, rather than leaving torch to
+# guess from host names, which fails on machines with several names or interfaces). With c10d, torchrun numbers
+# the machines in the order they join, so the run folder is written by whichever holds rank 0: give
+# --output_dir on a file system all machines share.
+set -euo pipefail
+usage="usage: launch_node.sh ACCELERATE_CONFIG [train.py flags...] (with SLURM_NNODES, SLURM_NODEID, SLURM_GPUS_ON_NODE, MAIN_PROCESS_IP set)"
+config=${1:?$usage}
+shift
+num_machines=${SLURM_NNODES:?$usage}
+machine_rank=${SLURM_NODEID:?$usage}
+per_node=${PROCESSES_PER_NODE:-${SLURM_GPUS_ON_NODE:?$usage}}
+main_ip=${MAIN_PROCESS_IP:?$usage}
+main_port=${MAIN_PROCESS_PORT:-29500}
+[[ -f $config ]] || { echo "error: no accelerate config $config" >&2; exit 2; }
+is_host=$([[ $machine_rank == 0 ]] && echo 1 || echo 0)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+
+# Paths in the flags stay relative to where the job was started (sbatch: the submit directory).
+exec accelerate launch --config_file "$config" \
+    --num_machines "$num_machines" --num_processes $((num_machines * per_node)) --machine_rank "$machine_rank" \
+    --main_process_ip "$main_ip" --main_process_port "$main_port" \
+    --rdzv_backend c10d --rdzv_conf "is_host=$is_host" \
+    "$repo/train.py" "$@"
