@@ -474,6 +474,30 @@ def planner() -> Planner:
 # Command line
 
 
+def _add_adaptive_flags(parser: argparse.ArgumentParser) -> None:
+    adaptive = parser.add_argument_group("adaptive launch and sweep (analysis/plan_launch.py, analysis/plan_sweep.py)")
+    adaptive.add_argument("--launch", action="store_true", help="print the accelerate launch of the fastest "
+                          "strategy that fits, with the micro-batch and levers it needs, and why")
+    adaptive.add_argument("--execute", action="store_true", help="with --launch: run that command (--run already "
+                          "names finished runs to compare)")
+    adaptive.add_argument("--cpu", action="store_true", help="with --launch: plan CPU processes (fp32, gloo, no "
+                          "offload) with --gpu_memory_gib as each process's memory")
+    adaptive.add_argument("--sweep", action="store_true", help="every training preset x strategy on --gpu/--num_gpus: "
+                          "per-device peak, fit, the largest model each strategy trains")
+    adaptive.add_argument("--figure", type=Path, help="with --sweep: write the memory-wall figure here (.png)")
+
+
+def _check_adaptive_flags(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    if args.execute and not args.launch:
+        parser.error("--execute runs the command of --launch: give both")
+    if args.cpu and not args.launch:
+        parser.error("--cpu plans a launch: give --launch")
+    if args.launch and args.sweep:
+        parser.error("--launch plans one preset, --sweep every preset: give one of them")
+    if args.figure is not None and not args.sweep:
+        parser.error("--figure draws the sweep: give --sweep")
+
+
 def parse_args(argv: list[str]) -> argparse.Namespace:
     parser = OneLineParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--run", nargs="+", type=Path, metavar="RUN_DIR", help="finished runs to put beside their plan")
@@ -504,25 +528,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "previous unit's compute) or none (FSDP waits for its collectives). DDP's all-reduce "
                         "runs during backward either way: its bucket hooks do that, no setting turns it off")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
-    adaptive = parser.add_argument_group("adaptive launch and sweep (analysis/plan_launch.py, analysis/plan_sweep.py)")
-    adaptive.add_argument("--launch", action="store_true", help="print the accelerate launch of the fastest "
-                          "strategy that fits, with the micro-batch and levers it needs, and why")
-    adaptive.add_argument("--execute", action="store_true", help="with --launch: run that command (--run already "
-                          "names finished runs to compare)")
-    adaptive.add_argument("--cpu", action="store_true", help="with --launch: plan CPU processes (fp32, gloo, no "
-                          "offload) with --gpu_memory_gib as each process's memory")
-    adaptive.add_argument("--sweep", action="store_true", help="every training preset x strategy on --gpu/--num_gpus: "
-                          "per-device peak, fit, the largest model each strategy trains")
-    adaptive.add_argument("--figure", type=Path, help="with --sweep: write the memory-wall figure here (.png)")
+    _add_adaptive_flags(parser)
     args = parser.parse_args(argv)
-    if args.execute and not args.launch:
-        parser.error("--execute runs the command of --launch: give both")
-    if args.cpu and not args.launch:
-        parser.error("--cpu plans a launch: give --launch")
-    if args.launch and args.sweep:
-        parser.error("--launch plans one preset, --sweep every preset: give one of them")
-    if args.figure is not None and not args.sweep:
-        parser.error("--figure draws the sweep: give --sweep")
+    _check_adaptive_flags(parser, args)
     for name in ("num_gpus", "num_nodes", "micro_batch_size", "block_size", "global_batch_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
