@@ -1,5 +1,6 @@
 """Pre-emption and crashes with real launches: a signal stops every rank at a step boundary with a checkpoint,
-the resumed run equals the uninterrupted one bit for bit (dropout on), and a killed rank ends the job.
+the resumed run equals the uninterrupted one bit for bit (dropout on), also when its newest checkpoint is
+damaged and the one before is used, and a killed rank ends the job.
 
 Launches keep W&B at its default (offline without a login), so the W&B side of stopping is exercised too.
 """
@@ -24,7 +25,10 @@ pytestmark = pytest.mark.multiprocess
 STEPS = SHARED_STEPS
 # The `timeout=` of communicate() and _wait_for_step are hang guards (each waits for the launcher's exit or
 # a logged step); STOP_DEADLINE_S is the one bound that is a claim.
-STOP_WHEN_LOGGED = 3  # the signal goes out once this step is in metrics.jsonl
+# The signal goes out once this step is in metrics.jsonl: past the first interval checkpoint (step 3), so a
+# damaged checkpoint of the stop always has one before it to fall back on.
+STOP_WHEN_LOGGED = 4
+CHECKPOINT_INTERVAL = 3
 # From the signal to the launcher's exit: the claim that a signal stops the run promptly (every rank
 # finishes its step and checkpoints in a few seconds here), so a bound, not a wait for an event.
 STOP_DEADLINE_S = 60
@@ -39,8 +43,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def args(base_args: list[str]) -> list[str]:
     # The shared runs' flags (tests/conftest.py) with dropout on: exact resume must restore every rank's
-    # random state, not only the weights. Checkpoints only when stopped or at the end (the default).
-    return [*base_args, "--dropout", "0.1", "--no-export_hf", "--checkpoint_interval", "0"]
+    # random state, not only the weights. A checkpoint every 3 steps, and one when stopped.
+    return [*base_args, "--dropout", "0.1", "--no-export_hf", "--checkpoint_interval", str(CHECKPOINT_INTERVAL)]
 
 
 def _launch(strategy: str, out: Path, args: list[str]) -> psutil.Popen:
@@ -119,7 +123,7 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_of_the_last_step(interrupte
     stopped_at = s["steps"]
     assert STOP_WHEN_LOGGED <= stopped_at < STEPS
     assert sorted(train_lines(run_dir)) == list(range(1, stopped_at + 1))  # the step in flight was logged
-    (checkpoint,) = complete_checkpoints(run_dir)
+    checkpoint = complete_checkpoints(run_dir)[-1]
     assert checkpoint.name == f"step_{stopped_at:07d}" and checkpoint_problem(checkpoint) is None
     # The loop's own state is JSON: resuming unpickles nothing the project wrote.
     assert (checkpoint / "train_state.json").is_file() and not list(checkpoint.glob("custom_checkpoint_*"))
@@ -127,19 +131,56 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_of_the_last_step(interrupte
     assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
+# The file damaged before the resume (one flipped byte, same size): the single process's weights, one FSDP
+# shard; DDP resumes from its intact newest checkpoint.
+DAMAGE = {"single": "model.safetensors", "ddp": None, "fsdp": "pytorch_model_fsdp_0/*.distcp"}
+
+
+def _flip_one_byte(file: Path) -> None:
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    file.write_bytes(bytes(data))
+
+
+def _metrics_steps(run: Path, kind: str) -> list[int]:
+    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return [line["step"] for line in lines if line["kind"] == kind]
+
+
+def _warnings(output: str) -> list[str]:
+    return [line for line in output.splitlines() if line.startswith("warning:")]
+
+
 @pytest.mark.parametrize("strategy", list(CONFIG))
 def test_the_resumed_run_equals_the_uninterrupted_one_bit_for_bit(interrupted, uninterrupted, args: list[str],
                                                                   strategy: str) -> None:
-    run_dir = interrupted[strategy][0]
-    stopped_at = summary(run_dir)["steps"]
+    run_dir, _, _, first_output = interrupted[strategy]
+    newest, before = complete_checkpoints(run_dir)[-2:][::-1]
+    resumed_from = int(newest.name.removeprefix("step_"))
+    if DAMAGE[strategy]:
+        damaged = sorted(newest.glob(DAMAGE[strategy]))[-1]
+        size = damaged.stat().st_size
+        _flip_one_byte(damaged)
+        assert damaged.stat().st_size == size
+        resumed_from = int(before.name.removeprefix("step_"))
     process = _launch(strategy, run_dir, [*args, "--resume"])
     output, _ = process.communicate(timeout=600)
     assert process.returncode == 0, output[-3000:]
+    # The warnings the resume adds to those of the first launch (such as the CPU's fp16 fallback).
+    added = [w for w in _warnings(output) if w not in _warnings(first_output)]
+    if DAMAGE[strategy]:
+        assert len(added) == 1 and f"skipping checkpoint {newest.name}: {damaged.relative_to(newest)}" in added[0], added
+    else:
+        assert added == []
     assert summary(run_dir)["complete"] and "stop" not in summary(run_dir)
+    # metrics.jsonl was cut back to the checkpoint resumed from: each step once, in order.
+    assert _metrics_steps(run_dir, "train") == list(range(1, STEPS + 1))
+    assert _metrics_steps(run_dir, "eval") == _metrics_steps(uninterrupted[strategy], "eval")
     got, want = train_lines(run_dir), train_lines(uninterrupted[strategy])
-    assert sorted(got) == list(range(1, STEPS + 1))
-    for step in range(stopped_at + 1, STEPS + 1):
+    for step in range(resumed_from + 1, STEPS + 1):
         assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
+    epochs = [[e["epoch"] for e in summary(run)["epochs"]] for run in (run_dir, uninterrupted[strategy])]
+    assert epochs[0] == epochs[1]
 
 
 @pytest.mark.parametrize("strategy", list(CONFIG))
