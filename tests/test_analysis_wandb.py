@@ -16,7 +16,6 @@ from analysis.runs import load_run
 from analysis.table import build_table
 from analysis.wandb_fetch import _write_run_files, run_files_from_wandb, wandb_namespace
 from tests.analysis_fixtures import FakeRun, write_run
-from tests.launch import REPO, launch_env
 
 
 def as_wandb(run_dir: Path, namespace: dict[str, str]) -> tuple[dict, dict, list[dict]]:
@@ -53,16 +52,10 @@ def namespace() -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def recorded_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real tiny train.py run, one process, W&B offline (its default without credentials): 2 epochs."""
-    out = tmp_path_factory.mktemp("recorded") / "single"
-    args = ["--preset", "tiny", "--epochs", "2", "--log_interval", "1", "--eval_interval", "0",
-            "--perf_warmup_steps", "2", "--experiment", "fetch-test", "--seed", "5", "--no-export_hf",
-            "--output_dir", str(out), "--cache_dir", str(tmp_path_factory.mktemp("cache"))]
-    result = subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=launch_env(), capture_output=True,
-                            text=True, timeout=900)  # a bound only, so a hung run fails instead of stalling
-    assert result.returncode == 0, result.stderr[-3000:]
-    return out
+def recorded_run(shared_runs) -> Path:
+    """The session's shared single run (tests/conftest.py): W&B at its default, offline without credentials,
+    and 12 steps that cross into a second epoch."""
+    return shared_runs["single"]
 
 
 def offline_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], list[dict[str, Any]]]:
