@@ -306,5 +306,5 @@ def test_ci_runs_the_readme_test_line_as_written() -> None:
     pattern = re.search(r"grep -m1 -E '([^']+)' README.md", ci).group(1)
     text = (REPO / "README.md").read_text(encoding="utf-8")
     lines = [line for line in text.splitlines() if re.search(pattern, line)]
-    assert len(lines) == 1 and lines[0].endswith("python -m pytest -q"), lines
+    assert len(lines) == 1 and lines[0].endswith("python -m pytest -q -n 2 --dist loadfile"), lines
     assert lines[0] in re.findall(r"^```\n(.*?)\n```", text, flags=re.S | re.M)  # the README's own code block
