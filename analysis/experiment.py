@@ -251,7 +251,7 @@ def planned_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, g
         misfits = {}
         for strategy in spec.strategies:
             args = argparse.Namespace(preset=spec.preset, attn_impl="sdpa", block_size=batch.block_size,
-                                      micro_batch_size=batch.micro_batch_size, num_gpus=sizes[strategy],
+                                      micro_batch_size=batch.micro_batch_size, num_gpus=sizes[strategy], num_nodes=1,
                                       global_batch_tokens=batch.global_batch_tokens, precision=precision,
                                       activation_checkpointing=checkpointing)
             plan = plan_strategy(workload_for(args, strategy), strategy, hw, DEFAULT_MFU, "full")  # speed unused

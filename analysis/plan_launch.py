@@ -206,7 +206,8 @@ def startup_note(cfg: TrainConfig, launched: str, precision: str, device: Device
         return None
     gpu = next((g.key for g in PLANNER_GPUS.values() if g.device_name.casefold() == device.name.casefold()), None)
     args = argparse.Namespace(
-        preset=cfg.preset, gpu=gpu, gpu_memory_gib=device.memory_gib, num_gpus=device.count, precision=precision,
+        preset=cfg.preset, gpu=gpu, gpu_memory_gib=device.memory_gib, num_gpus=device.count, num_nodes=1,
+        inter_node_gb_s=None, precision=precision,
         micro_batch_size=cfg.optim.micro_batch_size, block_size=cfg.data.block_size,
         global_batch_tokens=cfg.optim.global_batch_tokens, attn_impl=cfg.model.attn_impl,
         activation_checkpointing=None, mfu=mfu, overlap="full", link_gb_s=None, cpu=False)

@@ -138,9 +138,12 @@ def _assert_report_json(report: dict) -> None:
         for strategy in STRATEGIES:
             entry = report["figures"][figure][strategy]
             assert entry["n"] == 3 and entry["min"] <= entry["median"] <= entry["max"], (figure, strategy)
-    for strategy in STRATEGIES:  # throughput has an interval of nonzero width for each strategy
-        low, high = report["figures"]["tokens_per_s"][strategy]["ci95"]
-        assert 0 < low < high, strategy
+    for strategy in STRATEGIES:  # throughput has an interval of nonzero width around its mean for each strategy
+        entry = report["figures"]["tokens_per_s"][strategy]
+        low, high = entry["ci95"]
+        # Not 0 < low: on a machine busy with other work (the suite's other worker) three repeats can spread
+        # so widely that the t-interval reaches below zero, which is what the interval should then say.
+        assert low < entry["mean"] < high, (strategy, entry)
     loss_verdicts = {c["verdict"] for c in report["comparisons"] if c["figure"] == "final_val_loss"}
     assert loss_verdicts == {"no detectable difference"}
     for strategy in STRATEGIES:
