@@ -62,9 +62,11 @@ def launch_env() -> dict[str, str]:
     return env
 
 
-def accelerate_command(config: Path, script: str, args: list[str], launch_args: list[str] = ()) -> list[str]:
+def accelerate_command(config: Path, script: str, args: list[str], launch_args: list[str] = (),
+                       port: int | None = None) -> list[str]:
+    """`accelerate launch` of `script`, on `port` (machines of one job share it) or a free one."""
     return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-            "--main_process_port", str(free_port()), *launch_args, script, *args]
+            "--main_process_port", str(port or free_port()), *launch_args, script, *args]
 
 
 def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -121,6 +123,38 @@ def wait_on_machines(procs: list[subprocess.Popen[str]], check: bool = True) -> 
 def train_on_machines(config_name: str, output_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
     """A job over two "machines" on loopback, launched as the SLURM recipe launches it, run to its end."""
     return wait_on_machines(start_on_machines(config_name, output_dir, args))
+
+
+def rank_process(launchers: list, rank: int) -> Any:
+    """The train.py process of that global rank among the launchers' children (one launcher per machine),
+    told by the RANK torchrun gives it: a launcher's child order is not the rank order."""
+    import psutil
+
+    found = {}
+    for launcher in launchers:
+        for p in launcher.children(recursive=True):
+            try:
+                if "train.py" in " ".join(p.cmdline()):
+                    found[int(p.environ()["RANK"])] = p
+            except (psutil.NoSuchProcess, KeyError):
+                continue  # gone, or not a worker (no RANK)
+    assert rank in found, f"no training process of rank {rank} among {sorted(found)}"
+    return found[rank]
+
+
+def wait_for_step(out: Path, step: int, launchers: list, timeout_s: float = LAUNCH_TIMEOUT_S) -> None:
+    """Polls metrics.jsonl until the step is logged; the timeout is a hang guard, not a speed bound."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in launchers):
+            ended = next(p for p in launchers if p.poll() is not None)
+            raise AssertionError(f"a launch ended before step {step}:\n{ended.stdout.read()[-3000:]}")
+        if (out / "metrics.jsonl").exists() and max(train_lines(out), default=0) >= step:
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"step {step} not reached in {timeout_s} s")
 
 
 def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:

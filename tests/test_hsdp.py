@@ -11,7 +11,6 @@ from __future__ import annotations
 import csv
 import dataclasses
 import json
-import os
 import re
 import subprocess
 import time
@@ -20,14 +19,15 @@ from pathlib import Path
 import pytest
 
 from tests.launch import (
-    LAUNCH_TIMEOUT_S,
     REPO,
     SHARED_EXTRA,
     SHARED_STEPS,
     SLURM_LAUNCH_LINE,
+    rank_process,
     start_on_machines,
     summary,
     train_lines,
+    wait_for_step,
     wait_on_machines,
 )
 from tests.test_strategies import assert_same_validation
@@ -143,36 +143,18 @@ def test_a_live_mesh_other_than_the_launched_one_is_refused() -> None:
 
 
 # -- a rank killed on one machine -----------------------------------------------------------------------
-# Two more 4-process launches (about a minute on 2 cores): run when GPT2S_MULTINODE_FAULTS=1.
-
-
-def _rank_process(launchers: list, rank: int):
-    """The train.py process of that global rank, among every machine's launcher's children."""
-    import psutil
-
-    for launcher in launchers:
-        for p in launcher.children(recursive=True):
-            try:
-                if "train.py" in " ".join(p.cmdline()) and p.environ().get("RANK") == str(rank):
-                    return p
-            except psutil.NoSuchProcess:
-                continue
-    raise AssertionError(f"no training process of rank {rank}")
+# Two more 4-process launches (about 35 s on 2 cores). The same for two machines with DDP, one process each:
+# test_strategies.py::test_two_machines_on_loopback_match_one_machine_through_a_killed_rank_and_a_resume.
 
 
 @pytest.mark.multiprocess
-@pytest.mark.skipif(os.environ.get("GPT2S_MULTINODE_FAULTS") != "1",
-                    reason="two extra 4-process launches; set GPT2S_MULTINODE_FAULTS=1")
 def test_a_rank_killed_on_one_machine_ends_both_and_resume_continues_exactly(hsdp: Path, base_args: list[str],
                                                                              tmp_path: Path) -> None:
     run_dir = tmp_path / "hsdp-killed"
     args = [*base_args, "--strategy", "hsdp", *SHARED_EXTRA["hsdp"], "--collective_timeout_s", str(TIMEOUT_S)]
     launchers = start_on_machines("hsdp.yaml", run_dir, args)
-    deadline = time.monotonic() + LAUNCH_TIMEOUT_S  # a hang guard
-    while _last_logged_step(run_dir) < 4:  # past the checkpoint of step 3
-        assert time.monotonic() < deadline and all(p.poll() is None for p in launchers)
-        time.sleep(0.2)
-    _rank_process(launchers, 3).kill()  # kill -9 of the second machine's last rank
+    wait_for_step(run_dir, 4, launchers)  # past the checkpoint of step 3
+    rank_process(launchers, 3).kill()  # kill -9 of the second machine's last rank
     killed = time.monotonic()
     ended = wait_on_machines(launchers, check=False)
     # Both machines' launchers fail, the first one's ranks within the collective timeout.
@@ -184,7 +166,3 @@ def test_a_rank_killed_on_one_machine_ends_both_and_resume_continues_exactly(hsd
     assert sorted(got) == list(range(1, SHARED_STEPS + 1)) and summary(run_dir)["complete"]
     for step in want:
         assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
-
-
-def _last_logged_step(run_dir: Path) -> int:
-    return max(train_lines(run_dir), default=0) if (run_dir / "metrics.jsonl").exists() else 0

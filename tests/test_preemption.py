@@ -17,13 +17,23 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch import CONFIGS, REPO, SHARED_STEPS, accelerate_command, launch_env, summary, train_lines
+from tests.launch import (
+    CONFIGS,
+    REPO,
+    SHARED_STEPS,
+    accelerate_command,
+    launch_env,
+    rank_process,
+    summary,
+    train_lines,
+    wait_for_step,
+)
 from training.checkpoint import checkpoint_problem, complete_checkpoints, load_model_from_checkpoint
 
 pytestmark = pytest.mark.multiprocess
 
 STEPS = SHARED_STEPS
-# The `timeout=` of communicate() and _wait_for_step are hang guards (each waits for the launcher's exit or
+# The `timeout=` of communicate() and wait_for_step are hang guards (each waits for the launcher's exit or
 # a logged step); STOP_DEADLINE_S is the one bound that is a claim.
 # The signal goes out once this step is in metrics.jsonl: past the first interval checkpoint (step 3), so a
 # damaged checkpoint of the stop always has one before it to fall back on.
@@ -53,32 +63,6 @@ def _launch(strategy: str, out: Path, args: list[str]) -> psutil.Popen:
                         text=True)
 
 
-def _wait_for_step(out: Path, step: int, process: psutil.Popen, timeout_s: float = 300) -> None:
-    """Polls metrics.jsonl until the step is logged; the timeout is a hang guard, not a speed bound."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"the run ended before step {step}:\n{process.stdout.read()[-3000:]}")
-        if (out / "metrics.jsonl").exists() and max(train_lines(out), default=0) >= step:
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"step {step} not reached in {timeout_s} s")
-
-
-def _training_rank(launcher: psutil.Popen, rank: int) -> psutil.Process:
-    """The launcher's train.py process of that global rank, told by the RANK torchrun gives it (the
-    launcher's child order is not the rank order)."""
-    ranks = {}
-    for p in launcher.children(recursive=True):
-        try:
-            if "train.py" in " ".join(p.cmdline()):
-                ranks[int(p.environ()["RANK"])] = p
-        except (psutil.NoSuchProcess, KeyError):
-            continue  # gone, or not a worker (no RANK)
-    assert rank in ranks, f"no training process of rank {rank} among {sorted(ranks)}"
-    return ranks[rank]
-
-
 @pytest.fixture(scope="module")
 def uninterrupted(workdir: Path, args: list[str]) -> dict[str, Path]:
     out = {}
@@ -101,8 +85,8 @@ def interrupted(workdir: Path, args: list[str]) -> dict[str, tuple[Path, int, fl
     for strategy, (target, signum) in TARGETS.items():
         run_dir = workdir / f"{strategy}-stopped"
         process = _launch(strategy, run_dir, args)
-        _wait_for_step(run_dir, STOP_WHEN_LOGGED, process)
-        victim = process if target == "launcher" else _training_rank(process, 1)
+        wait_for_step(run_dir, STOP_WHEN_LOGGED, [process])
+        victim = process if target == "launcher" else rank_process([process], 1)
         sent = time.monotonic()
         victim.send_signal(signum)
         output, _ = process.communicate(timeout=300)
@@ -195,8 +179,8 @@ def test_dropout_is_in_effect_in_the_runs_resumed_exactly(uninterrupted, shared_
 def test_a_killed_rank_ends_the_job_and_leaves_the_checkpoints_intact(workdir: Path, args: list[str]) -> None:
     run_dir = workdir / "ddp-killed"
     process = _launch("ddp", run_dir, [*args, "--max_steps", "200", "--checkpoint_interval", "2"])
-    _wait_for_step(run_dir, 5, process)
-    _training_rank(process, 1).kill()
+    wait_for_step(run_dir, 5, [process])
+    rank_process([process], 1).kill()
     start = time.monotonic()
     output, _ = process.communicate(timeout=300)
     assert process.returncode != 0 and time.monotonic() - start < STOP_DEADLINE_S, output[-3000:]
