@@ -8,24 +8,29 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from tests.launch import (
     CONFIGS,
+    LAUNCH_TIMEOUT_S,
     REPO,
     SHARED_EVAL_BLOCKS,
     SHARED_STEPS,
     accelerate_command,
     assert_planned_exactly,
     launch_env,
+    rank_process,
     run,
     summary,
     train,
     train_lines,
+    wait_for_step,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -246,28 +251,41 @@ def test_fsdp_checkpoint_exports_to_a_hugging_face_folder(runs: dict[str, Path],
     assert missing.returncode == 2 and missing.stderr.startswith("error:") and len(missing.stderr.splitlines()) == 1
 
 
-def test_two_machines_on_loopback_match_one_machine(runs: dict[str, Path], workdir: Path,
-                                                     base_args: list[str]) -> None:
+# --collective_timeout_s of the two-machine job: how long the ranks left may wait for a killed one.
+KILL_TIMEOUT_S = 60
+
+
+def _two_machines(args: list[str], port: int) -> list[psutil.Popen]:
+    """The README's two-machine DDP command on loopback, one process per "machine", one rendezvous port."""
+    return [psutil.Popen(accelerate_command(CONFIGS / "ddp_multinode.yaml", "train.py", args,
+                                                ["--num_processes", "2", "--num_machines", "2", "--machine_rank",
+                                                 str(rank), "--main_process_ip", "127.0.0.1"], port=port),
+                             cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for rank in (0, 1)]
+
+
+def test_two_machines_on_loopback_match_one_machine_through_a_killed_rank_and_a_resume(
+        runs: dict[str, Path], workdir: Path, base_args: list[str]) -> None:
+    """At the README's defaults (W&B on): kill -9 of the second machine's rank ends both machines' launches
+    within the collective timeout; --resume on both continues, every step equal to the one-machine run."""
     out = workdir / "ddp-two-machines"
-    port = str(_port())
-    at_defaults = base_args  # the README's command: W&B at its default
-    commands = [
-        accelerate_command(CONFIGS / "ddp_multinode.yaml", "train.py", [*at_defaults, "--output_dir", str(out)],
-                           ["--num_processes", "2", "--num_machines", "2", "--machine_rank", str(rank),
-                            "--main_process_ip", "127.0.0.1"])
-        for rank in (0, 1)
-    ]
-    for command in commands:  # one rendezvous port for both "machines"
-        i = command.index("--main_process_port")
-        command[i + 1] = port
-    procs = [subprocess.Popen(c, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for c in commands]
-    results = [p.communicate(timeout=600) for p in procs]
-    for p, (_, err) in zip(procs, results):
+    args = [*base_args, "--collective_timeout_s", str(KILL_TIMEOUT_S), "--output_dir", str(out)]
+    procs = _two_machines(args, _port())
+    wait_for_step(out, 4, procs)  # past the checkpoint of step 3
+    rank_process(procs, 1).kill()
+    killed = time.monotonic()
+    results = [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]  # a hang guard
+    assert all(p.returncode != 0 for p in procs) and time.monotonic() - killed < KILL_TIMEOUT_S, results[0][1][-3000:]
+    assert 4 <= max(train_lines(out)) < MAX_STEPS  # stopped in the middle
+    procs = _two_machines([*args, "--resume"], _port())
+    for p, (_, err) in zip(procs, [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]):
         assert p.returncode == 0, err[-3000:]
     s = summary(out)
-    assert (s["strategy"], s["world_size"], s["num_machines"]) == ("ddp", 2, 2)
-    assert len(list((out / "wandb").glob("offline-run-*"))) == 1  # one W&B run for the job, from rank 0
+    assert (s["strategy"], s["world_size"], s["num_machines"], s["complete"]) == ("ddp", 2, 2, True)
+    # One W&B run for the job, from rank 0, continued by the resume.
+    run_id = (out / "wandb_run_id").read_text()
+    assert [d.name.endswith(run_id) for d in (out / "wandb").glob("offline-run-*")] == [True, True]
+    assert sorted(train_lines(out)) == list(range(1, MAX_STEPS + 1))
     _assert_same_steps(out, runs["ddp"], range(1, MAX_STEPS + 1))
 
 
