@@ -271,7 +271,8 @@ def step_memory(w: Workload, strategy: str | Strategy, rank: int = 0, host_is_de
     loss = params + optimizer_at_start + grads_held + acts.kept + acts.logits + comm_loss
     # The embedding's gradient is summed in the gradients' dtype (the compute dtype: FSDP's unsharded
     # gradients are reduce-scattered after). With accumulation its earlier micro-batches' part is held too.
-    other_grads = grads_held or grads - (_wte_share(w, s, rank) * FP32 if on_device else 0)
+    other_grads = grads_held or (grads - _wte_share(w, s, rank) * FP32 + _root_grads_whole(w, s, rank, compute)
+                                 if on_device else grads)
     embedding_sum = 3 * compute * w.model.vocab_size * w.model.n_embd
     embedding = params + optimizer_at_start + other_grads + embedding_sum + comm_embedding
     update_temp = _update_temporaries(w, s, rank) if on_device else 0
@@ -307,7 +308,10 @@ def _communication_held(w: Workload, s: Strategy, state: ModelState, compute: in
         # The root unit stays gathered from forward to backward; of the blocks, those whole when backward
         # starts (FSDP prefetches the last one; all of them when kept unresharded after forward).
         blocks_gathered = s.blocks_gathered_at_backward_start(cfg.n_layer)
-        return compute * (root + blocks_gathered * _block_numel(cfg)), compute * root, 0
+        # At the embedding's sum the first block's reduce-scatter input (its unsharded gradients) is still
+        # held: FSDP2 frees a unit's input only when the next unit's reduce-scatter is issued, the root's.
+        return (compute * (root + blocks_gathered * _block_numel(cfg)),
+                compute * (root + _block_numel(cfg)), 0)
     return 0, 0, 0
 
 
@@ -355,6 +359,17 @@ def _compute_bytes(w: Workload, s: Strategy) -> int:
     """Bytes per element of the parameters as a matmul reads them: FSDP's policy casts the parameters it
     gathers (the sharding strategies) to the precision; autocast leaves the kept ones fp32."""
     return DTYPE_BYTES[w.precision] if s.shards else FP32
+
+
+def _root_grads_whole(w: Workload, s: Strategy, rank: int, compute: int) -> int:
+    """What the root unit's gradients other than the token embedding's add at the embedding's sum under a
+    sharding strategy: they are whole, in the compute dtype, until the root's reduce-scatter that follows,
+    instead of the rank's fp32 shard counted in the model state."""
+    if not s.shards:
+        return 0
+    shapes = parameter_shapes(w.model)
+    return sum(compute * numel(shapes[name]) - FP32 * _held_numel(shapes[name], s, w, rank)
+               for name in _root_names(w.model) if name != "transformer.wte.weight")
 
 
 def _wte_share(w: Workload, s: Strategy, rank: int) -> int:
