@@ -1,6 +1,7 @@
 """The memory wall: every training preset x strategy on one hardware, its per-device peak and whether it fits.
 
-  python -m analysis.plan --sweep --gpu T4 --num_gpus 2 [--precision fp16] [--activation_checkpointing]
+  python -m analysis.plan --sweep --gpu T4 --num_gpus 2 [--num_nodes M --inter_node_gb_s Y] [--precision fp16]
+                          [--activation_checkpointing]
                           [--figure docs/figures/memory_wall_2xT4.png] [--json]
 
 Each preset is planned as `python -m analysis.plan --preset P` plans it (its own micro-batch and global
@@ -25,8 +26,9 @@ from training.presets import PRESETS
 
 def sweep(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
     """Per preset (smallest first): its parameters and, per strategy, the predicted peak and fit."""
-    hw = planner.hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
-    strategies = planner.planned_strategies(args.num_gpus)
+    hw = planner.hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s,
+                          inter_node_gb_s=args.inter_node_gb_s)
+    strategies = planner.planned_strategies(args.num_gpus, args.num_nodes)
     rows = []
     for preset in PRESETS:
         # One workload for every preset, so the lines compare sizes alone: activation checkpointing as the
@@ -45,7 +47,8 @@ def sweep(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
     largest = {s: next((r["preset"] for r in reversed(rows) if r["strategies"][s]["fits"]), None) for s in strategies}
     with_levers = {s: next((r["preset"] for r in reversed(rows) if r["strategies"][s]["fits_with_levers"]), None)
                    for s in strategies}
-    return {"largest_with_levers": with_levers, "gpu": hw.name, "num_gpus": args.num_gpus, "memory_gib": hw.memory_gib, "budget_bytes": hw.budget_bytes,
+    return {"largest_with_levers": with_levers, "gpu": hw.name, "num_gpus": args.num_gpus, "num_nodes": args.num_nodes,
+            "memory_gib": hw.memory_gib, "budget_bytes": hw.budget_bytes,
             "micro_batch_size": args.micro_batch_size, "precision": args.precision, "activation_checkpointing": bool(args.activation_checkpointing),
             "strategies": strategies, "presets": rows, "largest_that_fits": largest}
 
@@ -56,9 +59,14 @@ def _fits_with_levers(args: argparse.Namespace, plan: dict[str, Any], hw: Any, p
     return plan["fits"] or candidate(shaped, plan["strategy"], hw, planner)["fits"]
 
 
+def _hardware_name(result: dict[str, Any]) -> str:
+    machines = f"{result['num_nodes']} machines x " if result["num_nodes"] > 1 else ""
+    return f"{machines}{result['num_gpus']} x {result['gpu']}"
+
+
 def sweep_text(result: dict[str, Any]) -> str:
     strategies = result["strategies"]
-    head = (f"per-device peak (GiB) on {result['num_gpus']} x {result['gpu']} ({result['memory_gib']:.4g} GiB; a peak "
+    head = (f"per-device peak (GiB) on {_hardware_name(result)} ({result['memory_gib']:.4g} GiB; a peak "
             f"fits up to {result['budget_bytes'] / GIB:.2f} GiB), {result['precision']}, "
             + (f"micro-batch {result['micro_batch_size']}" if result["micro_batch_size"] else "each preset's micro-batch")
             + (", activation checkpointing" if result["activation_checkpointing"] else ""))
@@ -91,7 +99,7 @@ def sweep_figure(result: dict[str, Any], path: Path) -> None:
     ax.set_xscale("log")
     ax.set_xlabel("parameters")
     ax.set_ylabel("predicted per-device peak (GiB)")
-    ax.set_title(f"{result['num_gpus']} x {result['gpu']}, {result['precision']}"
+    ax.set_title(f"{_hardware_name(result)}, {result['precision']}"
                  + (f", micro-batch {result['micro_batch_size']}" if result["micro_batch_size"] else "")
                  + (", activation checkpointing" if result["activation_checkpointing"] else ""))
     ax.legend(fontsize=8)

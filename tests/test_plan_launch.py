@@ -92,6 +92,22 @@ def test_the_sweep_draws_the_memory_wall_of_two_t4(tmp_path) -> None:
     assert "largest preset each strategy trains here" in text and "gpt2-xl" in text
 
 
+def test_the_sweep_over_two_machines_adds_hsdp_sharded_over_one_machine() -> None:
+    result = _plan("--sweep", "--gpu", "H100", "--num_gpus", "8", "--num_nodes", "2", "--inter_node_gb_s", "45",
+                   "--precision", "bf16", "--micro_batch_size", "1", "--json")
+    assert result.returncode == 0, result.stderr
+    sweep = json.loads(result.stdout)
+    assert sweep["num_nodes"] == 2
+    xl = next(r for r in sweep["presets"] if r["preset"] == "gpt2-xl")["strategies"]
+    hybrid = [name for name in sweep["strategies"] if registry.get(name).multi_machine]
+    assert hybrid and all(xl[name]["fits"] for name in sweep["strategies"])
+    for name in hybrid:  # its shard is an eighth of the model (one machine's GPUs), FSDP's a sixteenth
+        assert xl["fsdp"]["peak_bytes"] < xl[name]["peak_bytes"] < xl["single"]["peak_bytes"]
+    one_machine = json.loads(_plan("--sweep", "--gpu", "H100", "--num_gpus", "8", "--precision", "bf16",
+                                   "--micro_batch_size", "1", "--json").stdout)
+    assert not any(registry.get(name).multi_machine for name in one_machine["strategies"])
+
+
 @pytest.mark.parametrize("args,message", [
     (["--gpu", "T4", "--execute"], "--execute runs the command of --launch"),
     (["--gpu", "T4", "--cpu"], "--cpu plans a launch"),
