@@ -60,11 +60,15 @@ class Workload:
 # Parameters
 
 
+# The token embedding, which the tied output head shares.
+WTE = "transformer.wte.weight"
+
+
 def parameter_shapes(cfg: GPT2Config) -> dict[str, tuple[int, ...]]:
     """Every parameter tensor of model/gpt2.py by name; the tied lm_head.weight is transformer.wte.weight."""
     C, H = cfg.n_embd, cfg.mlp_size
     shapes: dict[str, tuple[int, ...]] = {
-        "transformer.wte.weight": (cfg.vocab_size, C),
+        WTE: (cfg.vocab_size, C),
         "transformer.wpe.weight": (cfg.n_positions, C),
     }
     for i in range(cfg.n_layer):
@@ -369,7 +373,7 @@ def _root_grads_whole(w: Workload, s: Strategy, rank: int, compute: int) -> int:
         return 0
     shapes = parameter_shapes(w.model)
     return sum(compute * numel(shapes[name]) - FP32 * _held_numel(shapes[name], s, w, rank)
-               for name in _root_names(w.model) if name != "transformer.wte.weight")
+               for name in _root_names(w.model) if name != WTE)
 
 
 def _wte_share(w: Workload, s: Strategy, rank: int) -> int:

@@ -157,9 +157,14 @@ def wait_for_step(out: Path, step: int, launchers: list, timeout_s: float = LAUN
     raise AssertionError(f"step {step} not reached in {timeout_s} s")
 
 
-def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:
+def metric_lines(output_dir: Path, kind: str) -> list[dict[str, Any]]:
+    """The run's metrics.jsonl lines of one kind ("train", "eval"), in the order written."""
     lines = [json.loads(line) for line in (output_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {line["step"]: line for line in lines if line["kind"] == "train"}
+    return [line for line in lines if line["kind"] == kind]
+
+
+def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:
+    return {line["step"]: line for line in metric_lines(output_dir, "train")}
 
 
 def summary(output_dir: Path) -> dict[str, Any]:

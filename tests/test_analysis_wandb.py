@@ -16,6 +16,7 @@ from analysis.runs import load_run
 from analysis.table import build_table
 from analysis.wandb_fetch import _write_run_files, run_files_from_wandb, wandb_namespace
 from tests.analysis_fixtures import FakeRun, write_run
+from tests.launch import train_lines
 
 
 def as_wandb(run_dir: Path, namespace: dict[str, str]) -> tuple[dict, dict, list[dict]]:
@@ -89,8 +90,7 @@ def test_a_real_record_rebuilds_the_run_files(recorded_run: Path, tmp_path: Path
         assert got["loss_mean"] == pytest.approx(want["loss_mean"], rel=1e-9)
         assert got["tokens_per_s"] == pytest.approx(want["tokens_per_s"], rel=1e-9)
     # Every train line of metrics.jsonl comes back, with its loss.
-    local = {line["step"]: line for line in map(json.loads, (recorded_run / "metrics.jsonl").read_text().splitlines())
-             if line["kind"] == "train"}
+    local = train_lines(recorded_run)
     fetched = {line["step"]: line for line in files.metrics if line["kind"] == "train"}
     assert sorted(fetched) == sorted(local)
     assert all(fetched[step]["loss"] == local[step]["loss"] for step in local)

@@ -23,6 +23,7 @@ from tests.launch import (
     SHARED_STEPS,
     accelerate_command,
     launch_env,
+    metric_lines,
     rank_process,
     summary,
     train_lines,
@@ -127,8 +128,7 @@ def _flip_one_byte(file: Path) -> None:
 
 
 def _metrics_steps(run: Path, kind: str) -> list[int]:
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [line["step"] for line in lines if line["kind"] == kind]
+    return [line["step"] for line in metric_lines(run, kind)]
 
 
 def _warnings(output: str) -> list[str]:

@@ -7,7 +7,6 @@ over with one `warning:` line.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import sys
@@ -17,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.launch import CONFIGS, REPO, accelerate_command, launch_env, run, write_news_csv
+from tests.launch import CONFIGS, REPO, accelerate_command, launch_env, metric_lines, run, write_news_csv
 from training.errors import RunError
 from training.rundir import LOCK_FILE, acquire_run_lock, lock_holder
 
@@ -62,8 +61,7 @@ def args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
 
 
 def _steps(out: Path) -> list[int]:
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return [line["step"] for line in lines if line["kind"] == "train"]
+    return [line["step"] for line in metric_lines(out, "train")]
 
 
 def _wait_for_metrics(out: Path, process: psutil.Popen, timeout_s: float = 300) -> None:

@@ -24,7 +24,9 @@ from tests.launch import (
     SHARED_STEPS,
     accelerate_command,
     assert_planned_exactly,
+    free_port,
     launch_env,
+    metric_lines,
     rank_process,
     run,
     summary,
@@ -76,8 +78,7 @@ def test_distributed_runs_match_the_single_process_step_by_step(runs: dict[str, 
 
 
 def _eval_lines(run: Path) -> dict[int, dict]:
-    lines = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    return {line["step"]: line for line in lines if line["kind"] == "eval"}
+    return {line["step"]: line for line in metric_lines(run, "eval")}
 
 
 def assert_same_validation(run: Path, reference: Path) -> None:
@@ -270,14 +271,14 @@ def test_two_machines_on_loopback_match_one_machine_through_a_killed_rank_and_a_
     within the collective timeout; --resume on both continues, every step equal to the one-machine run."""
     out = workdir / "ddp-two-machines"
     args = [*base_args, "--collective_timeout_s", str(KILL_TIMEOUT_S), "--output_dir", str(out)]
-    procs = _two_machines(args, _port())
+    procs = _two_machines(args, free_port())
     wait_for_step(out, 4, procs)  # past the checkpoint of step 3
     rank_process(procs, 1).kill()
     killed = time.monotonic()
     results = [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]  # a hang guard
     assert all(p.returncode != 0 for p in procs) and time.monotonic() - killed < KILL_TIMEOUT_S, results[0][1][-3000:]
     assert 4 <= max(train_lines(out)) < MAX_STEPS  # stopped in the middle
-    procs = _two_machines([*args, "--resume"], _port())
+    procs = _two_machines([*args, "--resume"], free_port())
     for p, (_, err) in zip(procs, [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]):
         assert p.returncode == 0, err[-3000:]
     s = summary(out)
@@ -287,12 +288,6 @@ def test_two_machines_on_loopback_match_one_machine_through_a_killed_rank_and_a_
     assert [d.name.endswith(run_id) for d in (out / "wandb").glob("offline-run-*")] == [True, True]
     assert sorted(train_lines(out)) == list(range(1, MAX_STEPS + 1))
     _assert_same_steps(out, runs["ddp"], range(1, MAX_STEPS + 1))
-
-
-def _port() -> int:
-    from tests.launch import free_port
-
-    return free_port()
 
 
 # -- the guard, against each silent fallback reproduced for real -----------------------------------------
