@@ -496,6 +496,9 @@ def _check_adaptive_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--launch plans one preset, --sweep every preset: give one of them")
     if args.figure is not None and not args.sweep:
         parser.error("--figure draws the sweep: give --sweep")
+    if args.launch and args.num_nodes > 1:
+        parser.error("--launch prints one machine's accelerate launch; for several machines launch each with "
+                     "scripts/slurm/launch_node.sh (docs/multinode.md)")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -46,7 +46,7 @@ class Planner:
     workload_for: Callable[[argparse.Namespace, str], Workload]
     plan_strategy: Callable[..., dict[str, Any]]  # (workload, strategy, hardware, mfu, overlap)
     recommend: Callable[..., dict[str, Any]]  # (plans, hardware, micro) -> {"strategy", "reason", ...}
-    planned_strategies: Callable[[int], list[str]]
+    planned_strategies: Callable[[int, int], list[str]]  # (GPUs per machine, machines)
 
 
 @dataclass(frozen=True)
@@ -57,19 +57,23 @@ class Way:
     activation_checkpointing: bool
 
 
-def launch_hardware(args: argparse.Namespace, planner: Planner) -> Any:
-    """The GPUs of the plan; with --cpu, CPU processes of --gpu_memory_gib each (no CUDA reserve)."""
+def hardware_for(args: argparse.Namespace, planner: Planner) -> Any:
+    """The GPUs of the plan (the launch's and the sweep's), with the link between machines when there are
+    several; with --cpu, CPU processes of --gpu_memory_gib each (no CUDA reserve)."""
     if not args.cpu:
-        return planner.hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
+        return planner.hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s,
+                                inter_node_gb_s=args.inter_node_gb_s)
     if args.gpu is not None or args.gpu_memory_gib is None:
         raise PlanError("a CPU plan (--cpu) takes --gpu_memory_gib as the memory per process, not --gpu")
     return replace(planner.hardware(None, "fp32", args.gpu_memory_gib, args.link_gb_s), name="CPU process",
                    reserve_gib=0.0)
 
 
-def launch_strategies(args: argparse.Namespace, planner: Planner) -> list[str]:
-    """The planned strategies; on the CPU without the offloading ones (nothing to offload to)."""
-    return [s for s in planner.planned_strategies(args.num_gpus) if not (args.cpu and registry.get(s).offloads)]
+def strategies_for(args: argparse.Namespace, planner: Planner) -> list[str]:
+    """The planned strategies on --num_gpus per machine and --num_nodes machines; on the CPU without the
+    offloading ones (nothing to offload to)."""
+    return [s for s in planner.planned_strategies(args.num_gpus, args.num_nodes)
+            if not (args.cpu and registry.get(s).offloads)]
 
 
 def ways(args: argparse.Namespace, strategy: str, planner: Planner) -> list[Way]:
@@ -101,8 +105,8 @@ def candidate(args: argparse.Namespace, strategy: str, hw: Any, planner: Planner
 
 def choose_launch(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
     """The launch the plan picks: strategy, its way, the one line of why, and every candidate."""
-    hw = launch_hardware(args, planner)
-    candidates = [candidate(args, s, hw, planner) for s in launch_strategies(args, planner)]
+    hw = hardware_for(args, planner)
+    candidates = [candidate(args, s, hw, planner) for s in strategies_for(args, planner)]
     fitting = [c for c in candidates if c["fits"]]
     if not fitting:
         least = min(candidates, key=lambda c: c["per_device_bytes"]["total"])

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.plan_error import PlanError
-from analysis.plan_launch import GIB, Planner, candidate
+from analysis.plan_launch import GIB, Planner, candidate, hardware_for, strategies_for
 from analysis.plan_model import total_parameters
 from training import registry
 from training.presets import PRESETS
@@ -26,9 +26,7 @@ from training.presets import PRESETS
 
 def sweep(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
     """Per preset (smallest first): its parameters and, per strategy, the predicted peak and fit."""
-    hw = planner.hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s,
-                          inter_node_gb_s=args.inter_node_gb_s)
-    strategies = planner.planned_strategies(args.num_gpus, args.num_nodes)
+    hw, strategies = hardware_for(args, planner), strategies_for(args, planner)
     rows = []
     for preset in PRESETS:
         # One workload for every preset, so the lines compare sizes alone: activation checkpointing as the
