@@ -8,9 +8,12 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import os
 import sys
-from typing import TYPE_CHECKING
+import threading
+from typing import TYPE_CHECKING, NoReturn
 
 if TYPE_CHECKING:
     from training.config import TrainConfig
@@ -79,5 +82,26 @@ def _leave_together() -> None:
         dist.destroy_process_group()
 
 
+def exit_without_teardown(status: int) -> NoReturn:
+    """End the process as the interpreter would (other threads joined, exit handlers run, output flushed),
+    but without tearing the interpreter down.
+
+    A gloo worker thread drops its last reference to a finished collective (and to the tensors in it)
+    a moment after the waiting thread has woken. On a loaded machine that moment can fall inside the
+    interpreter's teardown, where releasing a tensor that Python knew needs the GIL, and the process
+    aborts (SIGABRT, "terminate called without an active exception") after a run that finished and wrote
+    everything. destroy_process_group does not prevent it: FSDP's per-module state keeps the process
+    groups alive past the run (gc cannot free it), so their worker threads live until the teardown.
+    """
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()  # the run-directory lock's release, W&B's and logging's handlers
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe or stream: nothing left to say
+            stream.flush()
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_without_teardown(main())

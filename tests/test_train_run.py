@@ -257,3 +257,25 @@ def test_the_export_is_as_readable_as_the_rest_of_the_run_directory(run_dir: Pat
     for path in (run_dir / "hf").iterdir():
         assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path.name
     assert (run_dir / "hf" / "model.safetensors").stat().st_mode & 0o777 == (run_dir / "summary.json").stat().st_mode & 0o777
+
+
+def test_train_py_ends_as_the_interpreter_would_but_without_its_teardown(tmp_path: Path) -> None:
+    """The exit train.py takes (after the run, whatever its status): a thread still running is waited for,
+    exit handlers run (the run lock's release among them), buffered output reaches the pipe, the status is
+    kept; only the interpreter's teardown, where gloo's worker threads could abort the process, is skipped."""
+    program = f"""
+import atexit, sys, threading, time
+sys.path.insert(0, {str(REPO)!r})
+import train
+from training.rundir import acquire_run_lock
+acquire_run_lock(__import__("pathlib").Path({str(tmp_path)!r}))
+threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished", flush=True))).start()
+atexit.register(lambda: print("exit handler ran", end=""))  # no newline: lost unless the exit flushes it
+train.exit_without_teardown(7)
+print("never printed")
+"""
+    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 7, result.stderr
+    assert result.stdout.splitlines() == ["thread finished", "exit handler ran"]
+    assert (tmp_path / ".lock").read_text() == ""  # released by its exit handler: no holder named
