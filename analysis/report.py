@@ -472,7 +472,8 @@ def build_reading(runs: list[Run], excluded: list[Run], stats: Statistics | None
 
 STATISTICS_METHOD = [
     "Runs of one strategy are its repeats. Each figure of a strategy: n, median, min-max and a 95% interval: "
-    "Student's t-interval of the mean over the runs; with one run, the throughput's interval is a bootstrap "
+    "Student's t-interval of the mean logarithm over the runs (the geometric mean's, so never below zero); "
+    "with one run, the throughput's interval is a bootstrap "
     "(2,000 resamples, fixed seed) of the median step time after warm-up, placed around the recorded figure, "
     "and other figures have none, except the live-tensor step peak, a count that repeats exactly.",
     "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale (one run "

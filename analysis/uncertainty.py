@@ -2,8 +2,9 @@
 
 Two sources of noise, two methods:
 - across repeated runs of one strategy (the unit is a run, usually 2 to 5 of them): Student's t-interval
-  of the mean, and for a pair of strategies Welch's t-interval of the difference of mean logarithms,
-  i.e. the ratio of geometric means;
+  of the mean logarithm, i.e. of the geometric mean, for figures that are positive (all the report's are:
+  a throughput's interval cannot reach below zero), of the plain mean otherwise; for a pair of strategies
+  Welch's t-interval of the difference of mean logarithms, i.e. the ratio of geometric means;
 - within one run (its optimizer step times, dozens to thousands of them): a bootstrap of the median step
   time with a fixed seed, which a rare slow step (a pause, the memory probe) cannot drag.
 
@@ -34,6 +35,8 @@ _BOOTSTRAP_CHUNK = 250  # resamples drawn at once: bounds memory for runs of man
 HIGHER, LOWER, SAME, TOO_FEW = "higher", "lower", "no detectable difference", "not enough runs"
 
 T_INTERVAL = "t-interval of the mean over runs"
+LOG_T_INTERVAL = "t-interval of the geometric mean over runs (log scale)"
+WELCH_LOG_RATIO = "Welch t-interval of the ratio of geometric means over runs (log scale)"
 STEP_BOOTSTRAP = "bootstrap of the median step time of one run"
 EXACT = "exact (a count with no run-to-run noise)"
 SINGLE = "none (one run)"
@@ -50,10 +53,12 @@ class Summary:
     mean: float
     ci95: tuple[float, float] | None  # None: no interval can be computed (one run, no within-run samples)
     method: str
+    geometric_mean: float | None = None  # the centre of a log-scale interval; None for a figure not all positive
 
     def to_dict(self) -> dict[str, Any]:
         return {"n": self.n, "median": self.median, "min": self.minimum, "max": self.maximum, "mean": self.mean,
-                "ci95": list(self.ci95) if self.ci95 is not None else None, "method": self.method}
+                "geometric_mean": self.geometric_mean, "ci95": list(self.ci95) if self.ci95 is not None else None,
+                "method": self.method}
 
 
 @dataclass(frozen=True)
@@ -101,20 +106,32 @@ def _finite(values: Sequence[float]) -> np.ndarray:
 
 
 def summarize(values: Sequence[float], exact: bool = False) -> Summary | None:
-    """n, median, min, max and the 95% t-interval of the mean of one strategy's runs; None without values.
+    """n, median, min, max and the 95% t-interval of one strategy's runs; None without values.
 
-    `exact`: the figure is a count with no run-to-run noise, so one run's interval is its value.
+    Positive figures get the interval of the mean logarithm, taken back with exp: the geometric mean's, the
+    scale on which strategies are compared (ratio_over_runs), and never below zero however widely a few
+    runs spread. `exact`: the figure is a count with no run-to-run noise, so one run's interval is its value.
     """
     data = _finite(values)
     if data.size == 0:
         return None
-    mean = float(data.mean())
+    positive = bool((data > 0).all())
+    geometric = math.exp(float(np.log(data).mean())) if positive else None
     if data.size == 1:
         value = float(data[0])
-        return Summary(1, value, value, value, value, (value, value) if exact else None, EXACT if exact else SINGLE)
-    half = t_quantile((1 + CONFIDENCE) / 2, data.size - 1) * float(data.std(ddof=1)) / math.sqrt(data.size)
-    return Summary(int(data.size), float(np.median(data)), float(data.min()), float(data.max()), mean,
-                   (mean - half, mean + half), T_INTERVAL)
+        return Summary(1, value, value, value, value, (value, value) if exact else None, EXACT if exact else SINGLE,
+                       value if positive else None)
+    spread = np.log(data) if positive else data
+    half = t_quantile((1 + CONFIDENCE) / 2, data.size - 1) * float(spread.std(ddof=1)) / math.sqrt(data.size)
+    mean = float(data.mean())
+    if np.ptp(data) == 0:  # identical runs: a point, free of the logarithm's rounding
+        interval = (float(data[0]), float(data[0]))
+    elif geometric is not None:
+        interval = (geometric * math.exp(-half), geometric * math.exp(half))
+    else:
+        interval = (mean - half, mean + half)
+    return Summary(int(data.size), float(np.median(data)), float(data.min()), float(data.max()), mean, interval,
+                   LOG_T_INTERVAL if positive else T_INTERVAL, geometric)
 
 
 def mlperf_mean(values: Sequence[float]) -> float | None:
@@ -170,12 +187,12 @@ def _welch_log_ratio(log_x: np.ndarray, log_y: np.ndarray, ratio: float) -> Rati
     se = math.sqrt(var_x + var_y)
     # Identical repeats on both sides: a point, not the rounding residue of a variance of equal numbers.
     if se == 0 or (np.ptp(log_x) == 0 and np.ptp(log_y) == 0):
-        return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio)), T_INTERVAL)
+        return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio)), WELCH_LOG_RATIO)
     # Welch-Satterthwaite degrees of freedom: unequal variances and unequal numbers of runs.
     df = (var_x + var_y) ** 2 / (var_x**2 / (log_x.size - 1) + var_y**2 / (log_y.size - 1))
     half = t_quantile((1 + CONFIDENCE) / 2, df) * se
     ci = (ratio * math.exp(-half), ratio * math.exp(half))
-    return Ratio(ratio, ci, verdict(ci), T_INTERVAL)
+    return Ratio(ratio, ci, verdict(ci), WELCH_LOG_RATIO)
 
 
 def bootstrap_medians(samples: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
@@ -325,7 +342,8 @@ def summarize_figure(figure: Figure, runs: Sequence[Run]) -> Summary | None:
     middle, low, high = bootstrap_median_interval(rates)
     value = summary.median
     # The interval's relative width is the median step's; it is placed around the recorded figure.
-    return Summary(1, value, value, value, value, (value * low / middle, value * high / middle), STEP_BOOTSTRAP)
+    return Summary(1, value, value, value, value, (value * low / middle, value * high / middle), STEP_BOOTSTRAP,
+                   summary.geometric_mean)
 
 
 def compare_figure(figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b: Sequence[Run]

@@ -11,10 +11,10 @@ import pytest
 
 from analysis.report import memory_reading
 from analysis.runs import Run
-from analysis.uncertainty import (EXACT, HIGHER, LOWER, RESIDENT, SAME, STEP_BOOTSTRAP, STEP_PEAK, T_INTERVAL,
-                                 THROUGHPUT, TOO_FEW, bootstrap_median_interval, build_statistics, mlperf_mean,
-                                 ratio_over_runs, step_ratio, step_rates, summarize, t_quantile, time_to_target,
-                                 verdict)
+from analysis.uncertainty import (EXACT, HIGHER, LOG_T_INTERVAL, LOWER, RESIDENT, SAME, STEP_BOOTSTRAP, STEP_PEAK,
+                                 T_INTERVAL, THROUGHPUT, TOO_FEW, bootstrap_median_interval, build_statistics,
+                                 mlperf_mean, ratio_over_runs, step_ratio, step_rates, summarize, t_quantile,
+                                 time_to_target, verdict)
 
 MIB = 2**20
 
@@ -43,12 +43,30 @@ def test_t_quantile_matches_the_tables(df: float, expected: float) -> None:
     assert t_quantile(0.975, df) == pytest.approx(expected, abs=2e-3)
 
 
-def test_summary_of_known_runs_is_the_t_interval_of_the_mean() -> None:
-    summary = summarize([1.0, 2.0, 3.0])
-    assert (summary.n, summary.median, summary.minimum, summary.maximum) == (3, 2.0, 1.0, 3.0)
+def test_summary_of_positive_runs_is_the_t_interval_of_the_geometric_mean() -> None:
+    summary = summarize([1.0, 2.0, 4.0])
+    assert (summary.n, summary.median, summary.minimum, summary.maximum) == (3, 2.0, 1.0, 4.0)
+    # Logarithms 0, ln 2, 2 ln 2: mean ln 2 (geometric mean 2), sd ln 2; half width t(0.975, 2) x sd / sqrt(n).
+    half = 4.3027 * math.log(2) / math.sqrt(3)
+    assert summary.geometric_mean == pytest.approx(2.0) and summary.mean == pytest.approx(7 / 3)
+    assert summary.ci95 == pytest.approx((2.0 * math.exp(-half), 2.0 * math.exp(half)), rel=1e-3)
+    assert summary.method == LOG_T_INTERVAL
+
+
+def test_a_widely_spread_positive_figure_keeps_its_interval_above_zero() -> None:
+    # Three throughputs on a busy machine: the plain mean's t-interval, 2033 +- 4.30 x 2658 / sqrt(3), would
+    # reach below zero; the geometric mean's stays positive.
+    summary = summarize([100.0, 1000.0, 5000.0])
+    low, high = summary.ci95
+    assert 0 < low < summary.geometric_mean < high
+    assert summary.mean - 4.3027 * 2658.3 / math.sqrt(3) < 0
+
+
+def test_a_figure_not_all_positive_gets_the_t_interval_of_the_mean() -> None:
+    summary = summarize([-1.0, 0.0, 1.0])
     half = 4.3027 * 1.0 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
-    assert summary.ci95 == pytest.approx((2.0 - half, 2.0 + half), abs=1e-3)
-    assert summary.method == T_INTERVAL
+    assert summary.ci95 == pytest.approx((-half, half), abs=1e-3)
+    assert summary.method == T_INTERVAL and summary.geometric_mean is None
 
 
 def test_one_run_has_no_interval_unless_it_is_a_count() -> None:
