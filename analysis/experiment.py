@@ -240,7 +240,7 @@ def planned_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, g
                     memory_gib: float | None, precision: str) -> dict[str, str]:
     """The strategies the planner says will not fit `gpu` (or `memory_gib` per device) at the experiment's
     batch, each with the line the report shows: "does not fit (planned X GiB of Y)"."""
-    from analysis.plan import DEFAULT_MFU, GIB, hardware, plan_strategy, workload_for  # the planner: when asked
+    from analysis.plan import DEFAULT_MFU, GIB, hardware, plan_args, plan_strategy, workload_for  # when asked
     from analysis.plan_error import PlanError
 
     extra = set(spec.extra)  # a lever passed on to train.py is planned too; else the preset's
@@ -250,10 +250,9 @@ def planned_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, g
         hw = hardware(gpu, precision, memory_gib, None)
         misfits = {}
         for strategy in spec.strategies:
-            args = argparse.Namespace(preset=spec.preset, attn_impl="sdpa", block_size=batch.block_size,
-                                      micro_batch_size=batch.micro_batch_size, num_gpus=sizes[strategy], num_nodes=1,
-                                      global_batch_tokens=batch.global_batch_tokens, precision=precision,
-                                      activation_checkpointing=checkpointing)
+            args = plan_args(preset=spec.preset, block_size=batch.block_size, micro_batch_size=batch.micro_batch_size,
+                             num_gpus=sizes[strategy], global_batch_tokens=batch.global_batch_tokens,
+                             precision=precision, activation_checkpointing=checkpointing)
             plan = plan_strategy(workload_for(args, strategy), strategy, hw, DEFAULT_MFU, "full")  # speed unused
             if not plan["fits"]:
                 misfits[strategy] = (f"{strategy}: does not fit (planned {plan['per_device_bytes']['total'] / GIB:.2f} "

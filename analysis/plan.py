@@ -467,7 +467,7 @@ def planner() -> Planner:
     """This module's planner, as the adaptive launch and the sweep take it (they must not import this module)."""
     from analysis.plan_launch import Planner
 
-    return Planner(hardware, workload_for, plan_strategy, recommend, planned_strategies)
+    return Planner(hardware, workload_for, plan_strategy, recommend, planned_strategies, plan_args)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -548,6 +548,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         parser.error("--num_nodes 2 or more and --inter_node_gb_s go together: the link between machines decides "
                      "which strategy is fastest")
     return args
+
+
+def plan_args(**values: Any) -> argparse.Namespace:
+    """The planner's command line at its flags' defaults with `values` set: how callers without a command line
+    of their own (the experiment driver, train.py's start-up note) plan, on the same defaults as a user."""
+    args = vars(parse_args([]))
+    unknown = sorted(set(values) - set(args))
+    if unknown:
+        raise TypeError(f"not flags of the planner: {', '.join(unknown)}")
+    return argparse.Namespace(**{**args, **values})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -47,6 +47,7 @@ class Planner:
     plan_strategy: Callable[..., dict[str, Any]]  # (workload, strategy, hardware, mfu, overlap)
     recommend: Callable[..., dict[str, Any]]  # (plans, hardware, micro) -> {"strategy", "reason", ...}
     planned_strategies: Callable[[int, int], list[str]]  # (GPUs per machine, machines)
+    arguments: Callable[..., argparse.Namespace]  # (**flag values) -> the command line at its other defaults
 
 
 @dataclass(frozen=True)
@@ -209,12 +210,10 @@ def startup_note(cfg: TrainConfig, launched: str, precision: str, device: Device
             "model_preset", cfg.model.model_preset):
         return None
     gpu = next((g.key for g in PLANNER_GPUS.values() if g.device_name.casefold() == device.name.casefold()), None)
-    args = argparse.Namespace(
-        preset=cfg.preset, gpu=gpu, gpu_memory_gib=device.memory_gib, num_gpus=device.count, num_nodes=1,
-        inter_node_gb_s=None, precision=precision,
+    args = planner.arguments(
+        preset=cfg.preset, gpu=gpu, gpu_memory_gib=device.memory_gib, num_gpus=device.count, precision=precision,
         micro_batch_size=cfg.optim.micro_batch_size, block_size=cfg.data.block_size,
-        global_batch_tokens=cfg.optim.global_batch_tokens, attn_impl=cfg.model.attn_impl,
-        activation_checkpointing=None, mfu=mfu, overlap="full", link_gb_s=None, cpu=False)
+        global_batch_tokens=cfg.optim.global_batch_tokens, attn_impl=cfg.model.attn_impl, mfu=mfu)
     try:
         chosen = choose_launch(args, planner)
     except PlanError as exc:

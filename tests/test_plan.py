@@ -405,3 +405,14 @@ def test_the_machines_link_decides_and_one_machine_plans_no_hybrid_sharding() ->
     # A link between machines as fast as inside them: FSDP over all 16 holds less, and is as fast.
     assert fast["fsdp"]["per_device_bytes"]["parameters"] < fast["hsdp"]["per_device_bytes"]["parameters"]
     assert fast["fsdp"]["predicted_step_s"] == pytest.approx(fast["hsdp"]["predicted_step_s"], rel=0.05)
+
+
+def test_planning_without_a_command_line_takes_the_flags_defaults() -> None:
+    from analysis.plan import parse_args, plan_args
+
+    args = plan_args(preset="gpt2-medium", num_gpus=2)
+    assert (args.preset, args.num_gpus) == ("gpt2-medium", 2)
+    assert {k: v for k, v in vars(args).items() if k not in ("preset", "num_gpus")} == {
+        k: v for k, v in vars(parse_args([])).items() if k not in ("preset", "num_gpus")}
+    with pytest.raises(TypeError, match="not flags of the planner: num_gpu"):
+        plan_args(num_gpu=2)  # a misspelt flag is refused, not planned at its default
