@@ -31,7 +31,8 @@ from tests.launch import (
     wait_on_machines,
 )
 from tests.test_strategies import assert_same_validation
-from training.strategy import EffectiveStrategy, StrategyMismatch, check_strategy, requested_from_env
+from training.record import EffectiveRecord
+from training.strategy import StrategyMismatch, check_strategy, requested_from_env
 
 TIMEOUT_S = 60  # --collective_timeout_s of the killed job: the bound on how long the other ranks may wait
 HSDP_LAUNCH = {"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2",
@@ -110,12 +111,12 @@ def test_the_slurm_launch_line_without_its_variables_is_one_line_and_nonzero() -
 # -- the guard: the launch's mesh against the live one (unit level) ----------------------------------------
 
 
-def _live(**changes: object) -> EffectiveStrategy:
+def _live(**changes: object) -> EffectiveRecord:
     values = dict(strategy="hsdp", world_size=4, num_machines=2, backend="gloo", distributed_type="FSDP",
                   wrapper="FSDPModule", params_sharded=True, local_param_numel=1, global_param_numel=2,
                   precision="fp32", device_type="cpu", dp_replicate_size=2, dp_shard_size=2,
                   shard_groups=((0, 1), (2, 3)), shard_groups_within_machines=True)
-    return EffectiveStrategy(**{**values, **changes})
+    return EffectiveRecord(**{**values, **changes})
 
 
 def test_the_launch_variables_ask_for_hsdp_on_their_mesh() -> None:

@@ -5,7 +5,6 @@ and the offloaded AdamW update that runs on one host core."""
 from __future__ import annotations
 
 import pytest
-import torch
 
 from analysis.plan import hardware, main
 from analysis.plan_model import (
@@ -15,7 +14,6 @@ from analysis.plan_model import (
     Workload,
     activations,
     host_update_bytes,
-    parameter_shapes,
     step_memory,
     step_time,
 )

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,12 +85,6 @@ def test_non_finite_figures_are_written_as_null() -> None:
     written = replace(summary(), total=replace(totals(), final_loss=float("nan"), mfu=float("inf"))).to_dict()
     assert written["total"]["final_loss"] is None and written["total"]["mfu"] is None
     json.dumps(written, allow_nan=False)
-
-
-def test_effective_record_has_every_field_of_the_effective_strategy() -> None:
-    from training.strategy import EffectiveStrategy
-
-    assert [f.name for f in fields(EffectiveRecord)] == [f.name for f in fields(EffectiveStrategy)]
 
 
 @pytest.mark.parametrize("name", ["single", "ddp", "fsdp"])

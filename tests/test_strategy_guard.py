@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
+from training.record import EffectiveRecord
 from training.strategy import (
-    EffectiveStrategy,
     StrategyMismatch,
     check_strategy,
     choose_precision,
@@ -22,8 +22,8 @@ DDP_LAUNCH = {"WORLD_SIZE": "2", "ACCELERATE_MIXED_PRECISION": "fp16"}
 MULTI_CPU_ONE_PROCESS = {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
 
 
-def _effective(strategy: str, world_size: int, wrapper: str, sharded: bool = False) -> EffectiveStrategy:
-    return EffectiveStrategy(
+def _effective(strategy: str, world_size: int, wrapper: str, sharded: bool = False) -> EffectiveRecord:
+    return EffectiveRecord(
         strategy=strategy, world_size=world_size, num_machines=1, backend="gloo", distributed_type="MULTI_CPU",
         wrapper=wrapper, params_sharded=sharded, local_param_numel=1, global_param_numel=2, precision="fp32",
         device_type="cpu",
@@ -43,7 +43,7 @@ def test_launch_variables_name_the_requested_strategy() -> None:
     (DDP_LAUNCH, _effective("ddp", 2, "DistributedDataParallel")),
     ({}, _effective("single", 1, "GPT2")),
 ])
-def test_matching_strategies_pass(launch: dict[str, str], effective: EffectiveStrategy) -> None:
+def test_matching_strategies_pass(launch: dict[str, str], effective: EffectiveRecord) -> None:
     requested = requested_from_env(launch)
     assert check_strategy(requested, effective) is None  # no StrategyMismatch
     # The same pair with the world size changed is refused: the guard did compare this pair.

@@ -81,9 +81,11 @@ class RequestedRecord(Record):
 
 @dataclass(frozen=True)
 class EffectiveRecord(Record):
-    """What was really running (training.strategy.EffectiveStrategy, field for field)."""
+    """What is really running, read off the process group and the prepared model
+    (training.strategy.effective_strategy), as the guard checks it and config.json records it. Read back
+    from an older run folder, a field it did not record is None."""
 
-    strategy: str | None
+    strategy: str | None  # a training.registry name, or what is running when no entry fits
     world_size: int | None
     num_machines: int | None
     backend: str | None
@@ -94,12 +96,15 @@ class EffectiveRecord(Record):
     global_param_numel: int | None
     precision: str | None  # fp32 | fp16 | bf16
     device_type: str | None
-    block_shard_fractions: tuple[float, ...] | None
-    fsdp_reshard_after_forward: bool | None
-    fsdp_offload_params: bool | None
-    param_devices: tuple[str, ...] | None
-    checkpoint_wrapped_blocks: int | None
-    # Hybrid sharding's live mesh (None, and no groups, for every other strategy): see training/strategy.py.
+    block_shard_fractions: tuple[float, ...] | None = ()  # local/global parameter share of each FSDP-wrapped block
+    # Read from the blocks' FSDP units (None when not FSDP): their reshard-after-forward setting, whether
+    # their offload policy is CPUOffloadPolicy, and the device types the parameter shards live on.
+    fsdp_reshard_after_forward: bool | None = None
+    fsdp_offload_params: bool | None = None
+    param_devices: tuple[str, ...] | None = ()
+    checkpoint_wrapped_blocks: int | None = 0  # blocks wrapped by accelerate's FSDP activation checkpointing
+    # Read from the blocks' FSDP units under hybrid sharding (None otherwise): the mesh's replicate and
+    # shard sizes, the ranks of every shard group (the mesh's rows), and whether each group is on one machine.
     dp_replicate_size: int | None = None
     dp_shard_size: int | None = None
     shard_groups: tuple[tuple[int, ...], ...] | None = None

@@ -50,7 +50,6 @@ from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finis
 from training.step import eval_subset, lr_factor, make_optimizer
 from training.stopping import SignalFlag
 from training.strategy import (
-    EffectiveStrategy,
     RequestedLaunch,
     ShardingObserver,
     check_strategy,
@@ -183,7 +182,7 @@ class _Trainable:
     model_config: Any  # model.GPT2Config
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LambdaLR
-    effective: EffectiveStrategy
+    effective: EffectiveRecord
     sharding_observed: dict[str, Any]
     n_params: int
     n_params_non_embedding: int
@@ -278,7 +277,7 @@ def _launch_record(cfg: TrainConfig, processes: _Processes, data: _Data, trainab
     requested, effective, geometry, schedule = processes.requested, trainable.effective, data.geometry, data.schedule
     return LaunchRecord(
         requested=RequestedRecord(requested.strategy, requested.world_size, requested.mixed_precision),
-        effective=EffectiveRecord(**effective.to_dict()),
+        effective=effective,
         run_name=cfg.run.run_name or f"{effective.strategy}-{effective.world_size}x-{effective.precision}",
         device_name=_device_name(processes.accelerator.device),
         threads_per_process=torch.get_num_threads(),

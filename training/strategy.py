@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import torch
@@ -22,6 +22,7 @@ from accelerate import Accelerator
 from accelerate.utils import DistributedType
 
 from training import registry
+from training.record import EffectiveRecord
 from training.registry import FsdpMode, Wrapper
 
 # accelerate versions with which `_enable_fsdp_on_cpu` was verified to take effect.
@@ -72,39 +73,6 @@ class RequestedLaunch:
         processes = "several" if self.world_size is None else str(self.world_size)
         mesh = f" on a {self.mesh.describe()}" if self.mesh is not None else ""
         return f"{self.strategy} with {processes} process(es){mesh}"
-
-
-@dataclass(frozen=True)
-class EffectiveStrategy:
-    """What is really running, read off the process group and the prepared model."""
-
-    strategy: str  # a training.registry name, or what is running when no entry fits
-    world_size: int
-    num_machines: int
-    backend: str
-    distributed_type: str
-    wrapper: str
-    params_sharded: bool
-    local_param_numel: int
-    global_param_numel: int
-    precision: str  # fp32 | fp16 | bf16
-    device_type: str
-    block_shard_fractions: tuple[float, ...] = ()  # local/global parameter share of each FSDP-wrapped block
-    # Read from the blocks' FSDP units (None when not FSDP): their reshard-after-forward setting, whether
-    # their offload policy is CPUOffloadPolicy, and the device types the parameter shards live on.
-    fsdp_reshard_after_forward: bool | None = None
-    fsdp_offload_params: bool | None = None
-    param_devices: tuple[str, ...] = ()
-    checkpoint_wrapped_blocks: int = 0  # blocks wrapped by accelerate's FSDP activation checkpointing
-    # Read from the blocks' FSDP units under hybrid sharding (None otherwise): the mesh's replicate and
-    # shard sizes, the ranks of every shard group (the mesh's rows), and whether each group is on one machine.
-    dp_replicate_size: int | None = None
-    dp_shard_size: int | None = None
-    shard_groups: tuple[tuple[int, ...], ...] | None = None
-    shard_groups_within_machines: bool | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> RequestedLaunch:
@@ -357,7 +325,7 @@ def parameter_devices(model: nn.Module) -> tuple[str, ...]:
     return tuple(sorted({local_tensor(p).device.type for p in model.parameters()}))
 
 
-def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> EffectiveStrategy:
+def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> EffectiveRecord:
     wrapper = _wrapper_name(prepared_model)
     sharded, local, total = parameter_sizes(prepared_model)
     reshard, offload = fsdp_mode(prepared_model) if wrapper == Wrapper.FSDP.value else (None, None)
@@ -369,7 +337,7 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
         machines = machine_of_each_rank()
         within_machines = all(len({machines[r] for r in group}) == 1 for group in hybrid.shard_groups)
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
-    return EffectiveStrategy(
+    return EffectiveRecord(
         strategy=strategy,
         world_size=accelerator.num_processes,
         num_machines=num_machines,
@@ -407,7 +375,7 @@ def _strategy_in_effect(wrapper: str, sharded: bool, reshard: bool | None, offlo
     return f"unwrapped x{num_processes}"
 
 
-def check_strategy(requested: RequestedLaunch, effective: EffectiveStrategy) -> None:
+def check_strategy(requested: RequestedLaunch, effective: EffectiveRecord) -> None:
     """Stop the run when the strategy in effect is not the one requested (one line naming both)."""
     problems = []
     if effective.strategy != requested.strategy:
@@ -428,7 +396,7 @@ def check_strategy(requested: RequestedLaunch, effective: EffectiveStrategy) -> 
         )
 
 
-def _mesh_problems(requested: RequestedLaunch, effective: EffectiveStrategy) -> list[str]:
+def _mesh_problems(requested: RequestedLaunch, effective: EffectiveRecord) -> list[str]:
     """How the live hybrid mesh differs from the launch's: its sizes, and shard groups that span machines
     (whose all-gathers would then cross the slow link every step)."""
     if requested.mesh is None or requested.mesh.dp_replicate_size == 1:
