@@ -18,6 +18,7 @@ from typing import Any
 from analysis.report import write_atomic
 from analysis.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, number
 from training.metric_table import Scope, in_scope, only_in
+from training.record import BatchRecord, EpochFigures, LaunchRecord, RunFacts, RunTotals, run_summary
 from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
 
 # What an eval line holds besides its step (W&B's own step axis), and what only an eval line holds:
@@ -116,33 +117,30 @@ def _mean(lines: list[dict[str, Any]], key: str) -> float | None:
 
 def run_files_from_wandb(config: Mapping[str, Any], summary: Mapping[str, Any],
                          rows: Iterable[Mapping[str, Any]], namespace: Mapping[str, str]) -> RunFiles:
-    """Rebuild a run directory's three files from a W&B run's config, summary and history."""
-    launch = config.get("launch") or {}
-    effective, batch = launch.get("effective") or {}, launch.get("batch") or {}
+    """Rebuild a run directory's three files from a W&B run's config, summary and history.
+
+    The summary is laid out by the same function as train.py's (training.record.run_summary) from the
+    launch record W&B holds in the config; what W&B does not hold (the memory probe, the observed sharding,
+    the skipped steps) is left out (null) rather than guessed.
+    """
+    run = config.get("run") or {}
+    launch = LaunchRecord.from_dict(config.get("launch") or {})
+    batch = launch.batch or BatchRecord.from_dict({})
     metrics = metrics_from_history(rows, namespace)
     train = [r for r in metrics if r["kind"] == "train"]
     steps = train[-1]["step"] if train else 0
-    world_size = effective.get("world_size") or 1
+    world_size = (launch.effective.world_size if launch.effective else None) or 1
     total = {k.removeprefix(WANDB_SUMMARY_PREFIX): v for k, v in summary.items() if k.startswith(WANDB_SUMMARY_PREFIX)}
-    rebuilt = {
-        "run_name": launch.get("run_name"), "experiment": (config.get("run") or {}).get("experiment"),
-        "strategy": effective.get("strategy"), "requested_strategy": (launch.get("requested") or {}).get("strategy"),
-        "world_size": world_size, "num_machines": effective.get("num_machines"),
-        "precision": effective.get("precision"), "device_type": effective.get("device_type"),
-        "device_name": launch.get("device_name"), "peak_flops_per_device": launch.get("peak_flops_per_device"),
-        "peak_flops_source": launch.get("peak_flops_source"), "preset": config.get("preset"),
-        "n_params": launch.get("n_params"), "n_params_non_embedding": launch.get("n_params_non_embedding"),
-        "seed": (config.get("run") or {}).get("seed"), "data_key": (launch.get("data_stats") or {}).get("cache_key"),
-        "block_size": (config.get("data") or {}).get("block_size"),
-        "micro_batch_size": batch.get("micro_batch_size"), "grad_accum_steps": batch.get("grad_accum_steps"),
-        "global_batch_tokens": batch.get("global_batch_tokens"), "steps": steps,
-        "tokens_trained": steps * (batch.get("global_batch_tokens") or 0),
-        "complete": bool(total) and steps >= ((launch.get("schedule") or {}).get("total_steps") or 0),
-        "epochs": epochs_from_metrics(metrics, world_size, int((config.get("run") or {}).get("perf_warmup_steps") or 0)),
-        "total": total,
-        "step_times_s": [v for line in train if (v := number(line.get("step_time_s"))) is not None],
-    }
-    return RunFiles(dict(config), metrics, rebuilt)
+    epochs = epochs_from_metrics(metrics, world_size, int(run.get("perf_warmup_steps") or 0))
+    rebuilt = run_summary(launch, RunFacts(
+        experiment=run.get("experiment"), preset=config.get("preset"), seed=run.get("seed"),
+        block_size=(config.get("data") or {}).get("block_size"), sharding_observed=None, memory=None, steps=steps,
+        tokens_trained=steps * (batch.global_batch_tokens or 0),
+        complete=bool(total) and steps >= ((launch.schedule.total_steps if launch.schedule else None) or 0),
+        epochs=[EpochFigures.from_dict(e) for e in epochs], total=RunTotals.from_dict(total),
+        step_times_s=[v for line in train if (v := number(line.get("step_time_s"))) is not None],
+        skipped_step_numbers=None))
+    return RunFiles(dict(config), metrics, rebuilt.to_dict())
 
 
 def fetch_wandb_runs(entity_project: str, group: str, dest: Path) -> list[Path]:

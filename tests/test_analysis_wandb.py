@@ -85,6 +85,15 @@ def test_a_real_record_rebuilds_the_run_files(recorded_run: Path, tmp_path: Path
     assert rebuilt.usable and rebuilt.complete and not rebuilt.problems
     assert build_table([rebuilt]).rows[0][1:] == build_table([original]).rows[0][1:]
     assert len(original.epochs) == 2 and [e["epoch"] for e in files.summary["epochs"]] == [1, 2]
+    # Everything summary.json holds of the launch (devices, levers, the measured peak with its time and
+    # spread, the data key, ...) comes back as written; what W&B does not hold comes back null.
+    unknown = {"sharding_observed", "memory", "skipped_step_numbers"}
+    approximated = {"epochs", "total", "step_times_s"}  # rebuilt from the logged lines, checked here and below
+    written = json.loads((recorded_run / "summary.json").read_text())
+    assert set(files.summary) == set(written)
+    assert {k: files.summary[k] for k in set(written) - unknown - approximated} == {
+        k: written[k] for k in set(written) - unknown - approximated}
+    assert all(files.summary[k] is None for k in unknown)
     for got, want in zip(files.summary["epochs"], original.epochs):
         assert got["steps"] == want["steps"] and got["tokens"] == want["tokens"]
         assert got["loss_mean"] == pytest.approx(want["loss_mean"], rel=1e-9)

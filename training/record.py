@@ -339,9 +339,9 @@ class RunFacts:
 
     experiment: str | None
     preset: str | None
-    seed: int
-    block_size: int
-    sharding_observed: dict[str, Any]
+    seed: int | None
+    block_size: int | None
+    sharding_observed: dict[str, Any] | None  # None: not known (a run fetched back from W&B)
     memory: dict[str, Any] | None
     steps: int
     tokens_trained: int
@@ -349,7 +349,7 @@ class RunFacts:
     epochs: list[EpochFigures]
     total: RunTotals
     step_times_s: list[float]
-    skipped_step_numbers: list[int]
+    skipped_step_numbers: list[int] | None  # None: not known (a run fetched back from W&B)
     stop: StopRecord | None = None
 
 
