@@ -116,12 +116,13 @@ def summarize(values: Sequence[float], exact: bool = False) -> Summary | None:
     if data.size == 0:
         return None
     positive = bool((data > 0).all())
-    geometric = math.exp(float(np.log(data).mean())) if positive else None
+    logs = np.log(data) if positive else None
+    geometric = math.exp(float(logs.mean())) if logs is not None else None
     if data.size == 1:
         value = float(data[0])
         return Summary(1, value, value, value, value, (value, value) if exact else None, EXACT if exact else SINGLE,
                        value if positive else None)
-    spread = np.log(data) if positive else data
+    spread = logs if logs is not None else data
     half = t_quantile((1 + CONFIDENCE) / 2, data.size - 1) * float(spread.std(ddof=1)) / math.sqrt(data.size)
     mean = float(data.mean())
     if np.ptp(data) == 0:  # identical runs: a point, free of the logarithm's rounding
