@@ -29,10 +29,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from data import DataError
+    from training import registry
     from training.loop import RunError, run_training
     from training.strategy import StrategyMismatch
-
-    from training import registry
 
     if config.run.strategy == registry.AUTO and os.environ.get("RANK", "0") == "0":
         _say_what_the_plan_picks(config)

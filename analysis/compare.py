@@ -17,11 +17,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from training.cli import EXIT_BAD_INPUT, OneLineParser
 from analysis.report import build_report, write_report
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from analysis.scaling import gpu_hour_price
 from analysis.wandb_fetch import APPROXIMATION_NOTE, FetchError, fetch_wandb_runs
+from training.cli import EXIT_BAD_INPUT, OneLineParser
 
 EXIT_OK = 0
 EXIT_UNUSABLE = EXIT_BAD_INPUT

@@ -440,7 +440,7 @@ def write_run_order(spec: ExperimentSpec, outcomes: list[Outcome]) -> None:
 def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
     price = ["--gpu_hour_price", price_text(spec.gpu_hour_price)] if spec.gpu_hour_price is not None else []
     target = ["--target_loss", f"{spec.target_loss:g}"] if spec.target_loss is not None else []
-    return shlex.join(["python", "-m", "analysis.compare", *(str(l.run_dir) for l in launches), "--out", str(spec.out),
+    return shlex.join(["python", "-m", "analysis.compare", *(str(launch.run_dir) for launch in launches), "--out", str(spec.out),
                        *price, *target])
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.cli import OneLineParser
+from analysis.plan_error import PlanError, error_pct
 from analysis.plan_model import (
     Link,
     StepTime,
@@ -36,12 +36,12 @@ from analysis.plan_model import (
     max_micro_batch_size,
     model_state,
     step_memory,
-    total_parameters,
     step_time,
+    total_parameters,
 )
-from analysis.plan_error import PlanError, error_pct
 from model.config import GPT2Config
 from training import registry
+from training.cli import OneLineParser
 from training.config import ModelChoice
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens
 from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu

@@ -22,12 +22,12 @@ import argparse
 import json
 import shlex
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Callable
-
-from analysis.plan_model import Workload
+from typing import TYPE_CHECKING, Any
 
 from analysis.plan_error import PlanError
+from analysis.plan_model import Workload
 from training import registry
 from training.presets import preset_overrides
 

@@ -20,11 +20,32 @@ import numpy as np
 from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
 from analysis.runs import Run, number
-from analysis.scaling import (SCALING_FACTS, scaling_efficiency, scaling_lines, table_columns, throughput_key,
-                              throughput_name)
-from analysis.uncertainty import (HIGHER, LOWER, MIB, RESERVED, RESIDENT, SAME, SINGLE, STEP_BOOTSTRAP, STEP_PEAK,
-                                 THROUGHPUT, TOO_FEW, Comparison, Statistics, Summary, build_statistics)
+from analysis.scaling import (
+    SCALING_FACTS,
+    scaling_efficiency,
+    scaling_lines,
+    table_columns,
+    throughput_key,
+    throughput_name,
+)
 from analysis.table import Table, build_table, to_csv, to_html, to_markdown
+from analysis.uncertainty import (
+    HIGHER,
+    LOWER,
+    MIB,
+    RESERVED,
+    RESIDENT,
+    SAME,
+    SINGLE,
+    STEP_BOOTSTRAP,
+    STEP_PEAK,
+    THROUGHPUT,
+    TOO_FEW,
+    Comparison,
+    Statistics,
+    Summary,
+    build_statistics,
+)
 from training.rundir import write_atomic
 
 # Facts that must be equal across runs for the comparison to be like for like, with their names.

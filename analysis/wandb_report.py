@@ -24,10 +24,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from training.cli import OneLineParser
 from analysis.compare import load_comparison
 from analysis.report import Reading, build_reading, write_atomic
-from training.cli import DefaultsHelpFormatter
+from training.cli import DefaultsHelpFormatter, OneLineParser
 from training.config import RunConfig
 from training.metric_table import BARS, CURVES, X_AXIS, X_TITLE
 from training.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key

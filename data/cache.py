@@ -13,8 +13,9 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 META_FILE = "meta.json"
 _TMP_PREFIX = ".tmp-"

@@ -12,9 +12,11 @@ import contextlib
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, ContextManager, Iterator
+from typing import Any
 
 import datasets
 import numpy as np
@@ -383,7 +385,7 @@ def _load_or_build(config: DataConfig, log: Log) -> PackedData:
 
 def build_datasets(
     config: DataConfig,
-    main_process_first: Callable[[], ContextManager] | None = None,
+    main_process_first: Callable[[], AbstractContextManager] | None = None,
     log: Log = print,
 ) -> PackedData:
     """Build (or reuse from the cache) the packed train and validation datasets of `config`.

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sys
 import typing
-from typing import Sequence
+from collections.abc import Sequence
 
 from data.config import DataConfig
 from data.errors import DataError

@@ -16,6 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 from model.config import GPT2Config
 
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPT2Config):
         super().__init__()

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import torch  # noqa: E402
 
-from analysis.plan import compare_run, run_workload, _read_json  # noqa: E402
+from analysis.plan import _read_json, compare_run, run_workload  # noqa: E402
 from analysis.plan_model import activations  # noqa: E402
 from training.gpus import PLANNER_GPUS  # noqa: E402
 

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.report import (agreement_lines, build_reading, fairness, fairness_lines, fastest_reading,
-                             loss_agreement, memory_reading)
+from analysis.report import (
+    agreement_lines,
+    build_reading,
+    fairness,
+    fairness_lines,
+    fastest_reading,
+    loss_agreement,
+    memory_reading,
+)
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from tests.analysis_fixtures import three_strategies
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from analysis.compare import main as compare_main
-from analysis.wandb_report import bar_panels, line_panels, main, to_wandb_report, wandb_metric
 from analysis.wandb_fetch import wandb_namespace
+from analysis.wandb_report import bar_panels, line_panels, main, to_wandb_report, wandb_metric
 from tests.analysis_fixtures import three_strategies
 from tests.test_analysis_wandb import as_wandb
 from tests.wandb_server import ENTITY, VIEW_ID, FakeWandbServer, RemoteRun

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from tests.launch import REPO, run, train, write_news_csv
-from training.geometry import batch_geometry
 from training.config import OptimConfig
 from training.errors import RunError
+from training.geometry import batch_geometry
 
 pytestmark = pytest.mark.multiprocess
 

@@ -11,8 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import build_datasets, load_tokenizer
-from data import pipeline
+from data import build_datasets, load_tokenizer, pipeline
 from data.cache import publish, read_entry
 from tests.test_data_support import article, config, log_sink, write_kaggle_csv
 

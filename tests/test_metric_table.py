@@ -10,8 +10,20 @@ from pathlib import Path
 import pytest
 
 from training.metric_table import (
-    BARS, CURVES, LINE_KIND_KEY, METRICS, WANDB_SUMMARY_PREFIX, X_AXIS, Bars, Column, Curve, Metric, Scope, in_scope,
-    metric, table_columns,
+    BARS,
+    CURVES,
+    LINE_KIND_KEY,
+    METRICS,
+    WANDB_SUMMARY_PREFIX,
+    X_AXIS,
+    Bars,
+    Column,
+    Curve,
+    Metric,
+    Scope,
+    in_scope,
+    metric,
+    table_columns,
 )
 
 SAMPLE_RUNS = sorted((Path(__file__).resolve().parents[1] / "docs" / "sample_report" / "runs").iterdir())

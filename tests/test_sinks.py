@@ -53,7 +53,7 @@ class _FailingWandb:
     def init_trackers(self, *args, **kwargs) -> None:
         self._call("start")
 
-    def get_tracker(self, name: str, unwrap: bool = False) -> "_FailingWandb":
+    def get_tracker(self, name: str, unwrap: bool = False) -> _FailingWandb:
         return self
 
     def log(self, values: dict, step: int) -> None:

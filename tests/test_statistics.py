@@ -11,10 +11,29 @@ import pytest
 
 from analysis.report import memory_reading
 from analysis.runs import Run
-from analysis.uncertainty import (EXACT, HIGHER, LOG_T_INTERVAL, LOWER, RESIDENT, SAME, STEP_BOOTSTRAP, STEP_PEAK,
-                                 T_INTERVAL, THROUGHPUT, TOO_FEW, bootstrap_median_interval, build_statistics,
-                                 mlperf_mean, ratio_over_runs, step_ratio, step_rates, summarize, t_quantile,
-                                 time_to_target, verdict)
+from analysis.uncertainty import (
+    EXACT,
+    HIGHER,
+    LOG_T_INTERVAL,
+    LOWER,
+    RESIDENT,
+    SAME,
+    STEP_BOOTSTRAP,
+    STEP_PEAK,
+    T_INTERVAL,
+    THROUGHPUT,
+    TOO_FEW,
+    bootstrap_median_interval,
+    build_statistics,
+    mlperf_mean,
+    ratio_over_runs,
+    step_rates,
+    step_ratio,
+    summarize,
+    t_quantile,
+    time_to_target,
+    verdict,
+)
 
 MIB = 2**20
 

@@ -12,9 +12,9 @@ from accelerate import Accelerator
 
 from model import GPT2, GPT2Config
 from training.batching import EpochOrderSampler
-from training.geometry import BatchGeometry, batch_geometry
 from training.config import OptimConfig
 from training.errors import RunError
+from training.geometry import BatchGeometry, batch_geometry
 from training.metrics import MetricsTracker, ThroughputFacts
 from training.step import lr_factor, train_step
 

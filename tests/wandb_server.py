@@ -28,9 +28,10 @@ import re
 import socket
 import sys
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Callable
+from typing import Any
 
 ENTITY = "tester"
 PROJECT_ID = "UHJvamVjdDox"

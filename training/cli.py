@@ -10,7 +10,8 @@ import argparse
 import dataclasses
 import types
 import typing
-from typing import Any, NoReturn, Sequence
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from training.config import ModelChoice, OptimConfig, RunConfig, SpeedConfig, TrainConfig
 from training.presets import PRESETS, preset_overrides

@@ -14,8 +14,9 @@ Pure Python (no torch), so the analysis and notebook side can import it cheaply.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
-from typing import Any, ClassVar, Mapping, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 R = TypeVar("R", bound="Record")
 

@@ -27,13 +27,13 @@ from torch.utils.data import DataLoader
 from data.errors import DataError
 from training import registry
 from training.batching import EpochOrderSampler
-from training.geometry import BatchGeometry, batch_geometry
 from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
+from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
-from training.link import measure_link
 from training.levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
+from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
 from training.record import BatchRecord, EffectiveRecord, LaunchRecord, RequestedRecord, ScheduleRecord

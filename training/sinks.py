@@ -16,8 +16,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from training.metric_table import (LINE_KIND_KEY, WANDB_SUMMARY_PREFIX, unlogged_line_keys, wandb_history_keys,
-                                   wandb_summary_key)
+from training.metric_table import (
+    LINE_KIND_KEY,
+    WANDB_SUMMARY_PREFIX,
+    unlogged_line_keys,
+    wandb_history_keys,
+    wandb_summary_key,
+)
 
 if TYPE_CHECKING:  # only annotations need it: the report tools import the key names without torch
     from accelerate import Accelerator
