@@ -61,8 +61,9 @@ def _say_what_the_plan_picks(config: TrainConfig) -> None:
     launched = requested_from_env(os.environ)
     device = cuda_device(launched.world_size or 1)
     if device is not None:
-        note = startup_note(config, launched.strategy, precision_name(launched.mixed_precision), device, planner(),
-                            DEFAULT_MFU)
+        note = startup_note(
+            config, launched.strategy, precision_name(launched.mixed_precision), device, planner(), DEFAULT_MFU
+        )
         if note:
             print(note, file=sys.stderr, flush=True)
 

@@ -33,12 +33,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="report folder (created; files in it replaced)")
     parser.add_argument("--from_wandb", metavar="ENTITY/PROJECT", help="also fetch the runs of --group from W&B")
     parser.add_argument("--group", help="W&B group (the experiment name) to fetch with --from_wandb")
-    parser.add_argument("--gpu_hour_price", type=gpu_hour_price, metavar="PRICE",
-                        help="price of one device for one hour, any currency: adds cost per million tokens")
-    parser.add_argument("--target_loss", type=target_loss, metavar="L",
-                        help="validation loss to reach: adds time, tokens and cost to first reach it")
-    parser.add_argument("--mlperf", action="store_true",
-                        help="also give the MLPerf-style mean of the runs less the fastest and the slowest")
+    parser.add_argument(
+        "--gpu_hour_price",
+        type=gpu_hour_price,
+        metavar="PRICE",
+        help="price of one device for one hour, any currency: adds cost per million tokens",
+    )
+    parser.add_argument(
+        "--target_loss",
+        type=target_loss,
+        metavar="L",
+        help="validation loss to reach: adds time, tokens and cost to first reach it",
+    )
+    parser.add_argument(
+        "--mlperf",
+        action="store_true",
+        help="also give the MLPerf-style mean of the runs less the fastest and the slowest",
+    )
     args = parser.parse_args(argv)
     if not args.run_dirs and not args.from_wandb:
         parser.error("give at least one RUN_DIR or --from_wandb ENTITY/PROJECT --group NAME")
@@ -66,8 +77,15 @@ def load_comparison(run_dirs: list[Path]) -> tuple[list[Run], list[Run]]:
     return sort_runs(usable), [run for run in runs if not run.usable]
 
 
-def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] | None = None,
-            gpu_hour_price: float | None = None, target_loss: float | None = None, mlperf: bool = False) -> int:
+def compare(
+    run_dirs: list[Path],
+    out_dir: Path,
+    command: str,
+    notes: list[str] | None = None,
+    gpu_hour_price: float | None = None,
+    target_loss: float | None = None,
+    mlperf: bool = False,
+) -> int:
     """Load `run_dirs`, report problems on stderr, write the report of the usable runs into `out_dir`;
     `gpu_hour_price` (per device-hour) prices the runs, `target_loss` and `mlperf` as the flags say."""
     usable, excluded = load_comparison(run_dirs)
@@ -75,8 +93,10 @@ def compare(run_dirs: list[Path], out_dir: Path, command: str, notes: list[str] 
         for problem in run.problems:
             print(f"warning: {run.path}: {problem}", file=sys.stderr)
     if not usable:
-        print(f"error: none of the {len(excluded)} run directories has a usable summary.json; no report written",
-              file=sys.stderr)
+        print(
+            f"error: none of the {len(excluded)} run directories has a usable summary.json; no report written",
+            file=sys.stderr,
+        )
         return EXIT_UNUSABLE
     report = build_report(usable, excluded, command, notes, gpu_hour_price, target_loss, mlperf)
     written = write_report(report, out_dir)

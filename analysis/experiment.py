@@ -84,19 +84,29 @@ class ExperimentSpec:
             raise SetupError("each strategy once: the run directory is named after it")
         spanning = [s for s in self.strategies if registry.get(s).multi_machine]
         if spanning and self.main_process_ip is None:
-            raise SetupError(f"{spanning[0]} spans machines: give --main_process_ip (machine rank 0's address) and "
-                             "run the same command on every machine with its --machine_rank")
+            raise SetupError(
+                f"{spanning[0]} spans machines: give --main_process_ip (machine rank 0's address) and "
+                "run the same command on every machine with its --machine_rank"
+            )
         if self.machine_rank < 0 or (self.machine_rank > 0 and not spanning):
-            raise SetupError(f"--machine_rank {self.machine_rank}: only machine rank 0 trains strategies that do not "
-                             "span machines; other machines join those that do (choose one with --strategies)")
+            raise SetupError(
+                f"--machine_rank {self.machine_rank}: only machine rank 0 trains strategies that do not "
+                "span machines; other machines join those that do (choose one with --strategies)"
+            )
         if len(set(self.seeds)) != len(self.seeds):
             raise SetupError("each seed once: a repeat of a seed is what --repeats is for")
-        for name in ("max_steps", "epochs", "global_batch_tokens", "micro_batch_size", "block_size", "num_processes",
-                     "repeats"):
+        for name in (
+            "max_steps",
+            "epochs",
+            "global_batch_tokens",
+            "micro_batch_size",
+            "block_size",
+            "num_processes",
+            "repeats",
+        ):
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise SetupError(f"--{name} must be > 0, got {value}")
-
 
     @property
     def strategies_here(self) -> tuple[str, ...]:
@@ -193,14 +203,20 @@ def read_num_processes(config_file: Path) -> int:
     return processes
 
 
-def world_sizes(strategies: Sequence[str], config_dir: Path = CONFIG_DIR,
-                num_processes: int | None = None) -> dict[str, int]:
+def world_sizes(
+    strategies: Sequence[str], config_dir: Path = CONFIG_DIR, num_processes: int | None = None
+) -> dict[str, int]:
     """Processes per strategy: the config file's, or `num_processes` for the multi-process strategies when
     given (a one-process strategy is one process by definition)."""
     sizes = {s: read_num_processes(config_dir / registry.get(s).config_file) for s in strategies}
     if num_processes is not None:
-        sizes.update({s: num_processes for s in strategies
-                      if registry.get(s).multi_process and not registry.get(s).multi_machine})
+        sizes.update(
+            {
+                s: num_processes
+                for s in strategies
+                if registry.get(s).multi_process and not registry.get(s).multi_machine
+            }
+        )
     return sizes
 
 
@@ -227,8 +243,9 @@ def choose_batch(spec: ExperimentSpec, sizes: Sequence[int], defaults: dict[str,
     lcm = math.lcm(*sizes)
     if spec.global_batch_tokens is not None:
         try:
-            divide(spec.global_batch_tokens, micro, block, lcm,
-                   processes=f"lcm(world sizes {', '.join(map(str, sizes))})")
+            divide(
+                spec.global_batch_tokens, micro, block, lcm, processes=f"lcm(world sizes {', '.join(map(str, sizes))})"
+            )
         except BatchError as err:
             raise SetupError(str(err)) from None
         return Batch(micro, block, spec.global_batch_tokens)
@@ -236,27 +253,37 @@ def choose_batch(spec: ExperimentSpec, sizes: Sequence[int], defaults: dict[str,
     return Batch(micro, block, smallest_fitting(wanted, micro, block, list(sizes)))
 
 
-def planned_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, gpu: str | None,
-                    memory_gib: float | None, precision: str) -> dict[str, str]:
+def planned_misfits(
+    spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, gpu: str | None, memory_gib: float | None, precision: str
+) -> dict[str, str]:
     """The strategies the planner says will not fit `gpu` (or `memory_gib` per device) at the experiment's
     batch, each with the line the report shows: "does not fit (planned X GiB of Y)"."""
     from analysis.plan import DEFAULT_MFU, GIB, hardware, plan_args, plan_strategy, workload_for  # when asked
     from analysis.plan_error import PlanError
 
     extra = set(spec.extra)  # a lever passed on to train.py is planned too; else the preset's
-    checkpointing = True if "--activation_checkpointing" in extra else (
-        False if "--no-activation_checkpointing" in extra else None)
+    checkpointing = (
+        True if "--activation_checkpointing" in extra else (False if "--no-activation_checkpointing" in extra else None)
+    )
     try:
         hw = hardware(gpu, precision, memory_gib, None)
         misfits = {}
         for strategy in spec.strategies:
-            args = plan_args(preset=spec.preset, block_size=batch.block_size, micro_batch_size=batch.micro_batch_size,
-                             num_gpus=sizes[strategy], global_batch_tokens=batch.global_batch_tokens,
-                             precision=precision, activation_checkpointing=checkpointing)
+            args = plan_args(
+                preset=spec.preset,
+                block_size=batch.block_size,
+                micro_batch_size=batch.micro_batch_size,
+                num_gpus=sizes[strategy],
+                global_batch_tokens=batch.global_batch_tokens,
+                precision=precision,
+                activation_checkpointing=checkpointing,
+            )
             plan = plan_strategy(workload_for(args, strategy), strategy, hw, DEFAULT_MFU, "full")  # speed unused
             if not plan["fits"]:
-                misfits[strategy] = (f"{strategy}: does not fit (planned {plan['per_device_bytes']['total'] / GIB:.2f} "
-                                     f"GiB of {hw.memory_gib:.4g} GiB per device on {hw.name}, {precision}); not launched")
+                misfits[strategy] = (
+                    f"{strategy}: does not fit (planned {plan['per_device_bytes']['total'] / GIB:.2f} "
+                    f"GiB of {hw.memory_gib:.4g} GiB per device on {hw.name}, {precision}); not launched"
+                )
     except PlanError as err:
         raise SetupError(str(err)) from None
     return misfits
@@ -280,8 +307,15 @@ def _shared_args(spec: ExperimentSpec, batch: Batch) -> list[str]:
     """What every run of the experiment gets alike (the seed is per run)."""
     budget = ["--max_steps", str(spec.max_steps)] if spec.max_steps is not None else ["--epochs", str(spec.epochs)]
     shared = [
-        "--preset", spec.preset, *budget, "--experiment", spec.experiment,
-        "--global_batch_tokens", str(batch.global_batch_tokens), "--micro_batch_size", str(batch.micro_batch_size),
+        "--preset",
+        spec.preset,
+        *budget,
+        "--experiment",
+        spec.experiment,
+        "--global_batch_tokens",
+        str(batch.global_batch_tokens),
+        "--micro_batch_size",
+        str(batch.micro_batch_size),
     ]
     if spec.block_size is not None:
         shared += ["--block_size", str(spec.block_size)]
@@ -290,9 +324,15 @@ def _shared_args(spec: ExperimentSpec, batch: Batch) -> list[str]:
     return shared
 
 
-def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
-                   launcher: Sequence[str], cwd: Path, config_dir: Path = CONFIG_DIR,
-                   train_script: Path = TRAIN_SCRIPT) -> list[Launch]:
+def build_launches(
+    spec: ExperimentSpec,
+    sizes: dict[str, int],
+    batch: Batch,
+    launcher: Sequence[str],
+    cwd: Path,
+    config_dir: Path = CONFIG_DIR,
+    train_script: Path = TRAIN_SCRIPT,
+) -> list[Launch]:
     """The command of each run, in the order they run: same preset, data, batch and W&B group for all.
 
     Interleaved, every strategy's k-th run before any strategy's (k+1)-th, so that a shared machine's
@@ -302,13 +342,23 @@ def build_launches(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
     launches = []
     for slot in slots(spec):
         for strategy in spec.strategies_here:
-            launches.append(_launch(spec, strategy, slot, sizes[strategy], shared, launcher, cwd, config_dir,
-                                    train_script))
+            launches.append(
+                _launch(spec, strategy, slot, sizes[strategy], shared, launcher, cwd, config_dir, train_script)
+            )
     return launches
 
 
-def _launch(spec: ExperimentSpec, strategy: str, slot: Slot, world_size: int, shared: list[str],
-            launcher: Sequence[str], cwd: Path, config_dir: Path, train_script: Path) -> Launch:
+def _launch(
+    spec: ExperimentSpec,
+    strategy: str,
+    slot: Slot,
+    world_size: int,
+    shared: list[str],
+    launcher: Sequence[str],
+    cwd: Path,
+    config_dir: Path,
+    train_script: Path,
+) -> Launch:
     folder = spec.out / "runs" / strategy
     run_dir = folder / slot.name if slot.name else folder
     # One run per strategy keeps train.py's default run name; several are told apart in W&B by name
@@ -320,17 +370,36 @@ def _launch(spec: ExperimentSpec, strategy: str, slot: Slot, world_size: int, sh
     # accelerate's own flag overrides the file's num_processes, so the printed command says it. A config that
     # spans machines counts the processes of all of them: it keeps its own, and is told where it runs.
     entry = registry.get(strategy)
-    processes = (("--num_processes", str(spec.num_processes))
-                 if spec.num_processes is not None and entry.multi_process and not entry.multi_machine else ())
-    machines = (("--machine_rank", str(spec.machine_rank), "--main_process_ip", str(spec.main_process_ip))
-                if entry.multi_machine else ())
-    argv = (*launcher, "--config_file", _shown(config_dir / entry.config_file, cwd), *processes, *machines,
-            _shown(train_script, cwd), *shared, *identity, "--output_dir", str(run_dir),
-            # train.py stops at start-up if the launch gives another strategy (FSDP quietly
-            # becoming DDP, say), so a mislabelled run never reaches the report.
-            "--strategy", strategy, *spec.extra)
-    return Launch(strategy, world_size, argv, run_dir, run_dir.parent / f"{run_dir.name}.log", slot.seed, slot.repeat,
-                  run_name)
+    processes = (
+        ("--num_processes", str(spec.num_processes))
+        if spec.num_processes is not None and entry.multi_process and not entry.multi_machine
+        else ()
+    )
+    machines = (
+        ("--machine_rank", str(spec.machine_rank), "--main_process_ip", str(spec.main_process_ip))
+        if entry.multi_machine
+        else ()
+    )
+    argv = (
+        *launcher,
+        "--config_file",
+        _shown(config_dir / entry.config_file, cwd),
+        *processes,
+        *machines,
+        _shown(train_script, cwd),
+        *shared,
+        *identity,
+        "--output_dir",
+        str(run_dir),
+        # train.py stops at start-up if the launch gives another strategy (FSDP quietly
+        # becoming DDP, say), so a mislabelled run never reaches the report.
+        "--strategy",
+        strategy,
+        *spec.extra,
+    )
+    return Launch(
+        strategy, world_size, argv, run_dir, run_dir.parent / f"{run_dir.name}.log", slot.seed, slot.repeat, run_name
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -368,7 +437,9 @@ def failure_cause(log: Path) -> str:
     """The line of a failed launch that says why: its own last `error:` line (train.py prints one line
     for every failure it can name) when there is one, else its last line that is not the launcher's
     decoration (torchrun's ===== and ----- rules, which follow every failure)."""
-    lines = [line.strip() for line in log.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()]
+    lines = [
+        line.strip() for line in log.read_text(encoding="utf-8", errors="replace").replace("\r", "\n").splitlines()
+    ]
     errors = [line for line in lines if line.startswith("error:")]
     if errors:
         return errors[-1]
@@ -377,8 +448,10 @@ def failure_cause(log: Path) -> str:
 
 
 def failure_note(outcome: Outcome) -> str:
-    return (f"{outcome.launch.label}: training failed with exit code {outcome.returncode} after "
-            f"{outcome.seconds:.0f} s (log: {outcome.launch.log}); cause: {failure_cause(outcome.launch.log)}")
+    return (
+        f"{outcome.launch.label}: training failed with exit code {outcome.returncode} after "
+        f"{outcome.seconds:.0f} s (log: {outcome.launch.log}); cause: {failure_cause(outcome.launch.log)}"
+    )
 
 
 def run_all(launches: list[Launch], cwd: Path, echo: bool = True) -> list[Outcome]:
@@ -397,8 +470,9 @@ def run_all(launches: list[Launch], cwd: Path, echo: bool = True) -> list[Outcom
     return outcomes
 
 
-def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo: bool = True,
-                   skipped: Sequence[str] = ()) -> int:
+def run_experiment(
+    spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo: bool = True, skipped: Sequence[str] = ()
+) -> int:
     """`skipped`: one line per strategy the plan left out, for the report."""
     from analysis.compare import compare  # the report stack (matplotlib) is needed only at the end
 
@@ -415,8 +489,9 @@ def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo
     if run_dirs:
         # Passed only when given, so a comparison without a target reads as it always did.
         target = {"target_loss": spec.target_loss} if spec.target_loss is not None else {}
-        report_rc = compare(run_dirs, spec.out, comparison_command(spec, launches), notes, spec.gpu_hour_price,
-                            **target)
+        report_rc = compare(
+            run_dirs, spec.out, comparison_command(spec, launches), notes, spec.gpu_hour_price, **target
+        )
     else:
         print("error: no strategy left a run directory; nothing to compare", file=sys.stderr)
         report_rc = EXIT_SETUP
@@ -428,20 +503,45 @@ def run_experiment(spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo
 def write_run_order(spec: ExperimentSpec, outcomes: list[Outcome]) -> None:
     """OUT/runs/order.json: every run in the order it ran, with its seed, repeat, start time and exit status,
     so the interleaving and any failed repeat can be checked after the fact."""
-    rows = [{"strategy": o.launch.strategy, "seed": o.launch.seed, "repeat": o.launch.repeat,
-             "run_name": o.launch.run_name or None, "run_dir": str(o.launch.run_dir), "started_unix_s": o.started,
-             "seconds": o.seconds, "returncode": o.returncode} for o in outcomes]
+    rows = [
+        {
+            "strategy": o.launch.strategy,
+            "seed": o.launch.seed,
+            "repeat": o.launch.repeat,
+            "run_name": o.launch.run_name or None,
+            "run_dir": str(o.launch.run_dir),
+            "started_unix_s": o.started,
+            "seconds": o.seconds,
+            "returncode": o.returncode,
+        }
+        for o in outcomes
+    ]
     path = spec.out / "runs" / "order.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"experiment": spec.experiment, "repeats": spec.repeats,
-                                "seeds": list(spec.run_seeds), "runs": rows}, indent=2), encoding="utf-8")
+    path.write_text(
+        json.dumps(
+            {"experiment": spec.experiment, "repeats": spec.repeats, "seeds": list(spec.run_seeds), "runs": rows},
+            indent=2,
+        ),
+        encoding="utf-8",
+    )
 
 
 def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
     price = ["--gpu_hour_price", price_text(spec.gpu_hour_price)] if spec.gpu_hour_price is not None else []
     target = ["--target_loss", f"{spec.target_loss:g}"] if spec.target_loss is not None else []
-    return shlex.join(["python", "-m", "analysis.compare", *(str(launch.run_dir) for launch in launches), "--out", str(spec.out),
-                       *price, *target])
+    return shlex.join(
+        [
+            "python",
+            "-m",
+            "analysis.compare",
+            *(str(launch.run_dir) for launch in launches),
+            "--out",
+            str(spec.out),
+            *price,
+            *target,
+        ]
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,76 +549,161 @@ def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m analysis.experiment", description=__doc__.split("\n\n")[0],
-                                     formatter_class=DefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m analysis.experiment",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=DefaultsHelpFormatter,
+    )
     parser.add_argument("--preset", required=True, help="train.py preset shared by every strategy")
     budget = parser.add_mutually_exclusive_group(required=True)
     budget.add_argument("--max_steps", type=int, help="optimizer steps per strategy")
     budget.add_argument("--epochs", type=int, help="epochs per strategy")
     parser.add_argument("--out", type=Path, required=True, help="experiment folder: runs/<strategy>/ and the report")
     on_request = ", ".join(s.name for s in registry.STRATEGIES if not s.reference)
-    parser.add_argument("--strategies", nargs="+", default=list(registry.reference_names()),
-                        choices=list(registry.names()),
-                        help=f"strategies to train (default: %(default)s; {on_request} on request)")
+    parser.add_argument(
+        "--strategies",
+        nargs="+",
+        default=list(registry.reference_names()),
+        choices=list(registry.names()),
+        help=f"strategies to train (default: %(default)s; {on_request} on request)",
+    )
     parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
     seeding = parser.add_mutually_exclusive_group()
-    seeding.add_argument("--seed", type=int, default=1337,
-                         help="the seed of every run (model init, data order, dropout)")
-    seeding.add_argument("--seeds", type=int, nargs="+", default=[], metavar="SEED",
-                         help="train each strategy once per seed (training noise), instead of --seed; with "
-                         "several, folders OUT/runs/<strategy>/s<seed>")
-    parser.add_argument("--repeats", type=int, default=1, metavar="N",
-                        help="train each strategy N times on the same seed (timing noise), interleaved with the "
-                        "other strategies; folders OUT/runs/<strategy>/r<k> (s<seed>-r<k> with --seeds)")
-    parser.add_argument("--target_loss", type=float, metavar="LOSS",
-                        help="passed to the comparison (python -m analysis.compare --target_loss)")
-    parser.add_argument("--global_batch_tokens", type=int, help="tokens per optimizer step (default: the preset's, "
-                        "raised to a multiple every strategy's world size divides)")
-    parser.add_argument("--micro_batch_size", type=int, help="sequences per process per micro-step (default: the preset's)")
+    seeding.add_argument(
+        "--seed", type=int, default=1337, help="the seed of every run (model init, data order, dropout)"
+    )
+    seeding.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=[],
+        metavar="SEED",
+        help="train each strategy once per seed (training noise), instead of --seed; with "
+        "several, folders OUT/runs/<strategy>/s<seed>",
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="N",
+        help="train each strategy N times on the same seed (timing noise), interleaved with the "
+        "other strategies; folders OUT/runs/<strategy>/r<k> (s<seed>-r<k> with --seeds)",
+    )
+    parser.add_argument(
+        "--global_batch_tokens",
+        type=int,
+        help="tokens per optimizer step (default: the preset's, "
+        "raised to a multiple every strategy's world size divides)",
+    )
+    parser.add_argument(
+        "--micro_batch_size", type=int, help="sequences per process per micro-step (default: the preset's)"
+    )
     parser.add_argument("--block_size", type=int, help="tokens per sequence (default: the preset's)")
     parser.add_argument("--experiment", help="experiment name = W&B group (default: <preset>-<timestamp>)")
+    _add_launch_arguments(parser)
+    _add_ending_arguments(parser)
+    return parser.parse_args(argv)
+
+
+def _add_launch_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the runs go: processes, machines, the GPUs the fit check plans for."""
     multi = ", ".join(s.name for s in registry.STRATEGIES if s.multi_process)
     single = ", ".join(s.name for s in registry.STRATEGIES if not s.multi_process)
-    parser.add_argument("--num_processes", type=int, help=f"processes of {multi}, overriding their config "
-                        f"files (e.g. 1 for FSDP on a one-GPU machine); {single} is always one process")
+    parser.add_argument(
+        "--num_processes",
+        type=int,
+        help=f"processes of {multi}, overriding their config "
+        f"files (e.g. 1 for FSDP on a one-GPU machine); {single} is always one process",
+    )
     spanning = ", ".join(s.name for s in registry.STRATEGIES if s.multi_machine)
-    parser.add_argument("--machine_rank", type=int, default=0,
-                        help=f"this machine's rank for the strategies that span machines ({spanning}); 0 trains "
-                        "every strategy and writes the report, the others join the spanning ones")
+    parser.add_argument(
+        "--machine_rank",
+        type=int,
+        default=0,
+        help=f"this machine's rank for the strategies that span machines ({spanning}); 0 trains "
+        "every strategy and writes the report, the others join the spanning ones",
+    )
     parser.add_argument("--main_process_ip", help=f"machine rank 0's address, for {spanning}")
-    parser.add_argument("--gpu_hour_price", type=gpu_hour_price, metavar="PRICE",
-                        help="price of one device for one hour, any currency: the report adds cost per million tokens")
-    fit = parser.add_argument_group("fit", "skip the strategies the planner says will not fit (python -m analysis.plan)")
+    parser.add_argument(
+        "--gpu_hour_price",
+        type=gpu_hour_price,
+        metavar="PRICE",
+        help="price of one device for one hour, any currency: the report adds cost per million tokens",
+    )
+    fit = parser.add_argument_group(
+        "fit", "skip the strategies the planner says will not fit (python -m analysis.plan)"
+    )
     fit.add_argument("--gpu", help="the GPUs the runs will have (python -m analysis.plan --gpu)")
     fit.add_argument("--gpu_memory_gib", type=float, help="memory per GPU, instead of (or overriding) --gpu's")
-    fit.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"],
-                     help="the precision planned (the accelerate configs' mixed_precision)")
+    fit.add_argument(
+        "--precision",
+        default="fp16",
+        choices=["fp16", "bf16", "fp32"],
+        help="the precision planned (the accelerate configs' mixed_precision)",
+    )
+
+
+def _add_ending_arguments(parser: argparse.ArgumentParser) -> None:
+    """What happens around the runs: a dry run, the checks and reports at the end, train.py's extras."""
+    parser.add_argument(
+        "--target_loss",
+        type=float,
+        metavar="LOSS",
+        help="passed to the comparison (python -m analysis.compare --target_loss)",
+    )
     parser.add_argument("--dry_run", action="store_true", help="print the commands and exit")
-    parser.add_argument("--wandb_report", action="store_true",
-                        help="at the end, build the W&B report of the experiment when logged in "
-                             "(python -m analysis.wandb_report); otherwise print how to build it later")
-    parser.add_argument("--check_exports", action="store_true",
-                        help="at the end, score each run's hf/ export on its validation blocks against its recorded "
-                             "final validation loss (python -m analysis.perplexity); a difference fails the experiment")
-    parser.add_argument("--extra", nargs=argparse.REMAINDER, default=[], metavar="ARG",
-                        help="everything after --extra goes to train.py, e.g. --extra --overwrite --lr 3e-4")
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--wandb_report",
+        action="store_true",
+        help="at the end, build the W&B report of the experiment when logged in "
+        "(python -m analysis.wandb_report); otherwise print how to build it later",
+    )
+    parser.add_argument(
+        "--check_exports",
+        action="store_true",
+        help="at the end, score each run's hf/ export on its validation blocks against its recorded "
+        "final validation loss (python -m analysis.perplexity); a difference fails the experiment",
+    )
+    parser.add_argument(
+        "--extra",
+        nargs=argparse.REMAINDER,
+        default=[],
+        metavar="ARG",
+        help="everything after --extra goes to train.py, e.g. --extra --overwrite --lr 3e-4",
+    )
 
 
 def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
     name = args.experiment or f"{args.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
     return ExperimentSpec(
-        preset=args.preset, out=args.out, max_steps=args.max_steps, epochs=args.epochs,
-        strategies=tuple(args.strategies), data=tuple(args.data), seed=args.seed,
-        global_batch_tokens=args.global_batch_tokens, micro_batch_size=args.micro_batch_size,
-        block_size=args.block_size, experiment=name, num_processes=args.num_processes, extra=tuple(args.extra),
-        gpu_hour_price=args.gpu_hour_price, repeats=args.repeats, seeds=tuple(args.seeds),
-        target_loss=args.target_loss, machine_rank=args.machine_rank, main_process_ip=args.main_process_ip,
+        preset=args.preset,
+        out=args.out,
+        max_steps=args.max_steps,
+        epochs=args.epochs,
+        strategies=tuple(args.strategies),
+        data=tuple(args.data),
+        seed=args.seed,
+        global_batch_tokens=args.global_batch_tokens,
+        micro_batch_size=args.micro_batch_size,
+        block_size=args.block_size,
+        experiment=name,
+        num_processes=args.num_processes,
+        extra=tuple(args.extra),
+        gpu_hour_price=args.gpu_hour_price,
+        repeats=args.repeats,
+        seeds=tuple(args.seeds),
+        target_loss=args.target_loss,
+        machine_rank=args.machine_rank,
+        main_process_ip=args.main_process_ip,
     )
 
 
-def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = None,
-         config_dir: Path = CONFIG_DIR, echo: bool = True) -> int:
+def main(
+    argv: Sequence[str] | None = None,
+    launcher: Sequence[str] | None = None,
+    config_dir: Path = CONFIG_DIR,
+    echo: bool = True,
+) -> int:
     """`launcher` replaces `accelerate launch` (tests use a stand-in script)."""
     args = parse_args(sys.argv[1:] if argv is None else argv)
     cwd = Path(os.getcwd())
@@ -532,11 +717,15 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
         return EXIT_SETUP
     launches = build_launches(spec, sizes, batch, launcher or default_launcher(), cwd, config_dir)
     accumulation = ", ".join(f"{s} {batch.grad_accum(n)}" for s, n in sizes.items() if s in spec.strategies)
-    print(f"experiment {spec.experiment}: global batch {batch.global_batch_tokens:,} tokens "
-          f"(micro batch {batch.micro_batch_size} x block {batch.block_size}; accumulation steps: {accumulation})")
+    print(
+        f"experiment {spec.experiment}: global batch {batch.global_batch_tokens:,} tokens "
+        f"(micro batch {batch.micro_batch_size} x block {batch.block_size}; accumulation steps: {accumulation})"
+    )
     if not spec.one_run_each:
-        print(f"{len(launches)} runs: {len(spec.strategies)} strategies x {len(spec.run_seeds)} seed(s) x "
-              f"{spec.repeats} repeat(s), interleaved")
+        print(
+            f"{len(launches)} runs: {len(spec.strategies)} strategies x {len(spec.run_seeds)} seed(s) x "
+            f"{spec.repeats} repeat(s), interleaved"
+        )
     if args.dry_run:
         for launch in launches:
             print(shlex.join(launch.argv))
@@ -555,8 +744,9 @@ def main(argv: Sequence[str] | None = None, launcher: Sequence[str] | None = Non
     return status
 
 
-def _skip_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
-                  args: argparse.Namespace) -> tuple[ExperimentSpec, list[str]]:
+def _skip_misfits(
+    spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, args: argparse.Namespace
+) -> tuple[ExperimentSpec, list[str]]:
     """The experiment without the strategies that will not fit (said once here, and in the report)."""
     if args.gpu is None and args.gpu_memory_gib is None:
         return spec, []
@@ -565,8 +755,10 @@ def _skip_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch,
         print(f"skipping {line}", flush=True)
     kept = tuple(s for s in spec.strategies if s not in misfits)
     if not kept:
-        raise SetupError(f"no strategy fits {spec.preset} at this batch; python -m analysis.plan --preset "
-                         f"{spec.preset} --launch shows the micro-batch and levers that would")
+        raise SetupError(
+            f"no strategy fits {spec.preset} at this batch; python -m analysis.plan --preset "
+            f"{spec.preset} --launch shows the micro-batch and levers that would"
+        )
     return replace(spec, strategies=kept), list(misfits.values())
 
 
@@ -583,8 +775,11 @@ def check_exports(run_dirs: list[Path]) -> int:
             print(f"error: {err}", file=sys.stderr)
             status = EXIT_FAILED
             continue
-        print(f"export check: {run_dir}: loss {check.loss:.6f}, recorded {check.recorded_final_val_loss:.6f} "
-              f"(relative difference {check.relative_difference:.2e})", flush=True)
+        print(
+            f"export check: {run_dir}: loss {check.loss:.6f}, recorded {check.recorded_final_val_loss:.6f} "
+            f"(relative difference {check.relative_difference:.2e})",
+            flush=True,
+        )
         if not check.agree:
             print(f"error: {differ_line(check)}", file=sys.stderr)
             status = EXIT_FAILED
@@ -592,8 +787,17 @@ def check_exports(run_dirs: list[Path]) -> int:
 
 
 def wandb_report_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
-    return shlex.join(["python", "-m", "analysis.wandb_report", "--experiment", spec.experiment,
-                       "--runs", *(str(launch.run_dir) for launch in launches)])
+    return shlex.join(
+        [
+            "python",
+            "-m",
+            "analysis.wandb_report",
+            "--experiment",
+            spec.experiment,
+            "--runs",
+            *(str(launch.run_dir) for launch in launches),
+        ]
+    )
 
 
 if __name__ == "__main__":

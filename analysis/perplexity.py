@@ -56,8 +56,12 @@ class ExportCheck:
         return math.isfinite(self.loss) and self.relative_difference <= RELATIVE_TOLERANCE
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "relative_difference": self.relative_difference,
-                "tolerance": RELATIVE_TOLERANCE, "agree": self.agree}
+        return {
+            **asdict(self),
+            "relative_difference": self.relative_difference,
+            "tolerance": RELATIVE_TOLERANCE,
+            "agree": self.agree,
+        }
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -72,8 +76,9 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], float]:
     if not (run_dir / "config.json").is_file() or not (run_dir / "summary.json").is_file():
         raise ExportError(f"{run_dir} is not a run directory (no config.json and summary.json)")
     if not (run_dir / "hf" / "config.json").is_file():
-        raise ExportError(f"{run_dir} has no Hugging Face export (hf/); the run was trained with --no-export_hf "
-                          "or did not finish")
+        raise ExportError(
+            f"{run_dir} has no Hugging Face export (hf/); the run was trained with --no-export_hf or did not finish"
+        )
     config, summary = _read_json(run_dir / "config.json"), _read_json(run_dir / "summary.json")
     recorded = (summary.get("total") or {}).get("final_val_loss")
     if recorded is None:
@@ -103,8 +108,9 @@ def score(model_path: Path, blocks: list[list[int]], batch_size: int = 8) -> dic
     import evaluate
 
     metric = evaluate.load(str(METRIC_DIR))
-    return metric.compute(predictions=blocks, model_path=str(model_path), batch_size=batch_size,
-                          device="cpu", dtype="float32")
+    return metric.compute(
+        predictions=blocks, model_path=str(model_path), batch_size=batch_size, device="cpu", dtype="float32"
+    )
 
 
 def check_export(run_dir: Path, batch_size: int = 8) -> ExportCheck:
@@ -114,20 +120,25 @@ def check_export(run_dir: Path, batch_size: int = 8) -> ExportCheck:
     if not blocks:
         raise ExportError(f"{run_dir} has no validation blocks (val_fraction 0?)")
     result = score(run_dir / "hf", blocks, batch_size)
-    return ExportCheck(str(run_dir), len(blocks), int(result["tokens"]), float(result["loss"]),
-                       float(result["perplexity"]), recorded)
+    return ExportCheck(
+        str(run_dir), len(blocks), int(result["tokens"]), float(result["loss"]), float(result["perplexity"]), recorded
+    )
 
 
 def differ_line(check: ExportCheck) -> str:
-    return (f"{check.run_dir}: the export's validation loss {check.loss:.6f} and the recorded final_val_loss "
-            f"{check.recorded_final_val_loss:.6f} differ (relative {check.relative_difference:.2e} > "
-            f"{RELATIVE_TOLERANCE:.0e})")
+    return (
+        f"{check.run_dir}: the export's validation loss {check.loss:.6f} and the recorded final_val_loss "
+        f"{check.recorded_final_val_loss:.6f} differ (relative {check.relative_difference:.2e} > "
+        f"{RELATIVE_TOLERANCE:.0e})"
+    )
 
 
 def _text(check: ExportCheck) -> str:
-    return (f"{check.run_dir}/hf on {check.blocks} validation blocks ({check.tokens:,} tokens): perplexity "
-            f"{check.perplexity:.4f}, loss {check.loss:.6f} nats; recorded final_val_loss "
-            f"{check.recorded_final_val_loss:.6f} (relative difference {check.relative_difference:.2e})")
+    return (
+        f"{check.run_dir}/hf on {check.blocks} validation blocks ({check.tokens:,} tokens): perplexity "
+        f"{check.perplexity:.4f}, loss {check.loss:.6f} nats; recorded final_val_loss "
+        f"{check.recorded_final_val_loss:.6f} (relative difference {check.relative_difference:.2e})"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

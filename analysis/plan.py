@@ -67,8 +67,10 @@ LINK_SPREAD_MEASURED = 0.15  # a link given or measured: run-to-run and message-
 # optimizer step), different for every strategy, so not shared between two predictions.
 MODEL_SPREAD = 0.05
 # --overlap is FSDP's prefetching, a setting; DDP's overlap is not one (its bucket hooks always run in backward).
-OVERLAP_MEANING = {"full": "DDP's all-reduce during backward, FSDP prefetching",
-                   "none": "DDP's all-reduce during backward, FSDP not prefetching"}
+OVERLAP_MEANING = {
+    "full": "DDP's all-reduce during backward, FSDP prefetching",
+    "none": "DDP's all-reduce during backward, FSDP not prefetching",
+}
 
 
 @dataclass(frozen=True)
@@ -88,8 +90,14 @@ class Hardware:
         return (self.memory_gib - self.reserve_gib) * GIB / ALLOCATOR_SLACK
 
 
-def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None,
-             link_source: str = "given", inter_node_gb_s: float | None = None) -> Hardware:
+def hardware(
+    gpu: str | None,
+    precision: str,
+    memory_gib: float | None,
+    link_gb_s: float | None,
+    link_source: str = "given",
+    inter_node_gb_s: float | None = None,
+) -> Hardware:
     """`link_source` names where a `link_gb_s` came from ("given", or "measured by RUN_DIR")."""
     found = _hardware(gpu, precision, memory_gib, link_gb_s, link_source)
     if inter_node_gb_s is None:
@@ -97,23 +105,36 @@ def hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_
     return replace(found, link=replace(found.link, inter_node_gb_s=inter_node_gb_s))
 
 
-def _hardware(gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None,
-              link_source: str) -> Hardware:
+def _hardware(
+    gpu: str | None, precision: str, memory_gib: float | None, link_gb_s: float | None, link_source: str
+) -> Hardware:
     if gpu is None and memory_gib is None:
         raise PlanError("give --gpu (one of " + ", ".join(PLANNER_GPUS) + ") or --gpu_memory_gib")
     spread = LINK_SPREAD_ASSUMED if link_gb_s is None else LINK_SPREAD_MEASURED
     if gpu is None:
-        return Hardware("custom GPU", float(memory_gib), float("nan"), Link(link_gb_s or 6.0),
-                        "assumed" if link_gb_s is None else link_source, spread)
+        return Hardware(
+            "custom GPU",
+            float(memory_gib),
+            float("nan"),
+            Link(link_gb_s or 6.0),
+            "assumed" if link_gb_s is None else link_source,
+            spread,
+        )
     try:
         spec = planner_gpu(gpu)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
     entry = datasheet_entry(spec.device_name)
     peak = entry[2][precision] * 1e12 if entry and precision in entry[2] else float("nan")
-    return Hardware(spec.key, memory_gib or spec.memory_gib, peak, Link(link_gb_s or spec.link_gb_s),
-                    spec.link if link_gb_s is None else f"{link_gb_s:.3g} GB/s {link_source}", spread,
-                    "given (--gpu_memory_gib)" if memory_gib else spec.memory_source)
+    return Hardware(
+        spec.key,
+        memory_gib or spec.memory_gib,
+        peak,
+        Link(link_gb_s or spec.link_gb_s),
+        spec.link if link_gb_s is None else f"{link_gb_s:.3g} GB/s {link_source}",
+        spread,
+        "given (--gpu_memory_gib)" if memory_gib else spec.memory_source,
+    )
 
 
 def link_from_run(run_dir: Path) -> float:
@@ -122,8 +143,10 @@ def link_from_run(run_dir: Path) -> float:
     link = launch.get("link") if isinstance(launch, dict) else None
     figure = link.get("bus_gb_s") if isinstance(link, dict) else None
     if not isinstance(figure, (int, float)) or not figure > 0:
-        raise PlanError(f"{run_dir} recorded no measured link (a one-process run, or one from before links were "
-                        "measured): use a multi-process run or --link_gb_s")
+        raise PlanError(
+            f"{run_dir} recorded no measured link (a one-process run, or one from before links were "
+            "measured): use a multi-process run or --link_gb_s"
+        )
     return float(figure)
 
 
@@ -139,19 +162,34 @@ def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
     # --num_gpus counts the GPUs of one machine; the multi-process strategies run on those of every machine.
     world = args.num_gpus * args.num_nodes if multi_process else 1
     # Unless told, the global batch is one micro-batch on each GPU: the one-process strategies accumulate.
-    global_tokens = (args.global_batch_tokens or defaults.global_batch_tokens
-                     or micro_step_tokens(micro, block, args.num_gpus * args.num_nodes))
+    global_tokens = (
+        args.global_batch_tokens
+        or defaults.global_batch_tokens
+        or micro_step_tokens(micro, block, args.num_gpus * args.num_nodes)
+    )
     try:
         geometry = divide(global_tokens, micro, block, world, processes=f"devices of {strategy}")
     except BatchError as exc:
         raise PlanError(str(exc)) from None
     try:
         # The preset's activation checkpointing (gpt2-xl needs it on 2x T4) unless the flag says otherwise.
-        checkpointing = (bool(values.get("activation_checkpointing", False)) if args.activation_checkpointing is None
-                         else args.activation_checkpointing)
-        return Workload(cfg, micro, block, args.precision, world, geometry.grad_accum_steps,
-                        checkpointing, fused_adamw=True, device="cuda",
-                        num_nodes=args.num_nodes if multi_process else 1)
+        checkpointing = (
+            bool(values.get("activation_checkpointing", False))
+            if args.activation_checkpointing is None
+            else args.activation_checkpointing
+        )
+        return Workload(
+            cfg,
+            micro,
+            block,
+            args.precision,
+            world,
+            geometry.grad_accum_steps,
+            checkpointing,
+            fused_adamw=True,
+            device="cuda",
+            num_nodes=args.num_nodes if multi_process else 1,
+        )
     except ValueError as exc:
         raise PlanError(str(exc)) from None
 
@@ -197,8 +235,9 @@ def speed_corners(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap:
     for mfu_factor in (1 - MFU_SPREAD, 1 + MFU_SPREAD):
         for link_factor in (1 - hw.link_spread, 1 + hw.link_spread):
             inter = hw.link.inter_node_gb_s
-            link = replace(hw.link, gb_s=hw.link.gb_s * link_factor,
-                           inter_node_gb_s=None if inter is None else inter * link_factor)
+            link = replace(
+                hw.link, gb_s=hw.link.gb_s * link_factor, inter_node_gb_s=None if inter is None else inter * link_factor
+            )
             step_s = _step_s(step_time(w, strategy, hw.peak_flops, min(1.0, mfu * mfu_factor), link), overlap)
             corners.append(tokens / step_s if step_s > 0 else None)
     return corners
@@ -214,9 +253,13 @@ def speed_range(corners: list[float | None]) -> list[float] | None:
 def activations_per_block(w: Workload, strategy: str) -> dict[str, int]:
     """What one block keeps for its backward: with either attention, and with activation checkpointing
     (its input only; the rest is recomputed, one block at a time, during backward)."""
-    by_attention = {impl: activations(Workload(**{**w.__dict__, "model": replace(w.model, attn_impl=impl),
-                                                  "activation_checkpointing": False}), strategy).per_block
-                    for impl in ("sdpa", "math")}
+    by_attention = {
+        impl: activations(
+            Workload(**{**w.__dict__, "model": replace(w.model, attn_impl=impl), "activation_checkpointing": False}),
+            strategy,
+        ).per_block
+        for impl in ("sdpa", "math")
+    }
     kept = activations(Workload(**{**w.__dict__, "activation_checkpointing": True}), strategy).blocks
     return {**by_attention, "checkpointed": kept // w.model.n_layer}
 
@@ -227,77 +270,136 @@ def recommend(plans: list[dict[str, Any]], hw: Hardware, micro: int) -> dict[str
         speed = [p for p in fitting if p["predicted_tokens_per_s"] is not None]
         if not speed:  # no peak FLOP/s for this GPU: the least memory wins
             best = min(fitting, key=lambda p: p["per_device_bytes"]["total"])
-            return {"strategy": best["strategy"], "clear": True, "contenders": [best["strategy"]],
-                    "reason": f"fits with the least memory ({_gib(best['per_device_bytes']['total'])} GiB); "
-                    "no speed prediction without the GPU's peak"}
+            return {
+                "strategy": best["strategy"],
+                "clear": True,
+                "contenders": [best["strategy"]],
+                "reason": f"fits with the least memory ({_gib(best['per_device_bytes']['total'])} GiB); "
+                "no speed prediction without the GPU's peak",
+            }
         return _fastest(speed, hw)
     roomiest = max(plans, key=lambda p: p["max_micro_batch_size"])
     if roomiest["max_micro_batch_size"] > 0:
-        return {"strategy": roomiest["strategy"], "clear": True, "contenders": [roomiest["strategy"]], "reason": (
-            f"nothing fits micro-batch {micro}; {roomiest['strategy']} fits up to "
-            f"{roomiest['max_micro_batch_size']}: pass --micro_batch_size {roomiest['max_micro_batch_size']} "
-            "(accumulation keeps the global batch)")}
-    return {"strategy": "none", "clear": True, "contenders": [], "reason": "nothing fits even micro-batch 1: add "
-            "--activation_checkpointing, a shorter --block_size, or GPUs with more memory"}
+        return {
+            "strategy": roomiest["strategy"],
+            "clear": True,
+            "contenders": [roomiest["strategy"]],
+            "reason": (
+                f"nothing fits micro-batch {micro}; {roomiest['strategy']} fits up to "
+                f"{roomiest['max_micro_batch_size']}: pass --micro_batch_size {roomiest['max_micro_batch_size']} "
+                "(accumulation keeps the global batch)"
+            ),
+        }
+    return {
+        "strategy": "none",
+        "clear": True,
+        "contenders": [],
+        "reason": "nothing fits even micro-batch 1: add "
+        "--activation_checkpointing, a shorter --block_size, or GPUs with more memory",
+    }
 
 
 def _ahead_everywhere(best: dict[str, Any], other: dict[str, Any]) -> bool:
     """`best` is faster than `other` at every corner of the shared assumptions by more than the model's
     own spread, which is not shared (each prediction may be off by it, in either direction)."""
-    return all(b * (1 - MODEL_SPREAD) > o * (1 + MODEL_SPREAD)
-               for b, o in zip(best["predicted_tokens_per_s_corners"], other["predicted_tokens_per_s_corners"]))
+    return all(
+        b * (1 - MODEL_SPREAD) > o * (1 + MODEL_SPREAD)
+        for b, o in zip(best["predicted_tokens_per_s_corners"], other["predicted_tokens_per_s_corners"])
+    )
 
 
 def _fastest(speed: list[dict[str, Any]], hw: Hardware) -> dict[str, Any]:
     """The fastest when it is ahead beyond the uncertainty; otherwise "no clear winner", and of the
     strategies it cannot tell apart, the one that leaves the most memory free."""
     best = max(speed, key=lambda p: (round(p["predicted_tokens_per_s"]), -p["per_device_bytes"]["total"]))
-    contenders = [best] + sorted((p for p in speed if p is not best and not _ahead_everywhere(best, p)),
-                                 key=lambda p: -p["predicted_tokens_per_s"])
+    contenders = [best] + sorted(
+        (p for p in speed if p is not best and not _ahead_everywhere(best, p)),
+        key=lambda p: -p["predicted_tokens_per_s"],
+    )
     others = sorted((p for p in speed if p is not best), key=lambda p: -p["predicted_tokens_per_s"])
     if len(contenders) == 1:
-        runner_up = (f", ahead of {others[0]['strategy']} ({others[0]['predicted_tokens_per_s']:,.0f}) beyond the "
-                     "uncertainty" if others else "")
-        return {"strategy": best["strategy"], "clear": True, "contenders": [best["strategy"]], "reason": (
-            f"fits ({_gib(best['per_device_bytes']['total'])} of {hw.memory_gib:.4g} GiB) and is predicted fastest: "
-            f"{best['predicted_tokens_per_s']:,.0f} tokens/s{runner_up}")}
+        runner_up = (
+            f", ahead of {others[0]['strategy']} ({others[0]['predicted_tokens_per_s']:,.0f}) beyond the uncertainty"
+            if others
+            else ""
+        )
+        return {
+            "strategy": best["strategy"],
+            "clear": True,
+            "contenders": [best["strategy"]],
+            "reason": (
+                f"fits ({_gib(best['per_device_bytes']['total'])} of {hw.memory_gib:.4g} GiB) and is predicted fastest: "
+                f"{best['predicted_tokens_per_s']:,.0f} tokens/s{runner_up}"
+            ),
+        }
     roomiest = min(contenders, key=lambda p: p["per_device_bytes"]["total"])
     named = ", ".join(f"{p['strategy']} ({p['predicted_tokens_per_s']:,.0f})" for p in contenders)
-    return {"strategy": roomiest["strategy"], "clear": False, "contenders": [p["strategy"] for p in contenders],
-            "reason": (f"no clear winner: {named} tokens/s are closer than the planner's uncertainty; of them "
-                       f"{roomiest['strategy']} needs the least memory ({_gib(roomiest['per_device_bytes']['total'])} "
-                       f"of {hw.memory_gib:.4g} GiB). Measure: python -m analysis.experiment --repeats 3")}
+    return {
+        "strategy": roomiest["strategy"],
+        "clear": False,
+        "contenders": [p["strategy"] for p in contenders],
+        "reason": (
+            f"no clear winner: {named} tokens/s are closer than the planner's uncertainty; of them "
+            f"{roomiest['strategy']} needs the least memory ({_gib(roomiest['per_device_bytes']['total'])} "
+            f"of {hw.memory_gib:.4g} GiB). Measure: python -m analysis.experiment --repeats 3"
+        ),
+    }
 
 
 def planned_strategies(num_gpus: int, num_nodes: int = 1) -> list[str]:
     """Every strategy on several GPUs; on one, those that run one process (the others would only add a
     wrapper around the same work). Those made for several machines (hybrid sharding) only on several."""
-    return [s.name for s in registry.STRATEGIES
-            if (num_gpus * num_nodes > 1 or not s.multi_process) and (num_nodes > 1 or not s.multi_machine)]
+    return [
+        s.name
+        for s in registry.STRATEGIES
+        if (num_gpus * num_nodes > 1 or not s.multi_process) and (num_nodes > 1 or not s.multi_machine)
+    ]
 
 
 def plan(args: argparse.Namespace) -> dict[str, Any]:
     if args.link_from is not None:
-        hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, link_from_run(args.link_from),
-                      f"measured by {args.link_from}", args.inter_node_gb_s)
+        hw = hardware(
+            args.gpu,
+            args.precision,
+            args.gpu_memory_gib,
+            link_from_run(args.link_from),
+            f"measured by {args.link_from}",
+            args.inter_node_gb_s,
+        )
     else:
-        hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s,
-                      inter_node_gb_s=args.inter_node_gb_s)
+        hw = hardware(
+            args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s, inter_node_gb_s=args.inter_node_gb_s
+        )
     strategies = planned_strategies(args.num_gpus, args.num_nodes)
     plans = [plan_strategy(workload_for(args, s), s, hw, args.mfu, args.overlap) for s in strategies]
     first = workload_for(args, strategies[0])
     return {
-        "workload": {"preset": args.preset, "model": first.model.to_dict(), "micro_batch_size": first.micro_batch_size,
-                     "block_size": first.block_size, "precision": args.precision, "num_gpus": args.num_gpus,
-                     "global_batch_tokens": first.micro_batch_size * first.block_size * first.grad_accum_steps,
-                     "activation_checkpointing": first.activation_checkpointing, "mfu_assumed": args.mfu,
-                     "overlap": args.overlap, "parameters": total_parameters(first.model),
-                     **({"num_nodes": args.num_nodes} if args.num_nodes > 1 else {})},
-        "gpu": {"name": hw.name, "memory_gib": hw.memory_gib, "memory_source": hw.memory_source,
-                "peak_flops": hw.peak_flops, "link": hw.link_name, "link_gb_s": hw.link.gb_s,
-                "host_update_gb_s": hw.link.host_update_gb_s, "budget_bytes": hw.budget_bytes,
-                **({"inter_node_gb_s": hw.link.inter_node_gb_s} if hw.link.inter_node_gb_s is not None else {}),
-                "fit_margin": {"allocator_slack": ALLOCATOR_SLACK, "cuda_reserve_gib": CUDA_RESERVE_GIB}},
+        "workload": {
+            "preset": args.preset,
+            "model": first.model.to_dict(),
+            "micro_batch_size": first.micro_batch_size,
+            "block_size": first.block_size,
+            "precision": args.precision,
+            "num_gpus": args.num_gpus,
+            "global_batch_tokens": first.micro_batch_size * first.block_size * first.grad_accum_steps,
+            "activation_checkpointing": first.activation_checkpointing,
+            "mfu_assumed": args.mfu,
+            "overlap": args.overlap,
+            "parameters": total_parameters(first.model),
+            **({"num_nodes": args.num_nodes} if args.num_nodes > 1 else {}),
+        },
+        "gpu": {
+            "name": hw.name,
+            "memory_gib": hw.memory_gib,
+            "memory_source": hw.memory_source,
+            "peak_flops": hw.peak_flops,
+            "link": hw.link_name,
+            "link_gb_s": hw.link.gb_s,
+            "host_update_gb_s": hw.link.host_update_gb_s,
+            "budget_bytes": hw.budget_bytes,
+            **({"inter_node_gb_s": hw.link.inter_node_gb_s} if hw.link.inter_node_gb_s is not None else {}),
+            "fit_margin": {"allocator_slack": ALLOCATOR_SLACK, "cuda_reserve_gib": CUDA_RESERVE_GIB},
+        },
         "uncertainty": {"mfu_relative": MFU_SPREAD, "link_relative": hw.link_spread, "model_relative": MODEL_SPREAD},
         "strategies": plans,
         "recommendation": recommend(plans, hw, first.micro_batch_size),
@@ -315,12 +417,20 @@ def run_workload(config: dict[str, Any], summary: dict[str, Any]) -> tuple[Workl
     memory = summary.get("memory") or {}
     model = GPT2Config.from_dict(launch["model_config"])
     on_cpu = summary.get("device_type") == "cpu"
-    w = Workload(model, summary["micro_batch_size"], summary["block_size"], summary["precision"],
-                 summary["world_size"], summary["grad_accum_steps"],
-                 levers.get("activation_checkpointing", "off") != "off", bool(levers.get("fused_adamw")),
-                 first_step=memory.get("probe_step") == 1, device="cpu" if on_cpu else "cuda",
-                 # Hybrid sharding's replicas are its machines; the live mesh recorded says how many.
-                 num_nodes=summary.get("dp_replicate_size") or 1)
+    w = Workload(
+        model,
+        summary["micro_batch_size"],
+        summary["block_size"],
+        summary["precision"],
+        summary["world_size"],
+        summary["grad_accum_steps"],
+        levers.get("activation_checkpointing", "off") != "off",
+        bool(levers.get("fused_adamw")),
+        first_step=memory.get("probe_step") == 1,
+        device="cpu" if on_cpu else "cuda",
+        # Hybrid sharding's replicas are its machines; the live mesh recorded says how many.
+        num_nodes=summary.get("dp_replicate_size") or 1,
+    )
     return w, summary["strategy"], on_cpu
 
 
@@ -334,25 +444,42 @@ def compare_run(run_dir: Path) -> dict[str, Any]:
     if registry.find(strategy) is None:
         raise PlanError(f"{run_dir}: strategy {strategy!r} has no plan")
     memory = summary.get("memory") or {}
-    entry: dict[str, Any] = {"run": str(run_dir), "strategy": strategy, "world_size": w.world_size,
-                             "device": summary.get("device_name"), "probe_step": memory.get("probe_step"),
-                             "ranks": []}
+    entry: dict[str, Any] = {
+        "run": str(run_dir),
+        "strategy": strategy,
+        "world_size": w.world_size,
+        "device": summary.get("device_name"),
+        "probe_step": memory.get("probe_step"),
+        "ranks": [],
+    }
     states = memory.get("model_state_bytes") or []
     peaks = memory.get("step_peak_bytes") or []
     for rank in range(w.world_size):
         predicted_state = model_state(w, strategy, rank)
         predicted_peak = step_memory(w, strategy, rank, host_is_device=on_cpu)
-        measured = {**(states[rank] if rank < len(states) and states[rank] else {}),
-                    **({"step_peak": peaks[rank]} if rank < len(peaks) and peaks[rank] is not None else {})}
-        predicted = {"parameters": predicted_state.parameters, "gradients": predicted_state.gradients,
-                     "optimizer": predicted_state.optimizer, "step_peak": predicted_peak.total}
-        entry["ranks"].append({
-            "rank": rank, "predicted": predicted, "measured": measured, "peak_phase": predicted_peak.peak_phase,
-            "predicted_peak": predicted_peak.to_dict(),  # the step peak by kind, at its phase
-            "error_pct": {k: error_pct(predicted[k], measured[k]) for k in predicted if measured.get(k)},
-        })
-    entry["predicted"], entry["measured"], entry["error_pct"] = (entry["ranks"][0][k] for k in
-                                                                  ("predicted", "measured", "error_pct"))
+        measured = {
+            **(states[rank] if rank < len(states) and states[rank] else {}),
+            **({"step_peak": peaks[rank]} if rank < len(peaks) and peaks[rank] is not None else {}),
+        }
+        predicted = {
+            "parameters": predicted_state.parameters,
+            "gradients": predicted_state.gradients,
+            "optimizer": predicted_state.optimizer,
+            "step_peak": predicted_peak.total,
+        }
+        entry["ranks"].append(
+            {
+                "rank": rank,
+                "predicted": predicted,
+                "measured": measured,
+                "peak_phase": predicted_peak.peak_phase,
+                "predicted_peak": predicted_peak.to_dict(),  # the step peak by kind, at its phase
+                "error_pct": {k: error_pct(predicted[k], measured[k]) for k in predicted if measured.get(k)},
+            }
+        )
+    entry["predicted"], entry["measured"], entry["error_pct"] = (
+        entry["ranks"][0][k] for k in ("predicted", "measured", "error_pct")
+    )
     entry["notes"] = _run_notes(config, summary, on_cpu)
     return entry
 
@@ -414,16 +541,23 @@ def plan_text(result: dict[str, Any]) -> str:
             f"{p['strategy']:<18} {_gib(b['parameters']):>7} {_gib(b['gradients']):>6} {_gib(b['optimizer']):>6} "
             f"{_gib(b['activations']):>6} {_gib(b['logits']):>7} {_gib(b['communication']):>5} "
             f"{_gib(b['temporaries']):>6}  | {_gib(b['total']):>6} ({b['peak_phase']:<9}) "
-            f"{'yes' if p['fits'] else 'NO':>4}  {p['max_micro_batch_size']:>9}  {step:>6}  {tokens:>9}{host}")
+            f"{'yes' if p['fits'] else 'NO':>4}  {p['max_micro_batch_size']:>9}  {step:>6}  {tokens:>9}{host}"
+        )
     per_block = result["strategies"][0]["activations_per_block"]
-    lines += ["", f"activations per block ({result['strategies'][0]['strategy']}): "
-              f"{per_block['sdpa'] / 2**20:,.0f} MiB with SDPA, {per_block['math'] / 2**20:,.0f} MiB with the explicit "
-              f"attention (--attn_impl math), {per_block['checkpointed'] / 2**20:,.0f} MiB with activation "
-              "checkpointing (plus one block recomputed at a time in backward)"]
+    lines += [
+        "",
+        f"activations per block ({result['strategies'][0]['strategy']}): "
+        f"{per_block['sdpa'] / 2**20:,.0f} MiB with SDPA, {per_block['math'] / 2**20:,.0f} MiB with the explicit "
+        f"attention (--attn_impl math), {per_block['checkpointed'] / 2**20:,.0f} MiB with activation "
+        "checkpointing (plus one block recomputed at a time in backward)",
+    ]
     rec, u = result["recommendation"], result["uncertainty"]
-    lines += ["", f"uncertainty: MFU ±{u['mfu_relative']:.0%} and link ±{u['link_relative']:.0%} (shared by all "
-              f"strategies), the time model's omissions ±{u['model_relative']:.0%} per strategy; a winner must be "
-              "ahead at every corner (docs/planning.md)"]
+    lines += [
+        "",
+        f"uncertainty: MFU ±{u['mfu_relative']:.0%} and link ±{u['link_relative']:.0%} (shared by all "
+        f"strategies), the time model's omissions ±{u['model_relative']:.0%} per strategy; a winner must be "
+        "ahead at every corner (docs/planning.md)",
+    ]
     lines += ["", f"recommendation: {rec['strategy']}: {rec['reason']}"]
     return "\n".join(lines + assumptions_text(result))
 
@@ -440,12 +574,15 @@ def assumptions_text(result: dict[str, Any]) -> list[str]:
     """What the figures above rest on, so that a reader can tell which of them to replace with a measurement."""
     w, gpu = result["workload"], result["gpu"]
     margin = gpu["fit_margin"]
-    return ["", f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
-            f"({gpu['link']}){_inter_node(gpu)}; overlap {w['overlap']}; "
-            f"usable memory {gpu['memory_gib']:.2f} GiB per GPU "
-            f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
-            f"fits: peak x {margin['allocator_slack']:.2f} (allocator fragmentation) + {margin['cuda_reserve_gib']:g} "
-            "GiB (CUDA context, cuBLAS workspaces, NCCL buffers) within the usable memory; formulas: docs/planning.md"]
+    return [
+        "",
+        f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
+        f"({gpu['link']}){_inter_node(gpu)}; overlap {w['overlap']}; "
+        f"usable memory {gpu['memory_gib']:.2f} GiB per GPU "
+        f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
+        f"fits: peak x {margin['allocator_slack']:.2f} (allocator fragmentation) + {margin['cuda_reserve_gib']:g} "
+        "GiB (CUDA context, cuBLAS workspaces, NCCL buffers) within the usable memory; formulas: docs/planning.md",
+    ]
 
 
 def runs_text(entries: list[dict[str, Any]]) -> str:
@@ -455,10 +592,12 @@ def runs_text(entries: list[dict[str, Any]]) -> str:
             for key in ("parameters", "gradients", "optimizer", "step_peak"):
                 measured = r["measured"].get(key)
                 error = r["error_pct"].get(key)
-                lines.append(f"{Path(e['run']).name[:36]:<37} {e['strategy']:<13} {r['rank']:>4}  {key:<12} "
-                             f"{r['predicted'][key] / 2**20:>9.1f} MiB "
-                             f"{'n/a' if measured is None else f'{measured / 2**20:9.1f} MiB':>13} "
-                             f"{'' if error is None else f'{error:+.2f}%':>8}")
+                lines.append(
+                    f"{Path(e['run']).name[:36]:<37} {e['strategy']:<13} {r['rank']:>4}  {key:<12} "
+                    f"{r['predicted'][key] / 2**20:>9.1f} MiB "
+                    f"{'n/a' if measured is None else f'{measured / 2**20:9.1f} MiB':>13} "
+                    f"{'' if error is None else f'{error:+.2f}%':>8}"
+                )
         lines += [f"  note: {note}" for note in e["notes"]]
     return "\n".join(lines)
 
@@ -476,14 +615,29 @@ def planner() -> Planner:
 
 def _add_adaptive_flags(parser: argparse.ArgumentParser) -> None:
     adaptive = parser.add_argument_group("adaptive launch and sweep (analysis/plan_launch.py, analysis/plan_sweep.py)")
-    adaptive.add_argument("--launch", action="store_true", help="print the accelerate launch of the fastest "
-                          "strategy that fits, with the micro-batch and levers it needs, and why")
-    adaptive.add_argument("--execute", action="store_true", help="with --launch: run that command (--run already "
-                          "names finished runs to compare)")
-    adaptive.add_argument("--cpu", action="store_true", help="with --launch: plan CPU processes (fp32, gloo, no "
-                          "offload) with --gpu_memory_gib as each process's memory")
-    adaptive.add_argument("--sweep", action="store_true", help="every training preset x strategy on --gpu/--num_gpus: "
-                          "per-device peak, fit, the largest model each strategy trains")
+    adaptive.add_argument(
+        "--launch",
+        action="store_true",
+        help="print the accelerate launch of the fastest "
+        "strategy that fits, with the micro-batch and levers it needs, and why",
+    )
+    adaptive.add_argument(
+        "--execute",
+        action="store_true",
+        help="with --launch: run that command (--run already names finished runs to compare)",
+    )
+    adaptive.add_argument(
+        "--cpu",
+        action="store_true",
+        help="with --launch: plan CPU processes (fp32, gloo, no "
+        "offload) with --gpu_memory_gib as each process's memory",
+    )
+    adaptive.add_argument(
+        "--sweep",
+        action="store_true",
+        help="every training preset x strategy on --gpu/--num_gpus: "
+        "per-device peak, fit, the largest model each strategy trains",
+    )
     adaptive.add_argument("--figure", type=Path, help="with --sweep: write the memory-wall figure here (.png)")
 
 
@@ -497,8 +651,10 @@ def _check_adaptive_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
     if args.figure is not None and not args.sweep:
         parser.error("--figure draws the sweep: give --sweep")
     if args.launch and args.num_nodes > 1:
-        parser.error("--launch prints one machine's accelerate launch; for several machines launch each with "
-                     "scripts/slurm/launch_node.sh (docs/multinode.md)")
+        parser.error(
+            "--launch prints one machine's accelerate launch; for several machines launch each with "
+            "scripts/slurm/launch_node.sh (docs/multinode.md)"
+        )
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
@@ -508,32 +664,56 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--gpu", help=f"one of {', '.join(PLANNER_GPUS)}")
     parser.add_argument("--gpu_memory_gib", type=float, help="memory per GPU, instead of (or overriding) --gpu's")
     parser.add_argument("--num_gpus", type=int, default=1, help="GPUs per machine")
-    parser.add_argument("--num_nodes", type=int, default=1,
-                        help="machines (default 1); several add the strategies made for them (hybrid sharding)")
-    parser.add_argument("--inter_node_gb_s", type=float,
-                        help="network bandwidth of each machine to the others, GB/s, all its ports together (with "
-                        "--num_nodes 2 or more): about 10 for one 100 Gb/s Ethernet port, 45 for one 400 Gb/s "
-                        "InfiniBand port, 180 for eight 200 Gb/s InfiniBand rails")
+    parser.add_argument(
+        "--num_nodes",
+        type=int,
+        default=1,
+        help="machines (default 1); several add the strategies made for them (hybrid sharding)",
+    )
+    parser.add_argument(
+        "--inter_node_gb_s",
+        type=float,
+        help="network bandwidth of each machine to the others, GB/s, all its ports together (with "
+        "--num_nodes 2 or more): about 10 for one 100 Gb/s Ethernet port, 45 for one 400 Gb/s "
+        "InfiniBand port, 180 for eight 200 Gb/s InfiniBand rails",
+    )
     parser.add_argument("--micro_batch_size", type=int, help="default: the preset's")
     parser.add_argument("--block_size", type=int, help="default: the preset's")
     parser.add_argument("--global_batch_tokens", type=int, help="default: the preset's")
     parser.add_argument("--precision", default="fp16", choices=["fp16", "bf16", "fp32"])
     parser.add_argument("--attn_impl", default="sdpa", choices=["sdpa", "math"])
-    parser.add_argument("--activation_checkpointing", action=argparse.BooleanOptionalAction,
-                        help="default: the preset's (off but for gpt2-xl)")
+    parser.add_argument(
+        "--activation_checkpointing",
+        action=argparse.BooleanOptionalAction,
+        help="default: the preset's (off but for gpt2-xl)",
+    )
     parser.add_argument("--mfu", type=float, default=DEFAULT_MFU, help="assumed model FLOPs utilisation (0-1]")
     link = parser.add_mutually_exclusive_group()
     link.add_argument("--link_gb_s", type=float, help="all-reduce bus bandwidth between GPUs, GB/s")
-    link.add_argument("--link_from", type=Path, metavar="RUN_DIR",
-                      help="the bus bandwidth a multi-process run measured at start (its config.json)")
-    parser.add_argument("--overlap", default="full", choices=list(OVERLAP_MEANING),
-                        help="FSDP's prefetching: full (default; FSDP2's own, each unit's all-gather behind the "
-                        "previous unit's compute) or none (FSDP waits for its collectives). DDP's all-reduce "
-                        "runs during backward either way: its bucket hooks do that, no setting turns it off")
+    link.add_argument(
+        "--link_from",
+        type=Path,
+        metavar="RUN_DIR",
+        help="the bus bandwidth a multi-process run measured at start (its config.json)",
+    )
+    parser.add_argument(
+        "--overlap",
+        default="full",
+        choices=list(OVERLAP_MEANING),
+        help="FSDP's prefetching: full (default; FSDP2's own, each unit's all-gather behind the "
+        "previous unit's compute) or none (FSDP waits for its collectives). DDP's all-reduce "
+        "runs during backward either way: its bucket hooks do that, no setting turns it off",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object")
     _add_adaptive_flags(parser)
     args = parser.parse_args(argv)
     _check_adaptive_flags(parser, args)
+    _check_values(parser, args)
+    return args
+
+
+def _check_values(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One-line errors for values no plan can be made of."""
     for name in ("num_gpus", "num_nodes", "micro_batch_size", "block_size", "global_batch_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -545,9 +725,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         if value is not None and not value > 0:
             parser.error(f"--{name} must be positive, got {value}")
     if (args.num_nodes > 1) != (args.inter_node_gb_s is not None) and not args.run:
-        parser.error("--num_nodes 2 or more and --inter_node_gb_s go together: the link between machines decides "
-                     "which strategy is fastest")
-    return args
+        parser.error(
+            "--num_nodes 2 or more and --inter_node_gb_s go together: the link between machines decides "
+            "which strategy is fastest"
+        )
 
 
 def plan_args(**values: Any) -> argparse.Namespace:

@@ -62,19 +62,24 @@ def hardware_for(args: argparse.Namespace, planner: Planner) -> Any:
     """The GPUs of the plan (the launch's and the sweep's), with the link between machines when there are
     several; with --cpu, CPU processes of --gpu_memory_gib each (no CUDA reserve)."""
     if not args.cpu:
-        return planner.hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s,
-                                inter_node_gb_s=args.inter_node_gb_s)
+        return planner.hardware(
+            args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s, inter_node_gb_s=args.inter_node_gb_s
+        )
     if args.gpu is not None or args.gpu_memory_gib is None:
         raise PlanError("a CPU plan (--cpu) takes --gpu_memory_gib as the memory per process, not --gpu")
-    return replace(planner.hardware(None, "fp32", args.gpu_memory_gib, args.link_gb_s), name="CPU process",
-                   reserve_gib=0.0)
+    return replace(
+        planner.hardware(None, "fp32", args.gpu_memory_gib, args.link_gb_s), name="CPU process", reserve_gib=0.0
+    )
 
 
 def strategies_for(args: argparse.Namespace, planner: Planner) -> list[str]:
     """The planned strategies on --num_gpus per machine and --num_nodes machines; on the CPU without the
     offloading ones (nothing to offload to)."""
-    return [s for s in planner.planned_strategies(args.num_gpus, args.num_nodes)
-            if not (args.cpu and registry.get(s).offloads)]
+    return [
+        s
+        for s in planner.planned_strategies(args.num_gpus, args.num_nodes)
+        if not (args.cpu and registry.get(s).offloads)
+    ]
 
 
 def ways(args: argparse.Namespace, strategy: str, planner: Planner) -> list[Way]:
@@ -90,8 +95,13 @@ def ways(args: argparse.Namespace, strategy: str, planner: Planner) -> list[Way]
 
 
 def _plan_way(args: argparse.Namespace, strategy: str, way: Way, hw: Any, planner: Planner) -> dict[str, Any]:
-    shaped = argparse.Namespace(**{**vars(args), "micro_batch_size": way.micro_batch_size,
-                                   "activation_checkpointing": way.activation_checkpointing})
+    shaped = argparse.Namespace(
+        **{
+            **vars(args),
+            "micro_batch_size": way.micro_batch_size,
+            "activation_checkpointing": way.activation_checkpointing,
+        }
+    )
     w = planner.workload_for(shaped, strategy)
     if args.cpu:  # what a CPU process runs: fp32 and torch's per-tensor (unfused) AdamW
         w = replace(w, precision="fp32", fused_adamw=False, device="cpu")
@@ -111,21 +121,34 @@ def choose_launch(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
     fitting = [c for c in candidates if c["fits"]]
     if not fitting:
         least = min(candidates, key=lambda c: c["per_device_bytes"]["total"])
-        raise PlanError(f"no strategy fits {args.preset} on {args.num_gpus} x {hw.name} ({hw.memory_gib:.4g} GiB) "
-                        f"even at micro-batch 1 with activation checkpointing: the least is {least['strategy']} at "
-                        f"{least['per_device_bytes']['total'] / GIB:.2f} GiB; use more devices or more memory per device")
+        raise PlanError(
+            f"no strategy fits {args.preset} on {args.num_gpus} x {hw.name} ({hw.memory_gib:.4g} GiB) "
+            f"even at micro-batch 1 with activation checkpointing: the least is {least['strategy']} at "
+            f"{least['per_device_bytes']['total'] / GIB:.2f} GiB; use more devices or more memory per device"
+        )
     rec = planner.recommend(fitting, hw, fitting[0]["way"].micro_batch_size)
     chosen = next(c for c in fitting if c["strategy"] == rec["strategy"])
-    return {"strategy": chosen["strategy"], "way": chosen["way"], "candidates": candidates, "hardware": hw,
-            "why": why(chosen, candidates, hw, rec)}
+    return {
+        "strategy": chosen["strategy"],
+        "way": chosen["way"],
+        "candidates": candidates,
+        "hardware": hw,
+        "why": why(chosen, candidates, hw, rec),
+    }
 
 
 def why(chosen: dict[str, Any], candidates: list[dict[str, Any]], hw: Any, rec: dict[str, Any]) -> str:
     """One line: what does not fit, the levers the chosen strategy needs, and the planner's reason."""
     out = [c for c in candidates if not c["fits"]]
-    wall = (", ".join(f"{c['strategy']} {c['per_device_bytes']['total'] / GIB:.1f} GiB" for c in out)
+    wall = (
+        (
+            ", ".join(f"{c['strategy']} {c['per_device_bytes']['total'] / GIB:.1f} GiB" for c in out)
             + f" do not fit (a peak may reach {hw.budget_bytes / GIB:.2f} of {hw.memory_gib:.4g} GiB) even at micro-batch 1 "
-            "with activation checkpointing; ") if out else ""
+            "with activation checkpointing; "
+        )
+        if out
+        else ""
+    )
     way = chosen["way"]
     levers = [f"micro-batch {way.micro_batch_size} x {chosen['grad_accum_steps']} accumulation"]
     levers += ["activation checkpointing"] if way.activation_checkpointing else []
@@ -141,8 +164,15 @@ def command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
     if entry.multi_process:
         cmd += ["--num_processes", str(args.num_gpus)]
     cmd += ["--mixed_precision", "no" if args.cpu or args.precision == "fp32" else args.precision]
-    cmd += ["train.py", "--preset", args.preset, "--strategy", entry.name,
-            "--micro_batch_size", str(way.micro_batch_size)]
+    cmd += [
+        "train.py",
+        "--preset",
+        args.preset,
+        "--strategy",
+        entry.name,
+        "--micro_batch_size",
+        str(way.micro_batch_size),
+    ]
     if args.block_size:
         cmd += ["--block_size", str(args.block_size)]
     if args.global_batch_tokens:
@@ -159,14 +189,25 @@ def launch_text(args: argparse.Namespace, chosen: dict[str, Any]) -> str:
 
 def launch_json(args: argparse.Namespace, chosen: dict[str, Any]) -> dict[str, Any]:
     way: Any = chosen["way"]
-    return {"strategy": chosen["strategy"], "micro_batch_size": way.micro_batch_size,
-            "activation_checkpointing": way.activation_checkpointing,
-            "offload": registry.get(chosen["strategy"]).offloads, "command": command(args, chosen),
-            "why": chosen["why"],
-            "candidates": [{"strategy": c["strategy"], "fits": c["fits"], "micro_batch_size": c["way"].micro_batch_size,
-                            "activation_checkpointing": c["way"].activation_checkpointing,
-                            "per_device_bytes": c["per_device_bytes"]["total"],
-                            "predicted_tokens_per_s": c["predicted_tokens_per_s"]} for c in chosen["candidates"]]}
+    return {
+        "strategy": chosen["strategy"],
+        "micro_batch_size": way.micro_batch_size,
+        "activation_checkpointing": way.activation_checkpointing,
+        "offload": registry.get(chosen["strategy"]).offloads,
+        "command": command(args, chosen),
+        "why": chosen["why"],
+        "candidates": [
+            {
+                "strategy": c["strategy"],
+                "fits": c["fits"],
+                "micro_batch_size": c["way"].micro_batch_size,
+                "activation_checkpointing": c["way"].activation_checkpointing,
+                "per_device_bytes": c["per_device_bytes"]["total"],
+                "predicted_tokens_per_s": c["predicted_tokens_per_s"],
+            }
+            for c in chosen["candidates"]
+        ],
+    }
 
 
 def launch_main(args: argparse.Namespace, planner: Planner) -> int:
@@ -200,25 +241,37 @@ def cuda_device(world_size: int) -> Device | None:
     return Device(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / GIB, world_size)
 
 
-def startup_note(cfg: TrainConfig, launched: str, precision: str, device: Device, planner: Planner,
-                 mfu: float) -> str | None:
+def startup_note(
+    cfg: TrainConfig, launched: str, precision: str, device: Device, planner: Planner, mfu: float
+) -> str | None:
     """One line when the plan, on `device`, would launch another strategy than `launched`; None when it agrees
     or the run's model is not its preset's (another --model_preset or --n_layer: the plan knows presets)."""
     from training.gpus import PLANNER_GPUS
 
     if cfg.model.n_layer is not None or cfg.model.model_preset != preset_overrides(cfg.preset).get(
-            "model_preset", cfg.model.model_preset):
+        "model_preset", cfg.model.model_preset
+    ):
         return None
     gpu = next((g.key for g in PLANNER_GPUS.values() if g.device_name.casefold() == device.name.casefold()), None)
     args = planner.arguments(
-        preset=cfg.preset, gpu=gpu, gpu_memory_gib=device.memory_gib, num_gpus=device.count, precision=precision,
-        micro_batch_size=cfg.optim.micro_batch_size, block_size=cfg.data.block_size,
-        global_batch_tokens=cfg.optim.global_batch_tokens, attn_impl=cfg.model.attn_impl, mfu=mfu)
+        preset=cfg.preset,
+        gpu=gpu,
+        gpu_memory_gib=device.memory_gib,
+        num_gpus=device.count,
+        precision=precision,
+        micro_batch_size=cfg.optim.micro_batch_size,
+        block_size=cfg.data.block_size,
+        global_batch_tokens=cfg.optim.global_batch_tokens,
+        attn_impl=cfg.model.attn_impl,
+        mfu=mfu,
+    )
     try:
         chosen = choose_launch(args, planner)
     except PlanError as exc:
         return f"plan: {exc}"
     if chosen["strategy"] == launched:
         return None
-    return (f"plan: launched {launched}, but on {device.count} x {device.name} the plan picks {chosen['strategy']}: "
-            f"{shlex.join(command(args, chosen))}  ({chosen['why']})")
+    return (
+        f"plan: launched {launched}, but on {device.count} x {device.name} the plan picks {chosen['strategy']}: "
+        f"{shlex.join(command(args, chosen))}  ({chosen['why']})"
+    )

@@ -73,12 +73,18 @@ def parameter_shapes(cfg: GPT2Config) -> dict[str, tuple[int, ...]]:
     }
     for i in range(cfg.n_layer):
         block = {
-            "ln_1.weight": (C,), "ln_1.bias": (C,),
-            "attn.c_attn.weight": (3 * C, C), "attn.c_attn.bias": (3 * C,),
-            "attn.c_proj.weight": (C, C), "attn.c_proj.bias": (C,),
-            "ln_2.weight": (C,), "ln_2.bias": (C,),
-            "mlp.c_fc.weight": (H, C), "mlp.c_fc.bias": (H,),
-            "mlp.c_proj.weight": (C, H), "mlp.c_proj.bias": (C,),
+            "ln_1.weight": (C,),
+            "ln_1.bias": (C,),
+            "attn.c_attn.weight": (3 * C, C),
+            "attn.c_attn.bias": (3 * C,),
+            "attn.c_proj.weight": (C, C),
+            "attn.c_proj.bias": (C,),
+            "ln_2.weight": (C,),
+            "ln_2.bias": (C,),
+            "mlp.c_fc.weight": (H, C),
+            "mlp.c_fc.bias": (H,),
+            "mlp.c_proj.weight": (C, H),
+            "mlp.c_proj.bias": (C,),
         }
         shapes.update({f"transformer.h.{i}.{name}": shape for name, shape in block.items()})
     shapes["transformer.ln_f.weight"] = (C,)
@@ -138,9 +144,12 @@ def model_state(w: Workload, strategy: str | Strategy, rank: int = 0) -> ModelSt
     s = checked(strategy, w)
     shapes = parameter_shapes(w.model).values()
     elements = sum(_held_numel(shape, s, w, rank) for shape in shapes)
-    return ModelState(parameters=elements * FP32, gradients=elements * FP32,
-                      optimizer=elements * ADAMW_STATE_BYTES + len(shapes) * ADAMW_STEP_BYTES,
-                      on_host=s.offloads)
+    return ModelState(
+        parameters=elements * FP32,
+        gradients=elements * FP32,
+        optimizer=elements * ADAMW_STATE_BYTES + len(shapes) * ADAMW_STEP_BYTES,
+        on_host=s.offloads,
+    )
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -244,14 +253,30 @@ class StepMemory:
 
     @property
     def total(self) -> int:
-        return (self.parameters + self.gradients + self.optimizer + self.activations + self.logits
-                + self.communication + self.temporaries)
+        return (
+            self.parameters
+            + self.gradients
+            + self.optimizer
+            + self.activations
+            + self.logits
+            + self.communication
+            + self.temporaries
+        )
 
     def to_dict(self) -> dict[str, Any]:
-        return {"parameters": self.parameters, "gradients": self.gradients, "optimizer": self.optimizer,
-                "activations": self.activations, "logits": self.logits, "communication": self.communication,
-                "temporaries": self.temporaries, "total": self.total, "host": self.host,
-                "peak_phase": self.peak_phase, "phases": dict(self.phases)}
+        return {
+            "parameters": self.parameters,
+            "gradients": self.gradients,
+            "optimizer": self.optimizer,
+            "activations": self.activations,
+            "logits": self.logits,
+            "communication": self.communication,
+            "temporaries": self.temporaries,
+            "total": self.total,
+            "host": self.host,
+            "peak_phase": self.peak_phase,
+            "phases": dict(self.phases),
+        }
 
 
 def step_memory(w: Workload, strategy: str | Strategy, rank: int = 0, host_is_device: bool = False) -> StepMemory:
@@ -275,8 +300,9 @@ def step_memory(w: Workload, strategy: str | Strategy, rank: int = 0, host_is_de
     loss = params + optimizer_at_start + grads_held + acts.kept + acts.logits + comm_loss
     # The embedding's gradient is summed in the gradients' dtype (the compute dtype: FSDP's unsharded
     # gradients are reduce-scattered after). With accumulation its earlier micro-batches' part is held too.
-    other_grads = grads_held or (grads - _wte_share(w, s, rank) * FP32 + _root_grads_whole(w, s, rank, compute)
-                                 if on_device else grads)
+    other_grads = grads_held or (
+        grads - _wte_share(w, s, rank) * FP32 + _root_grads_whole(w, s, rank, compute) if on_device else grads
+    )
     embedding_sum = 3 * compute * w.model.vocab_size * w.model.n_embd
     embedding = params + optimizer_at_start + other_grads + embedding_sum + comm_embedding
     update_temp = _update_temporaries(w, s, rank) if on_device else 0
@@ -314,8 +340,7 @@ def _communication_held(w: Workload, s: Strategy, state: ModelState, compute: in
         blocks_gathered = s.blocks_gathered_at_backward_start(cfg.n_layer)
         # At the embedding's sum the first block's reduce-scatter input (its unsharded gradients) is still
         # held: FSDP2 frees a unit's input only when the next unit's reduce-scatter is issued, the root's.
-        return (compute * (root + blocks_gathered * _block_numel(cfg)),
-                compute * (root + _block_numel(cfg)), 0)
+        return (compute * (root + blocks_gathered * _block_numel(cfg)), compute * (root + _block_numel(cfg)), 0)
     return 0, 0, 0
 
 
@@ -372,8 +397,11 @@ def _root_grads_whole(w: Workload, s: Strategy, rank: int, compute: int) -> int:
     if not s.shards:
         return 0
     shapes = parameter_shapes(w.model)
-    return sum(compute * numel(shapes[name]) - FP32 * _held_numel(shapes[name], s, w, rank)
-               for name in _root_names(w.model) if name != WTE)
+    return sum(
+        compute * numel(shapes[name]) - FP32 * _held_numel(shapes[name], s, w, rank)
+        for name in _root_names(w.model)
+        if name != WTE
+    )
 
 
 def _wte_share(w: Workload, s: Strategy, rank: int) -> int:

@@ -26,8 +26,17 @@ MEMORY_FACTS = {
     "precision": "precision",
 }
 NOT_MEASURED = "not measured (run recorded before memory measurement)"
-HEADERS = ["run", "strategy", "model state, predicted (MiB)", "model state, measured (MiB)", "model state error (%)",
-           "step peak, predicted (MiB)", "step peak, measured (MiB)", "step peak error (%)", "predicted peak phase"]
+HEADERS = [
+    "run",
+    "strategy",
+    "model state, predicted (MiB)",
+    "model state, measured (MiB)",
+    "model state error (%)",
+    "step peak, predicted (MiB)",
+    "step peak, measured (MiB)",
+    "step peak error (%)",
+    "predicted peak phase",
+]
 # What each kind of the predicted peak (analysis/plan_model.py StepMemory) holds, in the gap sentences.
 KIND_NAMES = {
     "parameters": "parameters",
@@ -72,9 +81,16 @@ def compared(run: Run, entry: dict[str, Any]) -> Compared:
     """`entry` is analysis.plan.compare_run's answer for `run`."""
     predicted, measured = entry["predicted"], entry["measured"]
     state = sum(measured[k] for k in STATE_KINDS) if all(measured.get(k) is not None for k in STATE_KINDS) else None
-    return Compared(run, sum(predicted[k] for k in STATE_KINDS), state, predicted["step_peak"],
-                    measured.get("step_peak"), entry["ranks"][0]["peak_phase"], entry["ranks"][0]["predicted_peak"],
-                    list(entry.get("notes") or []))
+    return Compared(
+        run,
+        sum(predicted[k] for k in STATE_KINDS),
+        state,
+        predicted["step_peak"],
+        measured.get("step_peak"),
+        entry["ranks"][0]["peak_phase"],
+        entry["ranks"][0]["predicted_peak"],
+        list(entry.get("notes") or []),
+    )
 
 
 def _read(run: Run) -> Compared | str:
@@ -105,15 +121,31 @@ def plan_table(items: list[Compared]) -> Table:
     rows: list[list[Cell]] = []
     shown: list[list[str]] = []
     for c in items:
-        row: list[Cell] = [c.run.label, c.run.strategy, c.predicted_state / MIB,
-                           None if c.measured_state is None else c.measured_state / MIB, c.state_error,
-                           c.predicted_peak / MIB, None if c.measured_peak is None else c.measured_peak / MIB,
-                           c.peak_error, c.phase]
+        row: list[Cell] = [
+            c.run.label,
+            c.run.strategy,
+            c.predicted_state / MIB,
+            None if c.measured_state is None else c.measured_state / MIB,
+            c.state_error,
+            c.predicted_peak / MIB,
+            None if c.measured_peak is None else c.measured_peak / MIB,
+            c.peak_error,
+            c.phase,
+        ]
         rows.append(row)
-        shown.append([c.run.label, c.run.strategy, _mib(c.predicted_state),
-                      "n/a" if c.measured_state is None else _mib(c.measured_state), _error_cell(c.state_error),
-                      _mib(c.predicted_peak), "n/a" if c.measured_peak is None else _mib(c.measured_peak),
-                      _error_cell(c.peak_error), c.phase])
+        shown.append(
+            [
+                c.run.label,
+                c.run.strategy,
+                _mib(c.predicted_state),
+                "n/a" if c.measured_state is None else _mib(c.measured_state),
+                _error_cell(c.state_error),
+                _mib(c.predicted_peak),
+                "n/a" if c.measured_peak is None else _mib(c.measured_peak),
+                _error_cell(c.peak_error),
+                c.phase,
+            ]
+        )
     return Table(list(HEADERS), rows, shown)
 
 
@@ -122,14 +154,18 @@ def _kind_note(kind: str, c: Compared, base: Compared, delta: int) -> str:
     holder = c if delta > 0 else base
     entry, peak = registry.find(holder.run.strategy), holder.peak
     if kind == "communication" and entry is not None and entry.communication is Communication.ALL_REDUCE:
-        return (f"DDP's gradient buckets, one fp32 copy of the gradients (4 bytes x {peak['communication'] // 4:,} "
-                "parameters)")
+        return (
+            f"DDP's gradient buckets, one fp32 copy of the gradients (4 bytes x {peak['communication'] // 4:,} "
+            "parameters)"
+        )
     if kind == "communication" and registry.shards(holder.run.strategy):
         return "FSDP's parameters gathered (unsharded) for computing"
     if kind == "gradients" and c.phase == base.phase == "loss":
-        return (f"gradients held from earlier micro-batches ({base.run.label} accumulates "
-                f"{base.run.fact('grad_accum_steps')} micro-batches per step, {c.run.label} "
-                f"{c.run.fact('grad_accum_steps')})")
+        return (
+            f"gradients held from earlier micro-batches ({base.run.label} accumulates "
+            f"{base.run.fact('grad_accum_steps')} micro-batches per step, {c.run.label} "
+            f"{c.run.fact('grad_accum_steps')})"
+        )
     sharded = next((x.run for x in (c, base) if registry.shards(x.run.strategy)), None)
     if kind in STATE_KINDS and sharded is not None:
         return f"{KIND_NAMES[kind]} ({sharded.label} shards them over {sharded.fact('world_size')} ranks)"
@@ -144,17 +180,24 @@ def gap_line(c: Compared, base: Compared) -> str:
     if abs(measured) < 0.05 * MIB:
         head = f"{c.run.label}'s step peak equals {base.run.label}'s within 0.1 MiB"
     else:
-        head = (f"{c.run.label}'s step peak is {_mib(abs(measured))} MiB {'above' if measured > 0 else 'below'} "
-                f"{base.run.label}'s")
-    head += (f" (measured {_mib(c.measured_peak)} vs {_mib(base.measured_peak)} MiB; planned {_mib(c.predicted_peak)}"
-             f" vs {_mib(base.predicted_peak)} MiB, {planned / MIB:+,.1f} MiB)")
+        head = (
+            f"{c.run.label}'s step peak is {_mib(abs(measured))} MiB {'above' if measured > 0 else 'below'} "
+            f"{base.run.label}'s"
+        )
+    head += (
+        f" (measured {_mib(c.measured_peak)} vs {_mib(base.measured_peak)} MiB; planned {_mib(c.predicted_peak)}"
+        f" vs {_mib(base.predicted_peak)} MiB, {planned / MIB:+,.1f} MiB)"
+    )
     deltas = [(kind, c.peak[kind] - base.peak[kind]) for kind in KIND_NAMES]
     deltas = sorted(((k, d) for k, d in deltas if abs(d) >= 0.05 * MIB), key=lambda kd: -abs(kd[1]))
     if not deltas:
         return f"{head}: the plan holds the same bytes of every kind at both peaks."
     parts = [f"{d / MIB:+,.1f} MiB {_kind_note(kind, c, base, d)}" for kind, d in deltas]
-    phases = (f"both at the {c.phase} phase" if c.phase == base.phase
-              else f"{c.run.label} at the {c.phase} phase, {base.run.label} at the {base.phase} phase")
+    phases = (
+        f"both at the {c.phase} phase"
+        if c.phase == base.phase
+        else f"{c.run.label} at the {c.phase} phase, {base.run.label} at the {base.phase} phase"
+    )
     return f"{head}. By the plan ({phases}): {'; '.join(parts)}."
 
 
@@ -168,10 +211,13 @@ def sharding_line(c: Compared, base: Compared) -> str | None:
     saved = base.measured_state - c.measured_state
     fall = base.measured_peak - c.measured_peak
     local, total = c.run.fact("local_param_numel"), c.run.fact("n_params")
-    counts = (f"; {local:,} of {total:,} parameters on rank 0" if isinstance(local, int) and isinstance(total, int)
-              else "")
-    line = (f"{c.run.label} holds {c.measured_state / base.measured_state:.0%} of {base.run.label}'s model state "
-            f"per rank ({_mib(c.measured_state)} vs {_mib(base.measured_state)} MiB measured{counts}), ")
+    counts = (
+        f"; {local:,} of {total:,} parameters on rank 0" if isinstance(local, int) and isinstance(total, int) else ""
+    )
+    line = (
+        f"{c.run.label} holds {c.measured_state / base.measured_state:.0%} of {base.run.label}'s model state "
+        f"per rank ({_mib(c.measured_state)} vs {_mib(base.measured_state)} MiB measured{counts}), "
+    )
     if fall <= 0:
         line += f"yet its step peak is {_mib(-fall)} MiB higher"
     elif fall < saved:
@@ -180,20 +226,31 @@ def sharding_line(c: Compared, base: Compared) -> str | None:
         line += f"and its step peak falls by {_mib(fall)} MiB ({fall / base.measured_peak:.0%})"
     undivided = c.peak["activations"] + c.peak["logits"]
     if undivided and c.predicted_peak:
-        line += (f": at its planned peak ({c.phase} phase) the saved activations ({_mib(c.peak['activations'])} MiB) "
-                 f"and the vocabulary-sized loss tensors ({_mib(c.peak['logits'])} MiB), which sharding does not "
-                 f"divide, are {undivided / c.predicted_peak:.0%} of it")
+        line += (
+            f": at its planned peak ({c.phase} phase) the saved activations ({_mib(c.peak['activations'])} MiB) "
+            f"and the vocabulary-sized loss tensors ({_mib(c.peak['logits'])} MiB), which sharding does not "
+            f"divide, are {undivided / c.predicted_peak:.0%} of it"
+        )
     return line + "."
 
 
 def flag_line(items: list[Compared]) -> str | None:
-    errors = [(c, what, value, predicted, measured) for c in items for what, value, predicted, measured in (
-        ("model state", c.state_error, c.predicted_state, c.measured_state),
-        ("step peak", c.peak_error, c.predicted_peak, c.measured_peak)) if value is not None]
+    errors = [
+        (c, what, value, predicted, measured)
+        for c in items
+        for what, value, predicted, measured in (
+            ("model state", c.state_error, c.predicted_state, c.measured_state),
+            ("step peak", c.peak_error, c.predicted_peak, c.measured_peak),
+        )
+        if value is not None
+    ]
     if not errors:
         return None
-    flagged = [f"{c.run.label} {what} {value:+.1f}% (planned {_mib(p)} MiB, measured {_mib(m)} MiB)"
-               for c, what, value, p, m in errors if abs(value) > FLAG_PCT]
+    flagged = [
+        f"{c.run.label} {what} {value:+.1f}% (planned {_mib(p)} MiB, measured {_mib(m)} MiB)"
+        for c, what, value, p, m in errors
+        if abs(value) > FLAG_PCT
+    ]
     if flagged:
         return f"Errors above {FLAG_PCT:g}% (flagged in the table): {'; '.join(flagged)}."
     worst = max(abs(value) for _, _, value, _, _ in errors)
@@ -225,16 +282,20 @@ def plan_section(runs: list[Run]) -> PlanSection:
         base_run, reason = comparable_single(c.run, [i.run for i in items], MEMORY_FACTS)
         base = next((i for i in items if i.run is base_run), None)
         if base is None:
-            lines.append(f"{c.run.label}: no gap to explain against a single run: {reason}, among the runs "
-                         "with memory measured.")
+            lines.append(
+                f"{c.run.label}: no gap to explain against a single run: {reason}, among the runs with memory measured."
+            )
         elif c.measured_peak is not None and base.measured_peak is not None:
             lines.append(gap_line(c, base))
             if (sharding := sharding_line(c, base)) is not None:
                 lines.append(sharding)
     if (flags := flag_line(items)) is not None:
         lines.append(flags)
-    sources = [(c.run.label, str(c.run.fact("memory").get("step_peak_source"))) for c in items
-               if isinstance(c.run.fact("memory"), dict) and c.run.fact("memory").get("step_peak_source")]
+    sources = [
+        (c.run.label, str(c.run.fact("memory").get("step_peak_source")))
+        for c in items
+        if isinstance(c.run.fact("memory"), dict) and c.run.fact("memory").get("step_peak_source")
+    ]
     lines += [f"Step peak measured by {text}." for text in _by_value(sources)]
     lines += [f"Plan note: {text}." for text in _by_value([(c.run.label, note) for c in items for note in c.notes])]
     return PlanSection(plan_table(items), lines)

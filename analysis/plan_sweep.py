@@ -31,24 +31,48 @@ def sweep(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
     for preset in PRESETS:
         # One workload for every preset, so the lines compare sizes alone: activation checkpointing as the
         # flag says (not each preset's own), the micro-batch the flag's or each preset's.
-        shaped = argparse.Namespace(**{**vars(args), "preset": preset,
-                                       "activation_checkpointing": bool(args.activation_checkpointing)})
-        plans = [planner.plan_strategy(planner.workload_for(shaped, s), s, hw, args.mfu, args.overlap)
-                 for s in strategies]
+        shaped = argparse.Namespace(
+            **{**vars(args), "preset": preset, "activation_checkpointing": bool(args.activation_checkpointing)}
+        )
+        plans = [
+            planner.plan_strategy(planner.workload_for(shaped, s), s, hw, args.mfu, args.overlap) for s in strategies
+        ]
         model = planner.workload_for(shaped, strategies[0]).model
-        rows.append({"preset": preset, "parameters": total_parameters(model),
-                     "strategies": {p["strategy"]: {"peak_bytes": p["per_device_bytes"]["total"], "fits": p["fits"],
-                                                    "max_micro_batch_size": p["max_micro_batch_size"],
-                                                    "fits_with_levers": _fits_with_levers(shaped, p, hw, planner)}
-                                    for p in plans}})
+        rows.append(
+            {
+                "preset": preset,
+                "parameters": total_parameters(model),
+                "strategies": {
+                    p["strategy"]: {
+                        "peak_bytes": p["per_device_bytes"]["total"],
+                        "fits": p["fits"],
+                        "max_micro_batch_size": p["max_micro_batch_size"],
+                        "fits_with_levers": _fits_with_levers(shaped, p, hw, planner),
+                    }
+                    for p in plans
+                },
+            }
+        )
     rows.sort(key=lambda r: r["parameters"])
     largest = {s: next((r["preset"] for r in reversed(rows) if r["strategies"][s]["fits"]), None) for s in strategies}
-    with_levers = {s: next((r["preset"] for r in reversed(rows) if r["strategies"][s]["fits_with_levers"]), None)
-                   for s in strategies}
-    return {"largest_with_levers": with_levers, "gpu": hw.name, "num_gpus": args.num_gpus, "num_nodes": args.num_nodes,
-            "memory_gib": hw.memory_gib, "budget_bytes": hw.budget_bytes,
-            "micro_batch_size": args.micro_batch_size, "precision": args.precision, "activation_checkpointing": bool(args.activation_checkpointing),
-            "strategies": strategies, "presets": rows, "largest_that_fits": largest}
+    with_levers = {
+        s: next((r["preset"] for r in reversed(rows) if r["strategies"][s]["fits_with_levers"]), None)
+        for s in strategies
+    }
+    return {
+        "largest_with_levers": with_levers,
+        "gpu": hw.name,
+        "num_gpus": args.num_gpus,
+        "num_nodes": args.num_nodes,
+        "memory_gib": hw.memory_gib,
+        "budget_bytes": hw.budget_bytes,
+        "micro_batch_size": args.micro_batch_size,
+        "precision": args.precision,
+        "activation_checkpointing": bool(args.activation_checkpointing),
+        "strategies": strategies,
+        "presets": rows,
+        "largest_that_fits": largest,
+    }
 
 
 def _fits_with_levers(args: argparse.Namespace, plan: dict[str, Any], hw: Any, planner: Planner) -> bool:
@@ -64,18 +88,25 @@ def _hardware_name(result: dict[str, Any]) -> str:
 
 def sweep_text(result: dict[str, Any]) -> str:
     strategies = result["strategies"]
-    head = (f"per-device peak (GiB) on {_hardware_name(result)} ({result['memory_gib']:.4g} GiB; a peak "
-            f"fits up to {result['budget_bytes'] / GIB:.2f} GiB), {result['precision']}, "
-            + (f"micro-batch {result['micro_batch_size']}" if result["micro_batch_size"] else "each preset's micro-batch")
-            + (", activation checkpointing" if result["activation_checkpointing"] else ""))
+    head = (
+        f"per-device peak (GiB) on {_hardware_name(result)} ({result['memory_gib']:.4g} GiB; a peak "
+        f"fits up to {result['budget_bytes'] / GIB:.2f} GiB), {result['precision']}, "
+        + (f"micro-batch {result['micro_batch_size']}" if result["micro_batch_size"] else "each preset's micro-batch")
+        + (", activation checkpointing" if result["activation_checkpointing"] else "")
+    )
     lines = [head, "", f"{'preset':<12} {'parameters':>13}  " + "  ".join(f"{s:>14}" for s in strategies)]
     for r in result["presets"]:
-        cells = [f"{r['strategies'][s]['peak_bytes'] / GIB:>9.2f} {'fits' if r['strategies'][s]['fits'] else 'NO':>4}"
-                 for s in strategies]
+        cells = [
+            f"{r['strategies'][s]['peak_bytes'] / GIB:>9.2f} {'fits' if r['strategies'][s]['fits'] else 'NO':>4}"
+            for s in strategies
+        ]
         lines.append(f"{r['preset']:<12} {r['parameters']:>13,}  " + "  ".join(cells))
     lines += ["", "largest preset each strategy trains here, as planned above:"]
-    lines += [f"  {s:<14} {result['largest_that_fits'][s] or 'none':<12} (with a smaller micro-batch or activation "
-              f"checkpointing: {result['largest_with_levers'][s] or 'none'})" for s in strategies]
+    lines += [
+        f"  {s:<14} {result['largest_that_fits'][s] or 'none':<12} (with a smaller micro-batch or activation "
+        f"checkpointing: {result['largest_with_levers'][s] or 'none'})"
+        for s in strategies
+    ]
     return "\n".join(lines)
 
 
@@ -90,16 +121,27 @@ def sweep_figure(result: dict[str, Any], path: Path) -> None:
     params = [r["parameters"] for r in result["presets"]]
     for s in result["strategies"]:
         entry = registry.get(s)
-        ax.plot(params, [r["strategies"][s]["peak_bytes"] / GIB for r in result["presets"]], marker=entry.marker,
-                color=entry.colour, label=entry.title)
-    ax.axhline(result["budget_bytes"] / GIB, color="black", linestyle="--",
-               label=f"usable: {result['budget_bytes'] / GIB:.1f} of {result['memory_gib']:.4g} GiB")
+        ax.plot(
+            params,
+            [r["strategies"][s]["peak_bytes"] / GIB for r in result["presets"]],
+            marker=entry.marker,
+            color=entry.colour,
+            label=entry.title,
+        )
+    ax.axhline(
+        result["budget_bytes"] / GIB,
+        color="black",
+        linestyle="--",
+        label=f"usable: {result['budget_bytes'] / GIB:.1f} of {result['memory_gib']:.4g} GiB",
+    )
     ax.set_xscale("log")
     ax.set_xlabel("parameters")
     ax.set_ylabel("predicted per-device peak (GiB)")
-    ax.set_title(f"{_hardware_name(result)}, {result['precision']}"
-                 + (f", micro-batch {result['micro_batch_size']}" if result["micro_batch_size"] else "")
-                 + (", activation checkpointing" if result["activation_checkpointing"] else ""))
+    ax.set_title(
+        f"{_hardware_name(result)}, {result['precision']}"
+        + (f", micro-batch {result['micro_batch_size']}" if result["micro_batch_size"] else "")
+        + (", activation checkpointing" if result["activation_checkpointing"] else "")
+    )
     ax.legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -66,16 +66,33 @@ def make_figures(runs: list[Run]) -> list[FigureFile]:
     """All figures of the report, in reading order."""
     colours = assign_colours(runs)
     return [
-        _epoch_figure(runs, colours, "throughput_per_epoch.png", "Throughput per epoch",
-                      [("whole job", "tokens_per_s"), ("per device", "tokens_per_s_per_device")],
-                      "throughput (tokens/s)",
-                      "Tokens trained in the epoch / training time of the epoch (steps only)."),
-        _epoch_figure(runs, colours, "grad_norm_per_epoch.png", "Gradient norm per epoch",
-                      [("", "grad_norm_mean")], "mean global grad L2 norm (before clipping)",
-                      "Mean over the epoch's steps of the global gradient L2 norm, before clipping."),
-        _epoch_figure(runs, colours, "training_time_per_epoch.png", "Training time per epoch",
-                      [("", "time_s")], "training time (s)",
-                      "Wall time of the epoch's optimizer steps; evaluation and checkpointing excluded."),
+        _epoch_figure(
+            runs,
+            colours,
+            "throughput_per_epoch.png",
+            "Throughput per epoch",
+            [("whole job", "tokens_per_s"), ("per device", "tokens_per_s_per_device")],
+            "throughput (tokens/s)",
+            "Tokens trained in the epoch / training time of the epoch (steps only).",
+        ),
+        _epoch_figure(
+            runs,
+            colours,
+            "grad_norm_per_epoch.png",
+            "Gradient norm per epoch",
+            [("", "grad_norm_mean")],
+            "mean global grad L2 norm (before clipping)",
+            "Mean over the epoch's steps of the global gradient L2 norm, before clipping.",
+        ),
+        _epoch_figure(
+            runs,
+            colours,
+            "training_time_per_epoch.png",
+            "Training time per epoch",
+            [("", "time_s")],
+            "training time (s)",
+            "Wall time of the epoch's optimizer steps; evaluation and checkpointing excluded.",
+        ),
         _memory_figure(runs, colours),
         _loss_per_epoch(runs, colours),
         _loss_vs_tokens(runs, colours),
@@ -86,19 +103,30 @@ def make_figures(runs: list[Run]) -> list[FigureFile]:
 def _memory_figure(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     # On CPU both memory keys hold the process's peak resident set size: one panel, named for what it is.
     if all((run.summary or {}).get("device_type") == "cpu" for run in runs):
-        return _epoch_figure(runs, colours, "peak_memory_per_epoch.png", "Peak memory per epoch",
-                             [("CPU: peak resident set size of the process, max over processes",
-                               "peak_mem_allocated_mib_max")],
-                             "peak resident memory per process (MiB)",
-                             "Highest peak resident set size over the processes of one run. On CPU the "
-                             "operating system cannot reset the peak, so each epoch shows the peak since "
-                             "the process started.")
-    return _epoch_figure(runs, colours, "peak_memory_per_epoch.png", "Peak memory per epoch",
-                         [("allocated, max over devices", "peak_mem_allocated_mib_max"),
-                          ("reserved, max over devices", "peak_mem_reserved_mib_max")],
-                         "peak memory per device (MiB)",
-                         "Highest peak over the devices of one run (torch.cuda max allocated / max reserved, "
-                         "reset at each epoch start).")
+        return _epoch_figure(
+            runs,
+            colours,
+            "peak_memory_per_epoch.png",
+            "Peak memory per epoch",
+            [("CPU: peak resident set size of the process, max over processes", "peak_mem_allocated_mib_max")],
+            "peak resident memory per process (MiB)",
+            "Highest peak resident set size over the processes of one run. On CPU the "
+            "operating system cannot reset the peak, so each epoch shows the peak since "
+            "the process started.",
+        )
+    return _epoch_figure(
+        runs,
+        colours,
+        "peak_memory_per_epoch.png",
+        "Peak memory per epoch",
+        [
+            ("allocated, max over devices", "peak_mem_allocated_mib_max"),
+            ("reserved, max over devices", "peak_mem_reserved_mib_max"),
+        ],
+        "peak memory per device (MiB)",
+        "Highest peak over the devices of one run (torch.cuda max allocated / max reserved, "
+        "reset at each epoch start).",
+    )
 
 
 def _new_figure(panels: int) -> tuple[Figure, list[Axes]]:
@@ -118,8 +146,13 @@ def _style(strategy: str, index: int, colours: dict[str, str]) -> dict[str, Any]
     """The strategy's colour and marker; its line style and marker size by its place in the figure."""
     entry = registry.find(strategy)
     linestyle, linewidth = LINE_STYLES[index % len(LINE_STYLES)]
-    return {"color": colours[strategy], "marker": entry.marker if entry is not None else FALLBACK_MARKER,
-            "markersize": MARKER_SIZES[index % len(MARKER_SIZES)], "linestyle": linestyle, "linewidth": linewidth}
+    return {
+        "color": colours[strategy],
+        "marker": entry.marker if entry is not None else FALLBACK_MARKER,
+        "markersize": MARKER_SIZES[index % len(MARKER_SIZES)],
+        "linestyle": linestyle,
+        "linewidth": linewidth,
+    }
 
 
 @dataclass(frozen=True)
@@ -148,27 +181,47 @@ def epoch_series(runs: list[Run], key: str) -> Series:
     per_run = [_epoch_values(run, key) for run in runs]
     epochs = sorted({e for values in per_run for e in values})
     at = [[values[e] for values in per_run if e in values] for e in epochs]
-    return Series(epochs, [float(np.median([v for v, _ in points])) for points in at],
-                  [min(v for v, _ in points) for points in at], [max(v for v, _ in points) for points in at],
-                  [any(p for _, p in points) for points in at], len(runs))
+    return Series(
+        epochs,
+        [float(np.median([v for v, _ in points])) for points in at],
+        [min(v for v, _ in points) for points in at],
+        [max(v for v, _ in points) for points in at],
+        [any(p for _, p in points) for points in at],
+        len(runs),
+    )
 
 
 def _plot_series(axes: Axes, series: Series, label: str, style: dict[str, Any], **extra: Any) -> None:
     """The median line; error bars from min to max when there are repeats; partial epochs hollow."""
     if not series.epochs:
         return
-    axes.plot(series.epochs, series.median, label=label + (f" (median of {series.runs})" if series.runs > 1 else ""),
-              **{**style, **extra})
+    axes.plot(
+        series.epochs,
+        series.median,
+        label=label + (f" (median of {series.runs})" if series.runs > 1 else ""),
+        **{**style, **extra},
+    )
     if series.runs > 1:
-        errors = [[m - lo for m, lo in zip(series.median, series.low)],
-                  [hi - m for m, hi in zip(series.median, series.high)]]
-        axes.errorbar(series.epochs, series.median, yerr=errors, fmt="none", ecolor=style["color"], capsize=4,
-                      elinewidth=1.2)
+        errors = [
+            [m - lo for m, lo in zip(series.median, series.low)],
+            [hi - m for m, hi in zip(series.median, series.high)],
+        ]
+        axes.errorbar(
+            series.epochs, series.median, yerr=errors, fmt="none", ecolor=style["color"], capsize=4, elinewidth=1.2
+        )
     partial = [(e, m) for e, m, p in zip(series.epochs, series.median, series.partial) if p]
     if partial:
         xs, ys = zip(*partial)
-        axes.plot(xs, ys, linestyle="none", marker=style["marker"], markersize=style["markersize"] + 3,
-                  markerfacecolor="white", markeredgecolor=style["color"], markeredgewidth=1.8)
+        axes.plot(
+            xs,
+            ys,
+            linestyle="none",
+            marker=style["marker"],
+            markersize=style["markersize"] + 3,
+            markerfacecolor="white",
+            markeredgecolor=style["color"],
+            markeredgewidth=1.8,
+        )
 
 
 def _epoch_axis(axes: Axes, runs: list[Run]) -> None:
@@ -190,8 +243,15 @@ def _legend(figure: Figure, axes: Axes) -> None:
         figure.legend(handles, labels, title="strategy", loc="outside right upper")
 
 
-def _epoch_figure(runs: list[Run], colours: dict[str, str], filename: str, title: str,
-                  panels: list[tuple[str, str]], ylabel: str, caption: str) -> FigureFile:
+def _epoch_figure(
+    runs: list[Run],
+    colours: dict[str, str],
+    filename: str,
+    title: str,
+    panels: list[tuple[str, str]],
+    ylabel: str,
+    caption: str,
+) -> FigureFile:
     figure, axes_list = _new_figure(len(panels))
     groups = group_by_strategy(runs)
     for axes, (panel_title, key) in zip(axes_list, panels):
@@ -212,8 +272,11 @@ def _epoch_figure(runs: list[Run], colours: dict[str, str], filename: str, title
 
 def _repeats_caption(groups: dict[str, list[Run]]) -> str:
     """What a line and its bars are, and the partial-epoch mark."""
-    spread = ("Lines: the median over a strategy's runs; error bars: their minimum to maximum. "
-              if any(len(members) > 1 for members in groups.values()) else "")
+    spread = (
+        "Lines: the median over a strategy's runs; error bars: their minimum to maximum. "
+        if any(len(members) > 1 for members in groups.values())
+        else ""
+    )
     return spread + PARTIAL_NOTE
 
 
@@ -223,27 +286,40 @@ def _loss_per_epoch(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     for index, (strategy, members) in enumerate(groups.items()):
         style = _style(strategy, index, colours)
         _plot_series(axes, epoch_series(members, "loss_mean"), f"{strategy} train", style)
-        _plot_series(axes, epoch_series(members, "val_loss"), f"{strategy} validation", style,
-                     linestyle="--", markerfacecolor="white")
+        _plot_series(
+            axes,
+            epoch_series(members, "val_loss"),
+            f"{strategy} validation",
+            style,
+            linestyle="--",
+            markerfacecolor="white",
+        )
     _epoch_axis(axes, runs)
     axes.set_ylabel("cross-entropy loss (nats)")
     _legend(figure, axes)
     title = "Loss per epoch"
     figure.suptitle(title)
-    caption = ("Filled markers: mean training loss of the epoch's steps. Dashed, open markers: validation loss at "
-               f"the epoch end. {_repeats_caption(groups)}")
+    caption = (
+        "Filled markers: mean training loss of the epoch's steps. Dashed, open markers: validation loss at "
+        f"the epoch end. {_repeats_caption(groups)}"
+    )
     return FigureFile("loss_per_epoch.png", title, caption, _png(figure))
 
 
 def loss_band(runs: list[Run], kind: str, key: str) -> tuple[list[float], list[float], list[float], list[float]]:
     """Tokens, median, min and max of `key` over `runs` at the token counts every run logged (`kind`:
     "train" or "evals"); a resumed run's repeated step keeps its later line."""
-    per_run = [{line["tokens"]: line[key] for line in getattr(run, kind) if _has_numbers(line, "tokens", key)}
-               for run in runs]
+    per_run = [
+        {line["tokens"]: line[key] for line in getattr(run, kind) if _has_numbers(line, "tokens", key)} for run in runs
+    ]
     common = sorted(set.intersection(*(set(values) for values in per_run))) if per_run else []
     values = [[float(v[t]) for v in per_run] for t in common]
-    return ([float(t) for t in common], [float(np.median(v)) for v in values], [min(v) for v in values],
-            [max(v) for v in values])
+    return (
+        [float(t) for t in common],
+        [float(np.median(v)) for v in values],
+        [min(v) for v in values],
+        [max(v) for v in values],
+    )
 
 
 def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
@@ -253,16 +329,31 @@ def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
         style = _style(strategy, index, colours)
         tokens, median, low, high = loss_band(members, "train", "loss")
         if tokens:
-            axes.plot(tokens, median, color=style["color"], linestyle=style["linestyle"],
-                      linewidth=style["linewidth"], label=f"{strategy} train")
+            axes.plot(
+                tokens,
+                median,
+                color=style["color"],
+                linestyle=style["linestyle"],
+                linewidth=style["linewidth"],
+                label=f"{strategy} train",
+            )
             if len(members) > 1:
                 axes.fill_between(tokens, low, high, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
         tokens, median, low, high = loss_band(members, "evals", "val_loss")
         if tokens:
-            axes.errorbar(tokens, median, yerr=[np.subtract(median, low), np.subtract(high, median)],
-                          linestyle="none", color=style["color"], marker=style["marker"],
-                          markersize=style["markersize"], markerfacecolor="white", markeredgewidth=1.5,
-                          capsize=3, label=f"{strategy} validation")
+            axes.errorbar(
+                tokens,
+                median,
+                yerr=[np.subtract(median, low), np.subtract(high, median)],
+                linestyle="none",
+                color=style["color"],
+                marker=style["marker"],
+                markersize=style["markersize"],
+                markerfacecolor="white",
+                markeredgewidth=1.5,
+                capsize=3,
+                label=f"{strategy} validation",
+            )
     axes.xaxis.set_major_formatter(EngFormatter(sep=""))
     axes.set_xlabel("tokens trained (whole job)")
     axes.set_ylabel("cross-entropy loss (nats)")
@@ -270,11 +361,16 @@ def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     _legend(figure, axes)
     title = "Loss against tokens trained"
     figure.suptitle(title)
-    spread = ("With repeats: lines are the median over a strategy's runs, bands and bars their minimum to "
-              "maximum. " if any(len(m) > 1 for m in groups.values()) else "")
-    caption = ("Lines: training loss of each logged step (metrics.jsonl); open markers: validation loss. "
-               "Tokens, not steps or epochs, are the fair x-axis when batches differ. A line seen only at its "
-               f"edges lies under another: the two curves are the same. {spread}").strip()
+    spread = (
+        "With repeats: lines are the median over a strategy's runs, bands and bars their minimum to maximum. "
+        if any(len(m) > 1 for m in groups.values())
+        else ""
+    )
+    caption = (
+        "Lines: training loss of each logged step (metrics.jsonl); open markers: validation loss. "
+        "Tokens, not steps or epochs, are the fair x-axis when batches differ. A line seen only at its "
+        f"edges lies under another: the two curves are the same. {spread}"
+    ).strip()
     return FigureFile("loss_vs_tokens.png", title, caption, _png(figure))
 
 
@@ -282,27 +378,36 @@ def _step_time_distribution(runs: list[Run], colours: dict[str, str]) -> FigureF
     figure, (axes,) = _new_figure(1)
     groups = group_by_strategy(runs)
     # Warm-up steps left out, as the throughput's interval leaves them out; a strategy's runs pooled.
-    pooled = {strategy: [t for run in members for t in run.step_times_s[warmup_steps(run):]]
-              for strategy, members in groups.items()}
+    pooled = {
+        strategy: [t for run in members for t in run.step_times_s[warmup_steps(run) :]]
+        for strategy, members in groups.items()
+    }
     pooled = {strategy: times for strategy, times in pooled.items() if times}
     if pooled:
-        boxes = axes.boxplot(list(pooled.values()), patch_artist=True, widths=0.5,
-                             medianprops={"color": "black"}, flierprops={"markersize": 4})
+        boxes = axes.boxplot(
+            list(pooled.values()),
+            patch_artist=True,
+            widths=0.5,
+            medianprops={"color": "black"},
+            flierprops={"markersize": 4},
+        )
         for patch, strategy in zip(boxes["boxes"], pooled):
             patch.set_facecolor(colours[strategy])
             patch.set_alpha(0.75)
-        axes.set_xticks(range(1, len(pooled) + 1),
-                        [f"{s} ({len(groups[s])} runs)" if len(groups[s]) > 1 else s for s in pooled])
+        axes.set_xticks(
+            range(1, len(pooled) + 1), [f"{s} ({len(groups[s])} runs)" if len(groups[s]) > 1 else s for s in pooled]
+        )
     axes.set_xlabel("strategy")
     axes.set_ylabel("optimizer step time (s)")
     axes.grid(True, axis="y", alpha=0.3)
     title = "Step time distribution"
     figure.suptitle(title)
-    caption = ("Wall time of every optimizer step after the warm-up steps (summary.json step_times_s), all runs of "
-               "a strategy together: box = quartiles, line = median, whiskers = 1.5 IQR, dots = outliers.")
+    caption = (
+        "Wall time of every optimizer step after the warm-up steps (summary.json step_times_s), all runs of "
+        "a strategy together: box = quartiles, line = median, whiskers = 1.5 IQR, dots = outliers."
+    )
     return FigureFile("step_time_distribution.png", title, caption, _png(figure))
 
 
 def _has_numbers(line: dict[str, Any], *keys: str) -> bool:
     return all(number(line.get(k)) is not None for k in keys)
-

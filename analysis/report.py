@@ -90,12 +90,17 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
     if all(v == HIGHER for v in verdicts.values()):
         lead = f"Throughput: **{best}** is fastest with {shown}"
     elif tied:
-        lead = (f"Throughput: **{best}** and {_and([f'**{name}**' for name in tied])} are practically tied "
-                f"(no detectable difference): {best} {shown}")
+        lead = (
+            f"Throughput: **{best}** and {_and([f'**{name}**' for name in tied])} are practically tied "
+            f"(no detectable difference): {best} {shown}"
+        )
     else:
         lead = f"Throughput: **{best}** has the highest figure, {shown}, but it cannot be ranked"
-    parts = ", ".join(_ratio_text(against[name], name, f"{summaries[name].median:,.0f} tokens/s")
-                      for name in rest if against[name] is not None)
+    parts = ", ".join(
+        _ratio_text(against[name], name, f"{summaries[name].median:,.0f} tokens/s")
+        for name in rest
+        if against[name] is not None
+    )
     lines = [f"{lead}: {parts}." if parts else f"{lead}."]
     if any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
         lines.append(STEP_NOTE)
@@ -103,9 +108,11 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
     return lines
 
 
-STEP_NOTE = ("One run per strategy: the throughput intervals come from each run's own step times (warm-up steps "
-             "excluded), so they see step-to-step noise but not drift between runs (another job on the machine, "
-             "clocks, a different node); repeated runs (`--repeats`) see that too.")
+STEP_NOTE = (
+    "One run per strategy: the throughput intervals come from each run's own step times (warm-up steps "
+    "excluded), so they see step-to-step noise but not drift between runs (another job on the machine, "
+    "clocks, a different node); repeated runs (`--repeats`) see that too."
+)
 
 
 def _ratio_text(comparison: Comparison, name: str, value: str) -> str:
@@ -136,8 +143,10 @@ def _per_device_line(runs: list[Run], key: str) -> list[str]:
     for run in runs:
         result = scaling_efficiency(run, runs, key)
         if result.efficiency is not None and result.baseline is not None:
-            parts.append(f"{run.label} {result.tokens_per_s / result.devices:,.0f} tokens/s per device = "
-                         f"{result.efficiency:.0%} of {result.baseline.label}")
+            parts.append(
+                f"{run.label} {result.tokens_per_s / result.devices:,.0f} tokens/s per device = "
+                f"{result.efficiency:.0%} of {result.baseline.label}"
+            )
             baselines[result.baseline.label] = result.baseline_tokens_per_s
     shown = ", ".join(f"{label}: {value:,.0f} tokens/s" for label, value in baselines.items())
     return [f"Per device: {'; '.join(parts)} ({shown})."] if parts else []
@@ -156,13 +165,19 @@ def memory_reading(runs: list[Run], stats: Statistics | None = None) -> list[str
     lines = []
     peaks = stats.figures.get(STEP_PEAK, {})
     if len(peaks) >= 2:
-        title = ("Peak memory (live tensors at the step peak, per process, max over processes)" if cpu
-                 else "Peak memory (allocated, per device, max over devices)")
+        title = (
+            "Peak memory (live tensors at the step peak, per process, max over processes)"
+            if cpu
+            else "Peak memory (allocated, per device, max over devices)"
+        )
         lines.append(_least_memory(stats, peaks, title))
     beside = RESIDENT if cpu else RESERVED
     if len(stats.figures.get(beside, {})) >= 2:
-        title = ("Peak memory (resident set size, per process, max over processes)" if cpu
-                 else "Peak memory (reserved, per device, max over devices)")
+        title = (
+            "Peak memory (resident set size, per process, max over processes)"
+            if cpu
+            else "Peak memory (reserved, per device, max over devices)"
+        )
         lines.append(_memory_beside(stats, beside, title))
     return lines or ["Peak memory: fewer than two strategies with memory figures; nothing to rank."]
 
@@ -179,20 +194,26 @@ def _least_memory(stats: Statistics, peaks: dict[str, Summary], title: str) -> s
         lead = f"{title}: **{best}** has the lowest figure, {value}, but it cannot be ranked"
     parts = ", ".join(
         f"{1 - c.ratio:.0%} less than {name} ({peaks[name].median / MIB:,.0f} MiB; {_verdict_text(c)})"
-        for name, c in against.items() if c is not None)
+        for name, c in against.items()
+        if c is not None
+    )
     return f"{lead}: {parts}." if parts else f"{lead}."
 
 
 def _memory_beside(stats: Statistics, figure: str, title: str) -> str:
     summaries = stats.figures[figure]
-    values = ", ".join(f"{name} {s.median:,.0f} MiB" + (f" (n = {s.n})" if s.n > 1 else "")
-                       for name, s in summaries.items())
+    values = ", ".join(
+        f"{name} {s.median:,.0f} MiB" + (f" (n = {s.n})" if s.n > 1 else "") for name, s in summaries.items()
+    )
     ranked = [c for c in stats.comparisons if c.figure == figure and c.verdict in (HIGHER, LOWER)]
     if ranked:
         outside = "; ".join(f"{c.a} / {c.b} = {c.ratio:.2f} ({_verdict_text(c)})" for c in ranked)
         return f"{title}, shown beside: {values}; outside its noise: {outside}."
-    why = ("one run per strategy gives it no interval" if all(s.n == 1 for s in summaries.values())
-           else "no pair's 95% interval excludes 1")
+    why = (
+        "one run per strategy gives it no interval"
+        if all(s.n == 1 for s in summaries.values())
+        else "no pair's 95% interval excludes 1"
+    )
     return f"{title}, shown beside and not ranked ({why}): {values}."
 
 
@@ -246,8 +267,10 @@ def fairness_lines(check: Fairness, runs: list[Run]) -> list[str]:
         shown = ", ".join(f"{label} {_show(key, value)}" for label, value in values.items())
         lines.append(f"**Unfair comparison: {FAIRNESS_FACTS[key]} differs** ({shown}).")
     if "global_batch_tokens" in check.differing:
-        lines.append("Unequal global batches change the optimisation itself (steps, noise, learning rate per "
-                     "token), so the loss and grad-norm comparison is not like for like.")
+        lines.append(
+            "Unequal global batches change the optimisation itself (steps, noise, learning rate per "
+            "token), so the loss and grad-norm comparison is not like for like."
+        )
     return lines + peak_lines(check)
 
 
@@ -256,8 +279,10 @@ def peak_lines(check: Fairness) -> list[str]:
     if not check.peaks:
         return []
     shown = ", ".join(f"{label} {_peak_text(flops, at)}" for label, (flops, at) in check.peaks.items())
-    return [f"**MFU is measured against different peaks** ({shown}): their MFU figures are not comparable "
-            "with each other; throughput is."]
+    return [
+        f"**MFU is measured against different peaks** ({shown}): their MFU figures are not comparable "
+        "with each other; throughput is."
+    ]
 
 
 def _peak_text(flops: Any, measured_at: Any) -> str:
@@ -355,13 +380,19 @@ def agreement_lines(result: LossAgreement, check: Fairness) -> list[str]:
         return [f"Loss curves: cannot judge agreement ({result.reason})."]
     details = "; ".join(
         f"{label}: RMS difference {rms:.4f} nats = {rms / result.sigma:.1f} sigma, max relative {result.max_relative[label]:.2%}"
-        if result.sigma > 0 else f"{label}: RMS difference {rms:.4f} nats"
+        if result.sigma > 0
+        else f"{label}: RMS difference {rms:.4f} nats"
         for label, rms in result.rms.items()
     )
-    verdict = ("agree within noise" if result.verdict == "agree"
-               else f"**differ by more than noise** (more than {AGREEMENT_FACTOR:g} sigma)")
-    line = (f"Loss curves {verdict} against {result.reference} at equal tokens "
-            f"(sigma = {result.sigma:.4f} nats): {details}.")
+    verdict = (
+        "agree within noise"
+        if result.verdict == "agree"
+        else f"**differ by more than noise** (more than {AGREEMENT_FACTOR:g} sigma)"
+    )
+    line = (
+        f"Loss curves {verdict} against {result.reference} at equal tokens "
+        f"(sigma = {result.sigma:.4f} nats): {details}."
+    )
     lines = [line]
     if "global_batch_tokens" in check.differing:
         lines.append("The global batches differ, so agreement or not says little about the strategies themselves.")
@@ -389,8 +420,9 @@ def loss_verdict_lines(stats: Statistics) -> list[str]:
             continue
         first, *others = summaries
         values = ", ".join(f"{name} {s.median:.4f} ({_interval_text(s, '.4f')})" for name, s in summaries.items())
-        verdicts = "; ".join(f"{name}: {_verdict_text(c)}" for name in others
-                             if (c := stats.comparison(figure, name, first)) is not None)
+        verdicts = "; ".join(
+            f"{name}: {_verdict_text(c)}" for name in others if (c := stats.comparison(figure, name, first)) is not None
+        )
         lines.append(f"{stats.titles[figure].capitalize()} (nats): {values}. Against {first}: {verdicts}.")
     return lines
 
@@ -401,8 +433,10 @@ def repeats_line(stats: Statistics) -> list[str]:
     if not counts:
         return []
     shown = ", ".join(f"{name} {n}" for name, n in counts.items())
-    return [f"Runs per strategy (repeats, grouped by strategy): {shown}. A verdict (higher, lower) is stated "
-            "only where the ratio's 95% interval excludes 1."]
+    return [
+        f"Runs per strategy (repeats, grouped by strategy): {shown}. A verdict (higher, lower) is stated "
+        "only where the ratio's 95% interval excludes 1."
+    ]
 
 
 def target_lines(stats: Statistics) -> list[str]:
@@ -416,11 +450,14 @@ def target_lines(stats: Statistics) -> list[str]:
             parts.append(f"{name} not reached ({entry['runs']} run{'s' if entry['runs'] != 1 else ''})")
             continue
         spread = entry["spread"]["seconds"]
-        seconds = f"{entry['seconds']:,.1f} s" + (f" (min-max {spread['min']:,.1f}-{spread['max']:,.1f} s)"
-                                                  if spread["n"] > 1 else "")
+        seconds = f"{entry['seconds']:,.1f} s" + (
+            f" (min-max {spread['min']:,.1f}-{spread['max']:,.1f} s)" if spread["n"] > 1 else ""
+        )
         cost = f", cost {entry['cost']:,.4f}" if entry["cost"] is not None else ""
-        parts.append(f"{name} {seconds}, {entry['tokens']:,.0f} tokens{cost} "
-                     f"(reached in {entry['reached']} of {entry['runs']} runs)")
+        parts.append(
+            f"{name} {seconds}, {entry['tokens']:,.0f} tokens{cost} "
+            f"(reached in {entry['reached']} of {entry['runs']} runs)"
+        )
     return [f"Time to validation loss {target:g} (training time, linear between evaluations): {'; '.join(parts)}."]
 
 
@@ -462,26 +499,38 @@ def build_reading(runs: list[Run], excluded: list[Run], stats: Statistics | None
     check = fairness(runs)
     fair = fairness_lines(check, runs)
     agreed = fair[:1] if check.fair else []  # the "Fair comparison" line is a reading, the rest are warnings
-    warnings = fair[len(agreed):]
+    warnings = fair[len(agreed) :]
     if excluded:
-        warnings.append(f"**{len(excluded)} run(s) left out of the comparison**: "
-                        + ", ".join(str(run.path) for run in excluded) + " (see Problems).")
-    lines = [*repeats_line(stats), *fastest_reading(runs, stats), *memory_reading(runs, stats),
-             *target_lines(stats), *agreement_lines(loss_agreement(runs), check), *final_loss_line(runs),
-             *loss_verdict_lines(stats)]
+        warnings.append(
+            f"**{len(excluded)} run(s) left out of the comparison**: "
+            + ", ".join(str(run.path) for run in excluded)
+            + " (see Problems)."
+        )
+    lines = [
+        *repeats_line(stats),
+        *fastest_reading(runs, stats),
+        *memory_reading(runs, stats),
+        *target_lines(stats),
+        *agreement_lines(loss_agreement(runs), check),
+        *final_loss_line(runs),
+        *loss_verdict_lines(stats),
+    ]
     lines += agreed
     problems = [f"{run.path}: {problem}" for run in [*runs, *excluded] for problem in run.problems]
     method = [
         "Throughput is tokens trained / training time of the optimizer steps (evaluation and checkpointing "
         "excluded); per-device figures are the whole-job figures divided by the world size, as stored.",
-        ("Memory on CPU: the reading ranks the live-tensor peak of the probe step (summary.json "
-         "memory.step_peak_bytes, max over processes), the same quantity as torch.cuda.max_memory_allocated on "
-         "a GPU; the process's peak resident set size (since it started: the operating system cannot reset it "
-         "per epoch) is shown beside it and ranked only outside its noise. 'device' means process; 'max over "
-         "devices' is the worst process, 'mean over devices' the average one." if on_cpu(runs) else
-         "Memory is each device's peak since its epoch started; 'max over devices' is the worst device, "
-         "'mean over devices' the average device. The allocated peak is a count that repeats exactly and is "
-         "ranked; the reserved peak is shown beside it and ranked only outside its noise."),
+        (
+            "Memory on CPU: the reading ranks the live-tensor peak of the probe step (summary.json "
+            "memory.step_peak_bytes, max over processes), the same quantity as torch.cuda.max_memory_allocated on "
+            "a GPU; the process's peak resident set size (since it started: the operating system cannot reset it "
+            "per epoch) is shown beside it and ranked only outside its noise. 'device' means process; 'max over "
+            "devices' is the worst process, 'mean over devices' the average one."
+            if on_cpu(runs)
+            else "Memory is each device's peak since its epoch started; 'max over devices' is the worst device, "
+            "'mean over devices' the average device. The allocated peak is a count that repeats exactly and is "
+            "ranked; the reserved peak is shown beside it and ranked only outside its noise."
+        ),
         "MFU is achieved FLOP/s per device / the device's peak FLOP/s, in percent.",
         CRITERION,
         f"Fairness: the runs are compared like for like when {', '.join(FAIRNESS_FACTS.values())} agree; "
@@ -525,26 +574,43 @@ SECTION_METHOD = [
 ]
 
 
-def build_report(runs: list[Run], excluded: list[Run], command: str, notes: list[str] | None = None,
-                 gpu_hour_price: float | None = None, target_loss: float | None = None,
-                 mlperf: bool = False) -> Report:
+def build_report(
+    runs: list[Run],
+    excluded: list[Run],
+    command: str,
+    notes: list[str] | None = None,
+    gpu_hour_price: float | None = None,
+    target_loss: float | None = None,
+    mlperf: bool = False,
+) -> Report:
     """The report of the usable `runs`; `excluded` are listed with their problems only; `gpu_hour_price`
     (per device-hour) prices the runs; `target_loss` adds the time to that validation loss; `mlperf` adds
     MLPerf's mean of the runs less the fastest and the slowest."""
     stats = build_statistics(runs, target_loss, gpu_hour_price, mlperf)
     reading = build_reading(runs, excluded, stats)
-    return Report(report_title(runs), command, reading.warnings, [*reading.lines, *mlperf_lines(stats)],
-                  [*reading.problems, *(notes or [])],
-                  build_table(runs, table_columns(runs, gpu_hour_price)), scaling_lines(runs, gpu_hour_price),
-                  plan_section(runs), make_figures(runs), [*reading.method, *SECTION_METHOD], stats)
+    return Report(
+        report_title(runs),
+        command,
+        reading.warnings,
+        [*reading.lines, *mlperf_lines(stats)],
+        [*reading.problems, *(notes or [])],
+        build_table(runs, table_columns(runs, gpu_hour_price)),
+        scaling_lines(runs, gpu_hour_price),
+        plan_section(runs),
+        make_figures(runs),
+        [*reading.method, *SECTION_METHOD],
+        stats,
+    )
 
 
 def mlperf_lines(stats: Statistics) -> list[str]:
     """MLPerf Training's summary of times: the mean of the runs after dropping the fastest and the slowest."""
     if stats.mlperf is None:
         return []
-    parts = [f"{name} {value:,.1f} s" if value is not None else f"{name} n/a (fewer than 3 runs)"
-             for name, value in stats.mlperf.get("train_time_s", {}).items()]
+    parts = [
+        f"{name} {value:,.1f} s" if value is not None else f"{name} n/a (fewer than 3 runs)"
+        for name, value in stats.mlperf.get("train_time_s", {}).items()
+    ]
     return [f"MLPerf-style training time (mean of the runs less the fastest and the slowest): {', '.join(parts)}."]
 
 
@@ -588,8 +654,7 @@ def render_html(report: Report) -> str:
     def items(lines: list[str]) -> str:
         return "<ul>\n" + "\n".join(f"<li>{_inline(line)}</li>" for line in lines) + "\n</ul>"
 
-    parts = [f"<h1>{html.escape(report.title)}</h1>",
-             f"<p>Produced by <code>{html.escape(report.command)}</code>.</p>"]
+    parts = [f"<h1>{html.escape(report.title)}</h1>", f"<p>Produced by <code>{html.escape(report.command)}</code>.</p>"]
     parts += [f'<div class="warning">{_inline(line)}</div>' for line in report.warnings]
     parts += ["<h2>Reading</h2>", items(report.reading)]
     if report.problems:
@@ -602,12 +667,16 @@ def render_html(report: Report) -> str:
     for figure in report.figures:
         # Embedded as a data URI so the one file can be mailed or archived without its folder.
         data = base64.b64encode(figure.png).decode("ascii")
-        parts.append(f'<figure><img alt="{html.escape(figure.title)}" src="data:image/png;base64,{data}">'
-                     f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>")
+        parts.append(
+            f'<figure><img alt="{html.escape(figure.title)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>"
+        )
     parts += ["<h2>How the figures and the reading are computed</h2>", items(report.method)]
     body = "\n".join(parts)
-    return (f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-            f"<title>{html.escape(report.title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
+        f"<title>{html.escape(report.title)}</title>\n<style>{CSS}</style>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
 
 
 def write_report(report: Report, out_dir: Path) -> list[Path]:

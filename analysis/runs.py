@@ -18,6 +18,7 @@ CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 
+
 @dataclass
 class Run:
     """One training run as read from its directory; `summary` is None when it could not be read.
@@ -176,8 +177,8 @@ def assign_labels(runs: list[Run]) -> None:
 
 def sort_runs(runs: list[Run]) -> list[Run]:
     """In the strategy registry's order (the reference's baseline first), then anything else by name."""
+
     def key(run: Run) -> tuple[int, str]:
         return registry.order(run.strategy), run.label
 
     return sorted(runs, key=key)
-

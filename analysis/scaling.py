@@ -68,16 +68,22 @@ def _shown(value: object) -> str:
 def comparable_single(run: Run, runs: list[Run], facts: dict[str, str]) -> tuple[Run | None, str]:
     """The first single-device run of `runs` (other than `run`) whose `facts` equal `run`'s, and why not
     when there is none: which facts differ from the first single run's."""
-    singles = [other for other in runs
-               if other is not run and registry.single_process(other.strategy) and world_size(other) == 1]
+    singles = [
+        other
+        for other in runs
+        if other is not run and registry.single_process(other.strategy) and world_size(other) == 1
+    ]
     if not singles:
         return None, "no single run in this comparison"
     for single in singles:
         if all(run.fact(key) is not None and run.fact(key) == single.fact(key) for key in facts):
             return single, ""
     first = singles[0]
-    differing = [f"{name} {_shown(run.fact(key))} vs {_shown(first.fact(key))}" for key, name in facts.items()
-                 if run.fact(key) is None or run.fact(key) != first.fact(key)]
+    differing = [
+        f"{name} {_shown(run.fact(key))} vs {_shown(first.fact(key))}"
+        for key, name in facts.items()
+        if run.fact(key) is None or run.fact(key) != first.fact(key)
+    ]
     return None, f"no comparable single run ({first.label} differs: {', '.join(differing)})"
 
 
@@ -143,8 +149,9 @@ def table_columns(runs: list[Run], price_per_device_hour: float | None) -> tuple
     key = throughput_key(runs)
     efficiency = {run.label: scaling_efficiency(run, runs, key).efficiency for run in runs}
     added = (
-        Column(SCALING_HEADER, lambda run: None if efficiency[run.label] is None else 100 * efficiency[run.label],
-               fixed(1)),
+        Column(
+            SCALING_HEADER, lambda run: None if efficiency[run.label] is None else 100 * efficiency[run.label], fixed(1)
+        ),
         Column(COST_HEADER, lambda run: run_cost(run, key, price_per_device_hour), fixed(4)),
     )
     at = next(i for i, column in enumerate(COLUMNS) if column.header == "MFU (%)") + 1
@@ -158,19 +165,27 @@ def scaling_lines(runs: list[Run], price_per_device_hour: float | None) -> list[
     for run in runs:
         result = scaling_efficiency(run, runs, key)
         if result.baseline is not None and result.efficiency is not None:
-            lines.append(f"Scaling efficiency of {run.label}: {result.tokens_per_s:,.0f} tokens/s / "
-                         f"({result.devices} x {result.baseline_tokens_per_s:,.0f} tokens/s of "
-                         f"{result.baseline.label}) = {result.efficiency:.1%}.")
+            lines.append(
+                f"Scaling efficiency of {run.label}: {result.tokens_per_s:,.0f} tokens/s / "
+                f"({result.devices} x {result.baseline_tokens_per_s:,.0f} tokens/s of "
+                f"{result.baseline.label}) = {result.efficiency:.1%}."
+            )
         elif not registry.single_process(run.strategy):
             lines.append(f"Scaling efficiency of {run.label}: n/a, {result.reason}.")
     if price_per_device_hour is None:
-        lines.append("Cost per million tokens: not computed; pass `--gpu_hour_price PRICE` (one device for one "
-                     "hour, any currency) to `python -m analysis.compare` or `python -m analysis.experiment`.")
+        lines.append(
+            "Cost per million tokens: not computed; pass `--gpu_hour_price PRICE` (one device for one "
+            "hour, any currency) to `python -m analysis.compare` or `python -m analysis.experiment`."
+        )
     else:
         costs = [(run, run_cost(run, key, price_per_device_hour)) for run in runs]
-        shown = ", ".join(f"{run.label} {cost:,.4f}" if cost is not None else f"{run.label} n/a (no throughput)"
-                          for run, cost in costs)
-        lines.append(f"Cost per million tokens at {price_text(price_per_device_hour)} per device-hour (the currency of "
-                     f"--gpu_hour_price): {shown}.")
+        shown = ", ".join(
+            f"{run.label} {cost:,.4f}" if cost is not None else f"{run.label} n/a (no throughput)"
+            for run, cost in costs
+        )
+        lines.append(
+            f"Cost per million tokens at {price_text(price_per_device_hour)} per device-hour (the currency of "
+            f"--gpu_hour_price): {shown}."
+        )
     lines.append(f"Both use the throughput of the reading ({throughput_name(key)}, `{key}` in summary.json).")
     return lines

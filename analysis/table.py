@@ -34,6 +34,7 @@ def _fact(key: str) -> Callable[[Run], Cell]:
 
 def _figure(metric: Metric) -> Callable[[Run], Cell]:
     """A whole-run figure as stored; a fraction shown in percent is the only one rescaled."""
+
     def value(run: Run) -> Cell:
         stored = number(run.total.get(metric.key))
         if metric.column is not None and metric.column.percent and stored is not None:
@@ -45,6 +46,7 @@ def _figure(metric: Metric) -> Callable[[Run], Cell]:
 
 def fixed(decimals: int) -> Callable[[Cell], str]:
     """Thousands separators and a fixed number of decimals; n/a for a missing value."""
+
     def fmt(value: Cell) -> str:
         if value is None or isinstance(value, bool) or not isinstance(value, (int, float)):
             return "n/a" if value is None else str(value)
@@ -76,7 +78,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("tokens trained", _fact("tokens_trained"), fixed(0)),
     Column("precision", _fact("precision"), text),
     Column("seed", _fact("seed"), text),
-    Column("data (content key)", lambda run: (str(run.fact("data_key"))[:12] if run.fact("data_key") else None), text),
+    Column("data (content key)", lambda run: str(run.fact("data_key"))[:12] if run.fact("data_key") else None, text),
 )
 
 

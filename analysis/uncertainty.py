@@ -56,9 +56,16 @@ class Summary:
     geometric_mean: float | None = None  # the centre of a log-scale interval; None for a figure not all positive
 
     def to_dict(self) -> dict[str, Any]:
-        return {"n": self.n, "median": self.median, "min": self.minimum, "max": self.maximum, "mean": self.mean,
-                "geometric_mean": self.geometric_mean, "ci95": list(self.ci95) if self.ci95 is not None else None,
-                "method": self.method}
+        return {
+            "n": self.n,
+            "median": self.median,
+            "min": self.minimum,
+            "max": self.maximum,
+            "mean": self.mean,
+            "geometric_mean": self.geometric_mean,
+            "ci95": list(self.ci95) if self.ci95 is not None else None,
+            "method": self.method,
+        }
 
 
 @dataclass(frozen=True)
@@ -120,8 +127,16 @@ def summarize(values: Sequence[float], exact: bool = False) -> Summary | None:
     geometric = math.exp(float(logs.mean())) if logs is not None else None
     if data.size == 1:
         value = float(data[0])
-        return Summary(1, value, value, value, value, (value, value) if exact else None, EXACT if exact else SINGLE,
-                       value if positive else None)
+        return Summary(
+            1,
+            value,
+            value,
+            value,
+            value,
+            (value, value) if exact else None,
+            EXACT if exact else SINGLE,
+            value if positive else None,
+        )
     spread = logs if logs is not None else data
     half = t_quantile((1 + CONFIDENCE) / 2, data.size - 1) * float(spread.std(ddof=1)) / math.sqrt(data.size)
     mean = float(data.mean())
@@ -131,8 +146,16 @@ def summarize(values: Sequence[float], exact: bool = False) -> Summary | None:
         interval = (geometric * math.exp(-half), geometric * math.exp(half))
     else:
         interval = (mean - half, mean + half)
-    return Summary(int(data.size), float(np.median(data)), float(data.min()), float(data.max()), mean, interval,
-                   LOG_T_INTERVAL if positive else T_INTERVAL, geometric)
+    return Summary(
+        int(data.size),
+        float(np.median(data)),
+        float(data.min()),
+        float(data.max()),
+        mean,
+        interval,
+        LOG_T_INTERVAL if positive else T_INTERVAL,
+        geometric,
+    )
 
 
 def mlperf_mean(values: Sequence[float]) -> float | None:
@@ -215,8 +238,9 @@ def bootstrap_median_interval(samples: Sequence[float], seed: int = BOOTSTRAP_SE
     return float(np.median(data)), float(low), float(high)
 
 
-def step_ratio(a_rates: Sequence[float], b_rates: Sequence[float], seed: int = BOOTSTRAP_SEED
-               ) -> tuple[float, tuple[float, float]]:
+def step_ratio(
+    a_rates: Sequence[float], b_rates: Sequence[float], seed: int = BOOTSTRAP_SEED
+) -> tuple[float, tuple[float, float]]:
     """Ratio of the median per-step rates of two runs and its 95% bootstrap interval (each run resampled
     on its own, with one fixed seed)."""
     x, y = _finite(a_rates), _finite(b_rates)
@@ -265,9 +289,15 @@ class Comparison:
         return Comparison(self.figure, self.b, self.a, 1 / self.ratio, ci, flipped, self.method)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"figure": self.figure, "a": self.a, "b": self.b, "ratio": self.ratio,
-                "ci95": list(self.ci95) if self.ci95 is not None else None, "verdict": self.verdict,
-                "method": self.method}
+        return {
+            "figure": self.figure,
+            "a": self.a,
+            "b": self.b,
+            "ratio": self.ratio,
+            "ci95": list(self.ci95) if self.ci95 is not None else None,
+            "verdict": self.verdict,
+            "method": self.method,
+        }
 
 
 def group_by_strategy(runs: Sequence[Run]) -> dict[str, list[Run]]:
@@ -301,10 +331,23 @@ def run_figures(runs: Sequence[Run]) -> list[Figure]:
     """The figures of report.json; the memory beside the step peak is the process's resident set on CPU."""
     key = throughput_key(list(runs))
     cpu = bool(runs) and all(run.fact("device_type") == "cpu" for run in runs)
-    beside = (Figure(RESIDENT, "peak resident set size (per process, max over processes)", "MiB", False,
-                     _total("peak_mem_allocated_mib_max")) if cpu else
-              Figure(RESERVED, "peak memory reserved (per device, max over devices)", "MiB", False,
-                     _total("peak_mem_reserved_mib_max")))
+    beside = (
+        Figure(
+            RESIDENT,
+            "peak resident set size (per process, max over processes)",
+            "MiB",
+            False,
+            _total("peak_mem_allocated_mib_max"),
+        )
+        if cpu
+        else Figure(
+            RESERVED,
+            "peak memory reserved (per device, max over devices)",
+            "MiB",
+            False,
+            _total("peak_mem_reserved_mib_max"),
+        )
+    )
     return [
         Figure(THROUGHPUT, f"throughput ({throughput_name(key)})", "tokens/s", False, lambda run: throughput(run, key)),
         Figure(STEP_PEAK, "live-tensor step peak (per device, max over devices)", "bytes", True, step_peak_bytes),
@@ -326,7 +369,7 @@ def warmup_steps(run: Run) -> int:
 def step_rates(run: Run) -> np.ndarray:
     """Tokens per second of each optimizer step after warm-up: the global batch / the step's time."""
     tokens = number(run.fact("global_batch_tokens"))
-    times = _finite(run.step_times_s[warmup_steps(run):])
+    times = _finite(run.step_times_s[warmup_steps(run) :])
     if tokens is None or tokens <= 0:
         return np.empty(0)
     return tokens / times[times > 0]
@@ -343,12 +386,19 @@ def summarize_figure(figure: Figure, runs: Sequence[Run]) -> Summary | None:
     middle, low, high = bootstrap_median_interval(rates)
     value = summary.median
     # The interval's relative width is the median step's; it is placed around the recorded figure.
-    return Summary(1, value, value, value, value, (value * low / middle, value * high / middle), STEP_BOOTSTRAP,
-                   summary.geometric_mean)
+    return Summary(
+        1,
+        value,
+        value,
+        value,
+        value,
+        (value * low / middle, value * high / middle),
+        STEP_BOOTSTRAP,
+        summary.geometric_mean,
+    )
 
 
-def compare_figure(figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b: Sequence[Run]
-                   ) -> Comparison | None:
+def compare_figure(figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b: Sequence[Run]) -> Comparison | None:
     """a / b for one figure: over runs, or from the step times when each side is one run."""
     values_a, values_b = _values(figure, runs_a), _values(figure, runs_b)
     if figure.name == THROUGHPUT and len(values_a) == 1 and len(values_b) == 1:
@@ -379,9 +429,13 @@ class TargetPoint:
 
 def _elapsed_at(run: Run) -> Callable[[float], float]:
     """Training time at a (fractional) step, linear between the logged train lines' elapsed_s."""
-    points = sorted({int(s): e for line in run.train
-                     if (s := number(line.get("step"))) is not None and (e := number(line.get("elapsed_s"))) is not None
-                     }.items())
+    points = sorted(
+        {
+            int(s): e
+            for line in run.train
+            if (s := number(line.get("step"))) is not None and (e := number(line.get("elapsed_s"))) is not None
+        }.items()
+    )
     steps, elapsed = [0.0, *(float(s) for s, _ in points)], [0.0, *(e for _, e in points)]
     return lambda step: float(np.interp(step, steps, elapsed))
 
@@ -418,11 +472,17 @@ def target_summary(runs: Sequence[Run], target: float, price: float | None) -> d
     """report.json's time_to_target entry of one strategy: medians over the runs that reached the target,
     with their spread; `reached` counts those runs out of `runs`."""
     points = [p for p in (time_to_target(run, target, price) for run in runs) if p is not None]
-    spread = {key: summarize([getattr(p, key) for p in points if getattr(p, key) is not None])
-              for key in ("seconds", "tokens", "cost")}
-    return {"target_loss": target, "runs": len(runs), "reached": len(points),
-            **{key: (s.median if s is not None else None) for key, s in spread.items()},
-            "spread": {key: (s.to_dict() if s is not None else None) for key, s in spread.items()}}
+    spread = {
+        key: summarize([getattr(p, key) for p in points if getattr(p, key) is not None])
+        for key in ("seconds", "tokens", "cost")
+    }
+    return {
+        "target_loss": target,
+        "runs": len(runs),
+        "reached": len(points),
+        **{key: (s.median if s is not None else None) for key, s in spread.items()},
+        "spread": {key: (s.to_dict() if s is not None else None) for key, s in spread.items()},
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -449,13 +509,20 @@ class Statistics:
 
     def to_dict(self) -> dict[str, Any]:
         """report.json (docs/statistics.md describes its shape)."""
-        figures = {name: {strategy: summary.to_dict() for strategy, summary in by_strategy.items()}
-                   for name, by_strategy in self.figures.items()}
+        figures = {
+            name: {strategy: summary.to_dict() for strategy, summary in by_strategy.items()}
+            for name, by_strategy in self.figures.items()
+        }
         for name, by_strategy in (self.mlperf or {}).items():
             for strategy, value in by_strategy.items():
                 figures[name][strategy]["mlperf_mean"] = value
-        return json_ready({"figures": figures, "comparisons": [c.to_dict() for c in self.comparisons],
-                           "time_to_target": self.time_to_target})
+        return json_ready(
+            {
+                "figures": figures,
+                "comparisons": [c.to_dict() for c in self.comparisons],
+                "time_to_target": self.time_to_target,
+            }
+        )
 
 
 def json_ready(value: Any) -> Any:
@@ -469,8 +536,9 @@ def json_ready(value: Any) -> Any:
     return value
 
 
-def build_statistics(runs: Sequence[Run], target_loss: float | None = None, price: float | None = None,
-                     mlperf: bool = False) -> Statistics:
+def build_statistics(
+    runs: Sequence[Run], target_loss: float | None = None, price: float | None = None, mlperf: bool = False
+) -> Statistics:
     """Every figure of every strategy, every pair's comparisons and, with a target, the time to it."""
     groups = group_by_strategy(runs)
     figures: dict[str, dict[str, Summary]] = {}
@@ -482,11 +550,18 @@ def build_statistics(runs: Sequence[Run], target_loss: float | None = None, pric
             continue
         figures[figure.name] = summaries
         names = list(summaries)
-        comparisons += [c for i, a in enumerate(names) for b in names[i + 1:]
-                        if (c := compare_figure(figure, a, groups[a], b, groups[b])) is not None]
+        comparisons += [
+            c
+            for i, a in enumerate(names)
+            for b in names[i + 1 :]
+            if (c := compare_figure(figure, a, groups[a], b, groups[b])) is not None
+        ]
         mlperf_means[figure.name] = {name: mlperf_mean(_values(figure, groups[name])) for name in names}
-    targets = {} if target_loss is None else {name: target_summary(members, target_loss, price)
-                                              for name, members in groups.items()}
+    targets = (
+        {}
+        if target_loss is None
+        else {name: target_summary(members, target_loss, price) for name, members in groups.items()}
+    )
     titles = {figure.name: figure.title for figure in run_figures(runs)}
     return Statistics(figures, comparisons, targets, titles, mlperf_means if mlperf else None)
 

@@ -25,8 +25,10 @@ from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
 # W&B merges the eval line of a step into the train line's row, and this splits them again.
 EVAL_KEYS = tuple(m.key for m in in_scope(Scope.EVAL) if m.wandb_key is not None)
 EVAL_ONLY_KEYS = only_in(Scope.EVAL, [Scope.TRAIN])
-APPROXIMATION_NOTE = ("fetched from W&B: per-epoch figures and step times are rebuilt from the lines logged "
-                      "every log_interval steps, so they approximate what summary.json would hold")
+APPROXIMATION_NOTE = (
+    "fetched from W&B: per-epoch figures and step times are rebuilt from the lines logged "
+    "every log_interval steps, so they approximate what summary.json would hold"
+)
 
 
 class FetchError(RuntimeError):
@@ -75,14 +77,19 @@ def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int, warmup_s
         tokens = (number(end.get("tokens")) or 0) - last_tokens
         time_s = (number(end.get("elapsed_s")) or 0.0) - last_elapsed
         tokens_per_s = tokens / time_s if time_s > 0 else None
-        epochs.append({
-            "epoch": epoch, "steps": (end.get("step") or 0) - last_step, "tokens": int(tokens),
-            **_step_means(lines, warmup_steps), "time_s": time_s,
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_device": tokens_per_s / world_size if tokens_per_s and world_size else None,
-            "samples_per_s": _mean(lines, "samples_per_s"),
-            **_last_values(lines, evals),
-        })
+        epochs.append(
+            {
+                "epoch": epoch,
+                "steps": (end.get("step") or 0) - last_step,
+                "tokens": int(tokens),
+                **_step_means(lines, warmup_steps),
+                "time_s": time_s,
+                "tokens_per_s": tokens_per_s,
+                "tokens_per_s_per_device": tokens_per_s / world_size if tokens_per_s and world_size else None,
+                "samples_per_s": _mean(lines, "samples_per_s"),
+                **_last_values(lines, evals),
+            }
+        )
         last_step, last_tokens, last_elapsed = end.get("step") or 0, tokens + last_tokens, time_s + last_elapsed
     return epochs
 
@@ -115,8 +122,12 @@ def _mean(lines: list[dict[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def run_files_from_wandb(config: Mapping[str, Any], summary: Mapping[str, Any],
-                         rows: Iterable[Mapping[str, Any]], namespace: Mapping[str, str]) -> RunFiles:
+def run_files_from_wandb(
+    config: Mapping[str, Any],
+    summary: Mapping[str, Any],
+    rows: Iterable[Mapping[str, Any]],
+    namespace: Mapping[str, str],
+) -> RunFiles:
     """Rebuild a run directory's three files from a W&B run's config, summary and history.
 
     The summary is laid out by the same function as train.py's (training.record.run_summary) from the
@@ -132,14 +143,24 @@ def run_files_from_wandb(config: Mapping[str, Any], summary: Mapping[str, Any],
     world_size = (launch.effective.world_size if launch.effective else None) or 1
     total = {k.removeprefix(WANDB_SUMMARY_PREFIX): v for k, v in summary.items() if k.startswith(WANDB_SUMMARY_PREFIX)}
     epochs = epochs_from_metrics(metrics, world_size, int(run.get("perf_warmup_steps") or 0))
-    rebuilt = run_summary(launch, RunFacts(
-        experiment=run.get("experiment"), preset=config.get("preset"), seed=run.get("seed"),
-        block_size=(config.get("data") or {}).get("block_size"), sharding_observed=None, memory=None, steps=steps,
-        tokens_trained=steps * (batch.global_batch_tokens or 0),
-        complete=bool(total) and steps >= ((launch.schedule.total_steps if launch.schedule else None) or 0),
-        epochs=[EpochFigures.from_dict(e) for e in epochs], total=RunTotals.from_dict(total),
-        step_times_s=[v for line in train if (v := number(line.get("step_time_s"))) is not None],
-        skipped_step_numbers=None))
+    rebuilt = run_summary(
+        launch,
+        RunFacts(
+            experiment=run.get("experiment"),
+            preset=config.get("preset"),
+            seed=run.get("seed"),
+            block_size=(config.get("data") or {}).get("block_size"),
+            sharding_observed=None,
+            memory=None,
+            steps=steps,
+            tokens_trained=steps * (batch.global_batch_tokens or 0),
+            complete=bool(total) and steps >= ((launch.schedule.total_steps if launch.schedule else None) or 0),
+            epochs=[EpochFigures.from_dict(e) for e in epochs],
+            total=RunTotals.from_dict(total),
+            step_times_s=[v for line in train if (v := number(line.get("step_time_s"))) is not None],
+            skipped_step_numbers=None,
+        ),
+    )
     return RunFiles(dict(config), metrics, rebuilt.to_dict())
 
 

@@ -108,17 +108,24 @@ class ReportSpec:
 
 def runset_spec(entity: str | None, project: str, group: str) -> RunsetSpec:
     # train.py sets the W&B group to --experiment and the job type to the strategy in effect.
-    return RunsetSpec(entity, project, f"experiment {group}", ({"key": "Group", "op": "=", "value": group},),
-                      ("JobType",))
+    return RunsetSpec(
+        entity, project, f"experiment {group}", ({"key": "Group", "op": "=", "value": group},), ("JobType",)
+    )
 
 
 def line_panels() -> tuple[PanelSpec, ...]:
     """Two per row, each half the grid wide."""
     width, height = GRID_COLUMNS // 2, 8
     return tuple(
-        PanelSpec("line", curve.title, tuple(wandb_metric(m.key) for m in curve.metrics), curve.y_title,
-                  x=wandb_metric(X_AXIS.key), x_title=X_TITLE,
-                  layout=((i % 2) * width, (i // 2) * height, width, height))
+        PanelSpec(
+            "line",
+            curve.title,
+            tuple(wandb_metric(m.key) for m in curve.metrics),
+            curve.y_title,
+            x=wandb_metric(X_AXIS.key),
+            x_title=X_TITLE,
+            layout=((i % 2) * width, (i // 2) * height, width, height),
+        )
         for i, curve in enumerate(CURVES)
     )
 
@@ -127,8 +134,13 @@ def bar_panels() -> tuple[PanelSpec, ...]:
     """Three per row, each a third of the grid wide."""
     width, height = GRID_COLUMNS // 3, 8
     return tuple(
-        PanelSpec("bar", bars.title, tuple(wandb_summary_key(m.key) for m in bars.metrics), bars.y_title,
-                  layout=((i % 3) * width, (i // 3) * height, width, height))
+        PanelSpec(
+            "bar",
+            bars.title,
+            tuple(wandb_summary_key(m.key) for m in bars.metrics),
+            bars.y_title,
+            layout=((i % 3) * width, (i // 3) * height, width, height),
+        )
         for i, bars in enumerate(BARS)
     )
 
@@ -137,37 +149,55 @@ def reading_markdown(reading: Reading | None, source: str) -> str:
     """The local report's reading, as markdown; `source` says which runs it was computed from."""
     out = ["## Reading", ""]
     if reading is None:
-        return "\n".join([*out, "Not computed in this specification: the reading is filled in from the runs when "
-                          f"the report is built online (`{PROG}` without `--dry_run`), or from local run "
-                          "directories given with `--runs`."])
+        return "\n".join(
+            [
+                *out,
+                "Not computed in this specification: the reading is filled in from the runs when "
+                f"the report is built online (`{PROG}` without `--dry_run`), or from local run "
+                "directories given with `--runs`.",
+            ]
+        )
     out += [f"> {line}" for line in reading.warnings] + ([""] if reading.warnings else [])
     out += [f"- {line}" for line in reading.lines]
     out += ["", "### Problems", "", *(f"- {line}" for line in reading.problems)] if reading.problems else []
-    out += ["", f"Computed from {source} by the local report's code (analysis/report.py), so it reads the same as "
-            "`report.md` of `python -m analysis.compare`."]
+    out += [
+        "",
+        f"Computed from {source} by the local report's code (analysis/report.py), so it reads the same as "
+        "`report.md` of `python -m analysis.compare`.",
+    ]
     return "\n".join(out)
 
 
 def method_markdown(reading: Reading | None, command: str) -> str:
-    out = ["## How the panels are built", "",
-           "- Runs: the experiment's W&B group, grouped by strategy (the run's job type), so repeated runs of "
-           "one strategy form one group. W&B draws a group natively: line plots show the strategy's mean with a "
-           "band from its runs' minimum to their maximum, bar charts its mean with that range. The band is the "
-           "runs' range, not a 95% interval, and the mean is not the local report's median: the verdicts "
-           "(higher, lower, no detectable difference) are the reading's above, computed from the runs' "
-           "intervals (docs/statistics.md).",
-           f"- Line plots use {X_TITLE} as x-axis, so runs with different global batches line up at equal data "
-           "seen. Memory is the peak per device since the epoch started, the maximum over the run's devices.",
-           "- Bar charts show the whole-run figures train.py writes to the run summary (`total/...`, as in "
-           "summary.json): training time counts optimizer steps only; throughput and MFU leave out the first "
-           "`--perf_warmup_steps` steps; MFU is a fraction here (the local table shows percent)."]
+    out = [
+        "## How the panels are built",
+        "",
+        "- Runs: the experiment's W&B group, grouped by strategy (the run's job type), so repeated runs of "
+        "one strategy form one group. W&B draws a group natively: line plots show the strategy's mean with a "
+        "band from its runs' minimum to their maximum, bar charts its mean with that range. The band is the "
+        "runs' range, not a 95% interval, and the mean is not the local report's median: the verdicts "
+        "(higher, lower, no detectable difference) are the reading's above, computed from the runs' "
+        "intervals (docs/statistics.md).",
+        f"- Line plots use {X_TITLE} as x-axis, so runs with different global batches line up at equal data "
+        "seen. Memory is the peak per device since the epoch started, the maximum over the run's devices.",
+        "- Bar charts show the whole-run figures train.py writes to the run summary (`total/...`, as in "
+        "summary.json): training time counts optimizer steps only; throughput and MFU leave out the first "
+        "`--perf_warmup_steps` steps; MFU is a fraction here (the local table shows percent).",
+    ]
     out += [f"- {line}" for line in (reading.method if reading else [])]
     out += ["", f"Produced by `{command}`."]
     return "\n".join(out)
 
 
-def build_spec(group: str, project: str, entity: str | None, title: str | None, command: str,
-               reading: Reading | None, reading_source: str) -> ReportSpec:
+def build_spec(
+    group: str,
+    project: str,
+    entity: str | None,
+    title: str | None,
+    command: str,
+    reading: Reading | None,
+    reading_source: str,
+) -> ReportSpec:
     """The whole report as plain data; nothing here needs W&B."""
     runset = runset_spec(entity, project, group)
     blocks = (
@@ -178,9 +208,14 @@ def build_spec(group: str, project: str, entity: str | None, title: str | None, 
         PanelGridSpec(bar_panels()),
         MarkdownSpec(method_markdown(reading, command)),
     )
-    return ReportSpec(entity, project, title or f"Strategy comparison: {group}",
-                      f"The strategies of experiment {group} side by side (W&B group {group}, project {project}).",
-                      runset, blocks)
+    return ReportSpec(
+        entity,
+        project,
+        title or f"Strategy comparison: {group}",
+        f"The strategies of experiment {group} side by side (W&B group {group}, project {project}).",
+        runset,
+        blocks,
+    )
 
 
 def spec_json(spec: ReportSpec) -> str:
@@ -195,12 +230,21 @@ def to_wandb_report(spec: ReportSpec) -> Any:
     """The specification as a `wandb_workspaces.reports.v2.Report`, not yet saved."""
     import wandb_workspaces.reports.v2 as wr  # imported here: only this step needs it
 
-    blocks = [wr.MarkdownBlock(text=block.text) if isinstance(block, MarkdownSpec)
-              else wr.PanelGrid(runsets=[_runset(spec.runset)], panels=[_panel(p) for p in block.panels])
-              for block in spec.blocks]
+    blocks = [
+        wr.MarkdownBlock(text=block.text)
+        if isinstance(block, MarkdownSpec)
+        else wr.PanelGrid(runsets=[_runset(spec.runset)], panels=[_panel(p) for p in block.panels])
+        for block in spec.blocks
+    ]
     # An explicit entity, even empty: the library's default asks the W&B server for the login's entity.
-    return wr.Report(entity=spec.entity or "", project=spec.project, title=spec.title,
-                     description=spec.description, blocks=blocks, width="fluid")
+    return wr.Report(
+        entity=spec.entity or "",
+        project=spec.project,
+        title=spec.title,
+        description=spec.description,
+        blocks=blocks,
+        width="fluid",
+    )
 
 
 def _runset(runset: RunsetSpec) -> Any:
@@ -212,8 +256,13 @@ def _runset(runset: RunsetSpec) -> Any:
         if item["op"] != "=":
             raise ReportError(f"runset filter operator {item['op']!r} is not supported")
         filters.append(expr.Metric(item["key"]) == item["value"])
-    return wr.Runset(entity=runset.entity or "", project=runset.project, name=runset.name, filters=filters,
-                     groupby=list(runset.group_by))
+    return wr.Runset(
+        entity=runset.entity or "",
+        project=runset.project,
+        name=runset.name,
+        filters=filters,
+        groupby=list(runset.group_by),
+    )
 
 
 def _panel(panel: PanelSpec) -> Any:
@@ -221,12 +270,26 @@ def _panel(panel: PanelSpec) -> Any:
 
     layout = wr.Layout(*panel.layout)
     if panel.kind == "line":
-        return wr.LinePlot(title=panel.title, x=panel.x, y=list(panel.metrics), title_x=panel.x_title,
-                           title_y=panel.y_title, layout=layout, groupby_aggfunc=panel.group_agg,
-                           groupby_rangefunc=panel.group_range)
+        return wr.LinePlot(
+            title=panel.title,
+            x=panel.x,
+            y=list(panel.metrics),
+            title_x=panel.x_title,
+            title_y=panel.y_title,
+            layout=layout,
+            groupby_aggfunc=panel.group_agg,
+            groupby_rangefunc=panel.group_range,
+        )
     if panel.kind == "bar":
-        return wr.BarPlot(title=panel.title, metrics=list(panel.metrics), orientation="v", title_y=panel.y_title,
-                          layout=layout, groupby_aggfunc=panel.group_agg, groupby_rangefunc=panel.group_range)
+        return wr.BarPlot(
+            title=panel.title,
+            metrics=list(panel.metrics),
+            orientation="v",
+            title_y=panel.y_title,
+            layout=layout,
+            groupby_aggfunc=panel.group_agg,
+            groupby_rangefunc=panel.group_range,
+        )
     raise ReportError(f"unknown panel kind {panel.kind!r}")
 
 
@@ -382,8 +445,10 @@ def group_problem(group: str) -> str | None:
         return "--experiment is empty"
     bad = sorted({c for c in group if c in UNSAFE_GROUP_CHARACTERS})
     if bad:
-        return (f"--experiment {group!r} holds {' '.join(bad)}, which a W&B report filter cannot express "
-                "(wandb-workspaces parses it as an expression); rename the runs' group in W&B")
+        return (
+            f"--experiment {group!r} holds {' '.join(bad)}, which a W&B report filter cannot express "
+            "(wandb-workspaces parses it as an expression); rename the runs' group in W&B"
+        )
     return None
 
 
@@ -395,18 +460,34 @@ def default_project() -> str:
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
     parser.add_argument("--experiment", required=True, metavar="GROUP", help="the experiment name = W&B group")
-    parser.add_argument("--project", default=default_project(),
-                        help="W&B project of the runs (train.py --wandb_project)")
-    parser.add_argument("--entity", help="W&B entity of the project (default: the entity the --runs were logged "
-                        "to, else WANDB_ENTITY, else your login's default entity)")
+    parser.add_argument(
+        "--project", default=default_project(), help="W&B project of the runs (train.py --wandb_project)"
+    )
+    parser.add_argument(
+        "--entity",
+        help="W&B entity of the project (default: the entity the --runs were logged "
+        "to, else WANDB_ENTITY, else your login's default entity)",
+    )
     parser.add_argument("--title", help="report title (default: 'Strategy comparison: GROUP', like the local report)")
-    parser.add_argument("--runs", nargs="+", type=Path, default=[], metavar="RUN_DIR",
-                        help="local run directories to compute the reading from (default: the group's runs "
-                             "fetched from W&B; with --dry_run: no reading)")
-    parser.add_argument("--dry_run", action="store_true",
-                        help="write the report specification as JSON and send nothing (no network, no login)")
-    parser.add_argument("--out", type=Path, help="also write the specification as JSON to this file "
-                        "(with --dry_run: instead of standard output)")
+    parser.add_argument(
+        "--runs",
+        nargs="+",
+        type=Path,
+        default=[],
+        metavar="RUN_DIR",
+        help="local run directories to compute the reading from (default: the group's runs "
+        "fetched from W&B; with --dry_run: no reading)",
+    )
+    parser.add_argument(
+        "--dry_run",
+        action="store_true",
+        help="write the report specification as JSON and send nothing (no network, no login)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="also write the specification as JSON to this file (with --dry_run: instead of standard output)",
+    )
     args = parser.parse_args(argv)
     problem = group_problem(args.experiment)
     if problem:
@@ -431,8 +512,10 @@ def dry_run_spec(args: argparse.Namespace, command: str) -> ReportSpec:
 def publish(args: argparse.Namespace, command: str) -> str:
     """Build the report on W&B; its URL. Raises ReportError."""
     if not wandb_logged_in():
-        raise ReportError("not logged in to W&B: run `wandb login` (or set WANDB_API_KEY), "
-                          "or pass --dry_run to write the report specification without W&B")
+        raise ReportError(
+            "not logged in to W&B: run `wandb login` (or set WANDB_API_KEY), "
+            "or pass --dry_run to write the report specification without W&B"
+        )
     entity = report_entity(args.entity, args.runs) or default_entity()
     if args.runs:
         reading, source = reading_of(args.runs, args.experiment), _source(args.runs)

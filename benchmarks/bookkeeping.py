@@ -43,8 +43,9 @@ def bare_step_times(preset: str, steps: int, seed: int = 0) -> list[float]:
     generator = torch.Generator().manual_seed(seed)
     times = []
     for _ in range(steps):
-        micro_batches = [torch.randint(0, model.config.vocab_size, (micro, block + 1), generator=generator)
-                         for _ in range(accum)]
+        micro_batches = [
+            torch.randint(0, model.config.vocab_size, (micro, block + 1), generator=generator) for _ in range(accum)
+        ]
         start = time.perf_counter()
         for tokens in micro_batches:
             _, loss = model(tokens[:, :-1], tokens[:, 1:])
@@ -62,8 +63,22 @@ def train_py_step_times(preset: str, steps: int, wandb_mode: str, out: Path) -> 
     from training.cli import parse_config
     from training.loop import run_training
 
-    cfg = parse_config(["--preset", preset, "--max_steps", str(steps), "--output_dir", str(out), "--overwrite",
-                        "--no-export_hf", "--wandb_mode", wandb_mode, "--perf_warmup_steps", "0"])
+    cfg = parse_config(
+        [
+            "--preset",
+            preset,
+            "--max_steps",
+            str(steps),
+            "--output_dir",
+            str(out),
+            "--overwrite",
+            "--no-export_hf",
+            "--wandb_mode",
+            wandb_mode,
+            "--perf_warmup_steps",
+            "0",
+        ]
+    )
     return list(run_training(cfg)["step_times_s"])
 
 
@@ -81,25 +96,33 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    print(f"bookkeeping: preset {args.preset}, {args.steps} steps per phase, first {args.warmup} left out, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)", flush=True)
+    print(
+        f"bookkeeping: preset {args.preset}, {args.steps} steps per phase, first {args.warmup} left out, "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)",
+        flush=True,
+    )
     bare: list[float] = []
     train: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            bare_phase = bare_step_times(args.preset, args.steps)[args.warmup:]
+            bare_phase = bare_step_times(args.preset, args.steps)[args.warmup :]
             train_phase = train_py_step_times(args.preset, args.steps, args.wandb_mode, Path(tmp) / f"run{repeat}")
             bare += bare_phase
-            train += train_phase[args.warmup:]
-            print(f"phase {repeat + 1}: bare loop median {statistics.median(bare_phase):.4f} s/step, train.py "
-                  f"median {statistics.median(train_phase[args.warmup:]):.4f} s/step", flush=True)
-        last = bare_step_times(args.preset, args.steps)[args.warmup:]
+            train += train_phase[args.warmup :]
+            print(
+                f"phase {repeat + 1}: bare loop median {statistics.median(bare_phase):.4f} s/step, train.py "
+                f"median {statistics.median(train_phase[args.warmup :]):.4f} s/step",
+                flush=True,
+            )
+        last = bare_step_times(args.preset, args.steps)[args.warmup :]
         bare += last
         print(f"last bare phase: median {statistics.median(last):.4f} s/step", flush=True)
     ratio = statistics.median(train) / statistics.median(bare)
-    print(f"train.py {statistics.median(train):.4f} s/step (mean {statistics.fmean(train):.4f}), bare loop "
-          f"{statistics.median(bare):.4f} s/step (mean {statistics.fmean(bare):.4f}), medians over "
-          f"{len(train)} and {len(bare)} steps")
+    print(
+        f"train.py {statistics.median(train):.4f} s/step (mean {statistics.fmean(train):.4f}), bare loop "
+        f"{statistics.median(bare):.4f} s/step (mean {statistics.fmean(bare):.4f}), medians over "
+        f"{len(train)} and {len(bare)} steps"
+    )
     print(f"train.py / bare loop step time: {ratio:.3f} (bookkeeping {ratio - 1:+.1%} of step time)")
     return 0
 

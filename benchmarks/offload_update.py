@@ -33,8 +33,10 @@ def adamw_over(shapes: list[tuple[int, ...]]) -> torch.optim.Optimizer:
     params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
     for p in params:
         p.grad = torch.randn_like(p)
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     optimizer = torch.optim.AdamW(groups, lr=1e-3, foreach=False, fused=False)
     optimizer.step()
     return optimizer
@@ -73,9 +75,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for _ in range(args.tries):
             rate, predicted, measured = measure(args.preset, args.repeats)
-            print(f"one core: {rate / 1e9:.1f} GB/s over the AdamW passes; {args.preset} rank-0 shard update "
-                  f"predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f} ms "
-                  f"({measured / predicted - 1:+.0%})")
+            print(
+                f"one core: {rate / 1e9:.1f} GB/s over the AdamW passes; {args.preset} rank-0 shard update "
+                f"predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f} ms "
+                f"({measured / predicted - 1:+.0%})"
+            )
     finally:
         torch.set_num_threads(threads)
     return 0

@@ -109,8 +109,9 @@ class Stepper:
         return loss.detach()
 
 
-def build_pair(size: str, block_size: int, device: torch.device, precision: str, compiled: bool,
-               fused: bool) -> tuple[Stepper, Stepper, float]:
+def build_pair(
+    size: str, block_size: int, device: torch.device, precision: str, compiled: bool, fused: bool
+) -> tuple[Stepper, Stepper, float]:
     """(ours, transformers', training FLOPs per token) with identical weights."""
     from model import GPT2, GPT2Config
     from model.hf import to_hf
@@ -131,8 +132,9 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_steps(step: Callable[[torch.Tensor], torch.Tensor], batches: list[torch.Tensor], device: torch.device
-               ) -> tuple[float, float]:
+def time_steps(
+    step: Callable[[torch.Tensor], torch.Tensor], batches: list[torch.Tensor], device: torch.device
+) -> tuple[float, float]:
     """(seconds for all batches, the last loss), synchronized before and after."""
     synchronize(device)
     start = time.perf_counter()
@@ -143,8 +145,17 @@ def time_steps(step: Callable[[torch.Tensor], torch.Tensor], batches: list[torch
     return time.perf_counter() - start, float(loss)
 
 
-def measure(case: Case, device: torch.device, rounds: int, steps: int | None, round_s: float, warmup: int,
-            peak: float, fused: bool, log: Callable[[str], None]) -> Result:
+def measure(
+    case: Case,
+    device: torch.device,
+    rounds: int,
+    steps: int | None,
+    round_s: float,
+    warmup: int,
+    peak: float,
+    fused: bool,
+    log: Callable[[str], None],
+) -> Result:
     ours, hf, flops_per_token = build_pair(case.size, case.block_size, device, case.precision, case.compiled, fused)
     generator = torch.Generator().manual_seed(1)
     first = torch.randint(0, 50257, (case.batch, case.block_size + 1), generator=generator).to(device)
@@ -154,8 +165,10 @@ def measure(case: Case, device: torch.device, rounds: int, steps: int | None, ro
         # Both take the sizing step, so both have trained equally often (their losses are printed side by side).
         steps = max(1, round(round_s / time_steps(ours, [first], device)[0]))
         time_steps(hf, [first], device)
-    batches = [first] + [torch.randint(0, 50257, (case.batch, case.block_size + 1), generator=generator).to(device)
-                         for _ in range(steps - 1)]
+    batches = [first] + [
+        torch.randint(0, 50257, (case.batch, case.block_size + 1), generator=generator).to(device)
+        for _ in range(steps - 1)
+    ]
     tokens = steps * case.batch * case.block_size
     rates: dict[str, list[float]] = {"ours": [], "hf": []}
     losses = {"ours": 0.0, "hf": 0.0}
@@ -165,42 +178,60 @@ def measure(case: Case, device: torch.device, rounds: int, steps: int | None, ro
         for name, stepper in order:
             seconds, losses[name] = time_steps(stepper, batches, device)
             rates[name].append(tokens / seconds)
-        log(f"  round {r + 1}/{rounds}, {steps} step(s) each: ours {rates['ours'][-1]:,.0f} tok/s, "
-            f"transformers {rates['hf'][-1]:,.0f} tok/s")
+        log(
+            f"  round {r + 1}/{rounds}, {steps} step(s) each: ours {rates['ours'][-1]:,.0f} tok/s, "
+            f"transformers {rates['hf'][-1]:,.0f} tok/s"
+        )
     ours_rate, hf_rate = statistics.median(rates["ours"]), statistics.median(rates["hf"])
-    return Result(case, ours_rate, hf_rate, ours_rate * flops_per_token / peak, hf_rate * flops_per_token / peak,
-                  losses["ours"], losses["hf"])
+    return Result(
+        case,
+        ours_rate,
+        hf_rate,
+        ours_rate * flops_per_token / peak,
+        hf_rate * flops_per_token / peak,
+        losses["ours"],
+        losses["hf"],
+    )
 
 
 def table(results: list[Result]) -> str:
-    lines = ["| size | precision | mode | block x batch | ours tok/s | transformers tok/s | ratio | MFU ours "
-             "| MFU transformers |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| size | precision | mode | block x batch | ours tok/s | transformers tok/s | ratio | MFU ours "
+        "| MFU transformers |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results:
         c = r.case
-        lines.append(f"| {c.size} | {c.precision} | {'compiled' if c.compiled else 'eager'} | {c.block_size} x "
-                     f"{c.batch} | {r.ours_tokens_per_s:,.0f} | {r.hf_tokens_per_s:,.0f} | {r.ratio:.3f} | "
-                     f"{r.mfu_ours:.1%} | {r.mfu_hf:.1%} |")
+        lines.append(
+            f"| {c.size} | {c.precision} | {'compiled' if c.compiled else 'eager'} | {c.block_size} x "
+            f"{c.batch} | {r.ours_tokens_per_s:,.0f} | {r.hf_tokens_per_s:,.0f} | {r.ratio:.3f} | "
+            f"{r.mfu_ours:.1%} | {r.mfu_hf:.1%} |"
+        )
     return "\n".join(lines)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.step_vs_transformers",
-                                     description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=("cpu", "cuda"),
-                        default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--sizes",
-                        help="comma-separated: tiny, mid (6 x 384), 124m (default: cpu all three, cuda 124m)")
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.step_vs_transformers", description=__doc__.split("\n\n")[0]
+    )
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--sizes", help="comma-separated: tiny, mid (6 x 384), 124m (default: cpu all three, cuda 124m)"
+    )
     parser.add_argument("--precision", help="comma-separated: fp32, fp16, bf16 (default: cpu fp32, cuda bf16,fp16)")
     parser.add_argument("--compile", action="store_true", help="also measure both models compiled")
     parser.add_argument("--block_size", type=int, help="tokens per sequence (default: per size and device)")
     parser.add_argument("--batch", type=int, help="sequences per step (default: per size and device)")
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's); 1 is steadier on a busy CPU")
     parser.add_argument("--rounds", type=int, default=3, help="alternations; tokens/s is the median (default: 3)")
-    parser.add_argument("--steps", type=int, help="timed steps per model and round (default: as many as take "
-                        "--round_s seconds, measured after the warm-up)")
-    parser.add_argument("--round_s", type=float, default=3.0, help="seconds per model and round when --steps is "
-                        "not given (default: 3)")
+    parser.add_argument(
+        "--steps",
+        type=int,
+        help="timed steps per model and round (default: as many as take --round_s seconds, measured after the warm-up)",
+    )
+    parser.add_argument(
+        "--round_s", type=float, default=3.0, help="seconds per model and round when --steps is not given (default: 3)"
+    )
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps per model first (default: 2)")
     args = parser.parse_args(argv)
     args.sizes = (args.sizes or ("tiny,mid,124m" if args.device == "cpu" else "124m")).split(",")
@@ -231,8 +262,11 @@ def main(argv: list[str] | None = None) -> int:
     tf32, _ = decide_tf32("auto", info)
     apply_tf32(tf32)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    print(f"benchmark: {name}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fused AdamW "
-          f"{'on' if fused else 'off'}, TF32 {'on' if tf32 else 'off'}", flush=True)
+    print(
+        f"benchmark: {name}, torch {torch.__version__}, {torch.get_num_threads()} thread(s), fused AdamW "
+        f"{'on' if fused else 'off'}, TF32 {'on' if tf32 else 'off'}",
+        flush=True,
+    )
     results = []
     for size in args.sizes:
         default_block, default_batch = SIZES[size][device.type]
@@ -240,13 +274,28 @@ def main(argv: list[str] | None = None) -> int:
             peak = peak_flops(device, precision)
             for compiled in (False, True) if args.compile else (False,):
                 case = Case(size, precision, compiled, args.block_size or default_block, args.batch or default_batch)
-                print(f"{case.size} {case.precision} {'compiled' if compiled else 'eager'}, {case.block_size} x "
-                      f"{case.batch} tokens per step; MFU peak: {peak.source}", flush=True)
-                result = measure(case, device, args.rounds, args.steps, args.round_s, args.warmup,
-                                 peak.flops_per_s, fused, lambda line: print(line, flush=True))
-                print(f"  ours {result.ours_tokens_per_s:,.0f} tok/s, transformers {result.hf_tokens_per_s:,.0f} "
-                      f"tok/s, ratio {result.ratio:.3f}, MFU {result.mfu_ours:.1%} vs {result.mfu_hf:.1%} "
-                      f"(last losses {result.loss_ours:.4f} vs {result.loss_hf:.4f})", flush=True)
+                print(
+                    f"{case.size} {case.precision} {'compiled' if compiled else 'eager'}, {case.block_size} x "
+                    f"{case.batch} tokens per step; MFU peak: {peak.source}",
+                    flush=True,
+                )
+                result = measure(
+                    case,
+                    device,
+                    args.rounds,
+                    args.steps,
+                    args.round_s,
+                    args.warmup,
+                    peak.flops_per_s,
+                    fused,
+                    lambda line: print(line, flush=True),
+                )
+                print(
+                    f"  ours {result.ours_tokens_per_s:,.0f} tok/s, transformers {result.hf_tokens_per_s:,.0f} "
+                    f"tok/s, ratio {result.ratio:.3f}, MFU {result.mfu_ours:.1%} vs {result.mfu_hf:.1%} "
+                    f"(last losses {result.loss_ours:.4f} vs {result.loss_hf:.4f})",
+                    flush=True,
+                )
                 results.append(result)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()

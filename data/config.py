@@ -59,7 +59,8 @@ class DataConfig:
     val_fraction: float = _help("fraction of documents held out for validation (0 = no validation split)", default=0.05)
     split_seed: int = _help("seed of the train/validation assignment of documents", default=1234)
     cache_dir: str | None = _help(
-        "where packed datasets (and the measured CPU peak FLOP/s) are cached (none: $GPT2S_CACHE or ~/.cache/gpt2-strategies)", default=None
+        "where packed datasets (and the measured CPU peak FLOP/s) are cached (none: $GPT2S_CACHE or ~/.cache/gpt2-strategies)",
+        default=None,
     )
     num_proc: int | None = _help(
         "worker processes for cleaning and tokenizing (none: min(CPU count, 8); 1 = no worker pool)", default=None

@@ -93,7 +93,9 @@ def assign_validation(
     return mask
 
 
-def pack_split(token_batches: list[pa.RecordBatch], mask: np.ndarray, path: Path, dtype: np.dtype, block_size: int) -> SplitStats:
+def pack_split(
+    token_batches: list[pa.RecordBatch], mask: np.ndarray, path: Path, dtype: np.dtype, block_size: int
+) -> SplitStats:
     """Concatenate the masked documents' tokens in corpus order into `path`, as whole blocks.
 
     Streams batch by batch into the file, then truncates it to a multiple of block_size+1: the

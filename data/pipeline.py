@@ -115,7 +115,9 @@ def clean_batch(batch: dict[str, list], clean: bool, split_seed: int) -> dict[st
     return {"text": kept, "split_hash": [document_hash(t, split_seed) for t in kept]}
 
 
-def tokenize_batch(batch: dict[str, list], tokenizer: transformers.PreTrainedTokenizerFast, eot_id: int) -> dict[str, list]:
+def tokenize_batch(
+    batch: dict[str, list], tokenizer: transformers.PreTrainedTokenizerFast, eot_id: int
+) -> dict[str, list]:
     """Token ids of each document with the end-of-text id appended, so EOT separates documents."""
     ids = tokenizer(batch["text"], add_special_tokens=False, return_attention_mask=False)["input_ids"]
     for doc in ids:
@@ -130,7 +132,9 @@ def _workers(config: DataConfig, documents: int) -> int:
     return max(1, min(n, documents))
 
 
-def clean_documents(ds: datasets.Dataset, config: DataConfig, num_proc: int, cache_file: Path, fingerprint: str) -> datasets.Dataset:
+def clean_documents(
+    ds: datasets.Dataset, config: DataConfig, num_proc: int, cache_file: Path, fingerprint: str
+) -> datasets.Dataset:
     """The pipeline's cleaning step: `text` cleaned (or kept, with --no-clean), empties dropped, `split_hash` added."""
     features = datasets.Features({"text": datasets.Value("large_string"), "split_hash": datasets.Value("int64")})
     return ds.map(

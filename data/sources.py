@@ -81,16 +81,22 @@ def resolve_files(patterns: list[str]) -> list[SourceFile]:
             matches = [Path(m) for m in sorted(glob.glob(str(path), recursive=True))]
             matches = [m for m in matches if m.is_file() and _format_of(m)]
             if not matches:
-                raise DataError(f"{pattern}: no .csv/.txt/.json/.jsonl/.parquet files match this pattern; check the path")
+                raise DataError(
+                    f"{pattern}: no .csv/.txt/.json/.jsonl/.parquet files match this pattern; check the path"
+                )
             files += matches
         elif path.is_dir():
             inside = _files_in_folder(path)
             if not inside:
-                raise DataError(f"{path}: folder holds no .csv/.txt/.json/.jsonl/.parquet files; point --data at the corpus files")
+                raise DataError(
+                    f"{path}: folder holds no .csv/.txt/.json/.jsonl/.parquet files; point --data at the corpus files"
+                )
             files += inside
         elif path.is_file():
             if not _format_of(path):
-                raise DataError(f"{path}: unsupported file type {path.suffix or '(none)'!r}; use .csv, .txt, .json, .jsonl or .parquet")
+                raise DataError(
+                    f"{path}: unsupported file type {path.suffix or '(none)'!r}; use .csv, .txt, .json, .jsonl or .parquet"
+                )
             files.append(path)
         else:
             raise DataError(f"{path}: no such file or folder; check the path given to --data")
@@ -235,7 +241,9 @@ def _parse_csv(data: bytes, wanted: list[str], block_size: int | None) -> pa.Tab
         read_options=read_options,
         # Kaggle's All the News has newlines inside quoted `content`; "" escapes a quote (the default).
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
-        convert_options=pacsv.ConvertOptions(include_columns=wanted, column_types={c: pa.large_string() for c in wanted}),
+        convert_options=pacsv.ConvertOptions(
+            include_columns=wanted, column_types={c: pa.large_string() for c in wanted}
+        ),
     )
 
 
@@ -274,7 +282,9 @@ def _json_records(path: Path, raw: str, fmt: str) -> list[Any]:
         if isinstance(records, list):
             return records
         if records is not None:
-            raise DataError(f"{path}: expected a JSON array of objects or one object per line, got a {type(records).__name__}")
+            raise DataError(
+                f"{path}: expected a JSON array of objects or one object per line, got a {type(records).__name__}"
+            )
     out = []
     # Not str.splitlines(): that also splits at U+2028, U+2029 and U+0085, which JSON allows raw
     # inside strings. A raw CR is not allowed there, so every CR and LF ends a line.
@@ -375,7 +385,9 @@ def read_documents(sources: Sources, config: DataConfig) -> pa.Table:
 
 
 def _is_saved_dataset(path: Path) -> bool:
-    return path.is_dir() and any((path / name).exists() for name in ("dataset_info.json", "state.json", "dataset_dict.json"))
+    return path.is_dir() and any(
+        (path / name).exists() for name in ("dataset_info.json", "state.json", "dataset_dict.json")
+    )
 
 
 def _describe_hf(config: DataConfig, hf_cache_dir: Path) -> Sources:
@@ -392,7 +404,9 @@ def _describe_hf(config: DataConfig, hf_cache_dir: Path) -> Sources:
             ds = datasets.load_from_disk(str(local))
             if isinstance(ds, datasets.DatasetDict):
                 if config.hf_split not in ds:
-                    raise DataError(f"{local}: no split {config.hf_split!r} (it has {', '.join(ds)}); pass --hf_split NAME")
+                    raise DataError(
+                        f"{local}: no split {config.hf_split!r} (it has {', '.join(ds)}); pass --hf_split NAME"
+                    )
                 ds = ds[config.hf_split]
             saved = sorted(p for p in local.rglob("*") if p.is_file())
             key: dict[str, Any] = {"hf_saved": [[str(p.relative_to(local)), file_sha256(p)] for p in saved]}

@@ -80,9 +80,11 @@ def install(requirements: list[str]) -> None:
     """pip-install `requirements`, never torch: the platform's CUDA build stays (pinned as a constraint)."""
     if any(re.match(r"torch\b(?![-_])", r) for r in requirements):
         have = _version("torch")
-        raise RuntimeError(f"this environment has torch {have or '(none)'}, the project needs "
-                           f"{next(r for r in requirements if r.startswith('torch'))}; install a CUDA build "
-                           "of torch that fits your GPU, restart the kernel and run again")
+        raise RuntimeError(
+            f"this environment has torch {have or '(none)'}, the project needs "
+            f"{next(r for r in requirements if r.startswith('torch'))}; install a CUDA build "
+            "of torch that fits your GPU, restart the kernel and run again"
+        )
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write(f"torch=={_version('torch')}\n" if _version("torch") else "")
     command = [sys.executable, "-m", "pip", "install", "-q", *requirements, "-c", constraints.name]
@@ -136,11 +138,15 @@ class Devices:
             lines.append("no GPU visible")
         for index, gpu in enumerate(self.gpus):
             major, minor = gpu["capability"]
-            lines.append(f"GPU {index}: {gpu['name']}, compute capability {major}.{minor} (sm{major}{minor}), "
-                         f"{gpu['memory_gib']:.1f} GiB")
+            lines.append(
+                f"GPU {index}: {gpu['name']}, compute capability {major}.{minor} (sm{major}{minor}), "
+                f"{gpu['memory_gib']:.1f} GiB"
+            )
         if self.gpus:
-            lines.append("precision: fp16, as the launch configs say (a T4 has fp16 tensor cores and emulates "
-                         f"bf16, more slowly than fp32); {self.compile_note()}")
+            lines.append(
+                "precision: fp16, as the launch configs say (a T4 has fp16 tensor cores and emulates "
+                f"bf16, more slowly than fp32); {self.compile_note()}"
+            )
         return "\n".join(lines)
 
     def compile_note(self) -> str:
@@ -149,9 +155,11 @@ class Devices:
 
         on = all(tuple(gpu["capability"]) >= COMPILE_MIN_CAPABILITY for gpu in self.gpus)
         least = ".".join(map(str, COMPILE_MIN_CAPABILITY))
-        return (f"torch.compile: {'on' if on else 'off'} here (train.py's --compile auto compiles each block on "
-                f"compute capability {least} and newer; below it, T4/sm75 included, inductor's kernels are slower "
-                "or fail to build; --compile on or off in train_args overrides it)")
+        return (
+            f"torch.compile: {'on' if on else 'off'} here (train.py's --compile auto compiles each block on "
+            f"compute capability {least} and newer; below it, T4/sm75 included, inductor's kernels are slower "
+            "or fail to build; --compile on or off in train_args overrides it)"
+        )
 
 
 def devices() -> Devices:
@@ -174,8 +182,9 @@ class Plan:
 
     def describe(self) -> str:
         processes = self.num_processes or 2
-        layout = ", ".join(f"{s} ({processes if registry.get(s).multi_process else 1} process(es))"
-                           for s in self.strategies)
+        layout = ", ".join(
+            f"{s} ({processes if registry.get(s).multi_process else 1} process(es))" for s in self.strategies
+        )
         return "\n".join([f"preset {self.preset}, {self.max_steps} steps per strategy: {layout}", *self.notes])
 
 
@@ -191,9 +200,11 @@ def plan_run(preset: str, max_steps: int | None, gpus: int) -> Plan:
         # Colab's usual session. With one process DDP would be the single run plus a wrapper and FSDP would
         # shard nothing: neither would show what the comparison is about, so they are skipped, and said so.
         skipped = ", ".join(s.name for s in registry.STRATEGIES if s.reference and s.multi_process)
-        notes.append(f"one GPU: only {', '.join(strategies_for(gpus))} runs; {skipped} need two GPUs (one process "
-                     "each, and the point is how they split the work between them), so they are skipped. "
-                     "On Kaggle choose the accelerator 'GPU T4 x2' to run all three.")
+        notes.append(
+            f"one GPU: only {', '.join(strategies_for(gpus))} runs; {skipped} need two GPUs (one process "
+            "each, and the point is how they split the work between them), so they are skipped. "
+            "On Kaggle choose the accelerator 'GPU T4 x2' to run all three."
+        )
         return Plan(preset, steps, strategies_for(gpus), 1, notes)
     if gpus > 2:
         notes.append(f"{gpus} GPUs: DDP and FSDP use 2 of them, the reference experiment's layout")
@@ -211,8 +222,9 @@ def output_root(out_dir: str) -> Path:
     """Where experiments are written: out_dir, else /kaggle/working, /content or runs/ of the project."""
     if out_dir:
         return Path(out_dir).expanduser().resolve()
-    return {"kaggle": Path("/kaggle/working/compare_strategies"),
-            "colab": Path("/content/compare_strategies")}.get(platform_name(), ROOT / "runs" / "notebook")
+    return {"kaggle": Path("/kaggle/working/compare_strategies"), "colab": Path("/content/compare_strategies")}.get(
+        platform_name(), ROOT / "runs" / "notebook"
+    )
 
 
 def experiment_name(preset: str) -> str:
@@ -239,17 +251,22 @@ def choose_data(data: str, preset: str, out: Path) -> DataChoice:
     """`data`: "auto", a file, folder or glob (several separated by spaces), or "hf:NAME"."""
     if data.startswith("hf:"):
         name = data[3:]
-        return DataChoice([], ["--hf_dataset", name], f"data: the Hugging Face dataset {name} (text column 'text' "
-                          "unless train_args says --text_column)")
+        return DataChoice(
+            [],
+            ["--hf_dataset", name],
+            f"data: the Hugging Face dataset {name} (text column 'text' unless train_args says --text_column)",
+        )
     if data and data != "auto":
         paths = shlex.split(data)
         return DataChoice(paths, [], f"data: {' '.join(paths)}")
     found = find_all_the_news()
     if found:
         return DataChoice(found, [], f"data: All the News, {len(found)} file(s) attached: {', '.join(found)}")
-    note = ("data: no All the News CSVs found (on Kaggle: Add Input > the 'All the News' dataset, or set data "
-            "to a path); using the bundled sample of 40 short fictional articles, which checks the machinery, "
-            "not learning")
+    note = (
+        "data: no All the News CSVs found (on Kaggle: Add Input > the 'All the News' dataset, or set data "
+        "to a path); using the bundled sample of 40 short fictional articles, which checks the machinery, "
+        "not learning"
+    )
     if preset in ("tiny", "mini"):
         return DataChoice([], [], note)
     # 1024-token blocks: the sample packs into only 8, fewer than one optimizer step of gpt2 takes.
@@ -281,20 +298,33 @@ def allreduce_check(processes: int, timeout_s: float = ALLREDUCE_TIMEOUT_S) -> s
     """Run scripts/allreduce_check.py on `processes` processes; on failure or a hang, again with NCCL's
     peer-to-peer off. Sets NCCL_P2P_DISABLE=1 for the rest of the notebook when that is what worked.
     Returns what happened in one line; raises RuntimeError when both attempts fail."""
-    command = [*_accelerate_launch(), "--config_file", str(ROOT / "accelerate_configs" / "ddp.yaml"),
-               "--num_processes", str(processes), str(ROOT / "scripts" / "allreduce_check.py")]
+    command = [
+        *_accelerate_launch(),
+        "--config_file",
+        str(ROOT / "accelerate_configs" / "ddp.yaml"),
+        "--num_processes",
+        str(processes),
+        str(ROOT / "scripts" / "allreduce_check.py"),
+    ]
     first = _run_with_timeout(command, dict(os.environ), timeout_s)
     if first.ok:
         return f"all-reduce over {processes} processes: ok"
-    print(f"all-reduce over {processes} processes {first.problem}; trying again with NCCL_P2P_DISABLE=1 "
-          "(peer-to-peer between two T4s hangs on some Kaggle machines)", flush=True)
+    print(
+        f"all-reduce over {processes} processes {first.problem}; trying again with NCCL_P2P_DISABLE=1 "
+        "(peer-to-peer between two T4s hangs on some Kaggle machines)",
+        flush=True,
+    )
     second = _run_with_timeout(command, {**os.environ, "NCCL_P2P_DISABLE": "1"}, timeout_s)
     if second.ok:
         os.environ["NCCL_P2P_DISABLE"] = "1"  # inherited by every launch below
-        return (f"all-reduce over {processes} processes: ok with NCCL_P2P_DISABLE=1, which stays set for the "
-                "training runs (GPU-to-GPU traffic then goes through host memory: a little slower)")
-    raise RuntimeError(f"all-reduce over {processes} processes {second.problem} even with NCCL_P2P_DISABLE=1; "
-                       f"its output:\n{second.output[-3000:]}")
+        return (
+            f"all-reduce over {processes} processes: ok with NCCL_P2P_DISABLE=1, which stays set for the "
+            "training runs (GPU-to-GPU traffic then goes through host memory: a little slower)"
+        )
+    raise RuntimeError(
+        f"all-reduce over {processes} processes {second.problem} even with NCCL_P2P_DISABLE=1; "
+        f"its output:\n{second.output[-3000:]}"
+    )
 
 
 @dataclass
@@ -306,8 +336,9 @@ class _Result:
 
 def _run_with_timeout(command: list[str], env: dict[str, str], timeout_s: float) -> _Result:
     # A session of its own, so that on a hang the launcher and all its workers are killed together.
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True)
+    process = subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     try:
         output, _ = process.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -339,8 +370,10 @@ def wandb_setup() -> tuple[bool, str]:
         return False, f"W&B: {mode} (WANDB_MODE is set)"
     if source:
         return True, f"W&B: online, key from {source}"
-    return False, ("W&B: offline (no key in the environment, the platform's secrets or a wandb login); "
-                   "the runs can be uploaded afterwards with wandb sync")
+    return False, (
+        "W&B: offline (no key in the environment, the platform's secrets or a wandb login); "
+        "the runs can be uploaded afterwards with wandb sync"
+    )
 
 
 def _key_from_secrets() -> str:
@@ -435,10 +468,12 @@ def estimate_assumptions() -> str:
 
     args = _planner_args("gpt2", 2)
     hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
-    return (f"assumed (the planner's defaults, python -m analysis.plan): {args.mfu:.0%} MFU of the {hw.name}'s "
-            f"{hw.peak_flops / 1e12:.0f} TFLOP/s {args.precision}, {hw.link.gb_s:g} GB/s between the GPUs, "
-            f"{hw.link_name}; communication overlap: {args.overlap}; {STARTUP_S} s per strategy to start, "
-            "evaluate and save")
+    return (
+        f"assumed (the planner's defaults, python -m analysis.plan): {args.mfu:.0%} MFU of the {hw.name}'s "
+        f"{hw.peak_flops / 1e12:.0f} TFLOP/s {args.precision}, {hw.link.gb_s:g} GB/s between the GPUs, "
+        f"{hw.link_name}; communication overlap: {args.overlap}; {STARTUP_S} s per strategy to start, "
+        "evaluate and save"
+    )
 
 
 def expected_time(plan: Plan, devices: Devices) -> str:
@@ -454,8 +489,11 @@ def expected_time(plan: Plan, devices: Devices) -> str:
         minutes = estimate_minutes("gpt2", DEFAULT_STEPS["gpt2"], list(registry.reference_names()), 2)
         where = f"2x T4 for the gpt2 preset at {DEFAULT_STEPS['gpt2']} steps (this {plan.preset} run is far shorter)"
     per_strategy = ", ".join(f"{s} {m:.0f} min" for s, m in minutes.items())
-    lines.insert(0, f"expected on {where}: {per_strategy}; {sum(minutes.values()):.0f} min in all, "
-                    "plus tokenizing the corpus once (a few minutes for All the News)")
+    lines.insert(
+        0,
+        f"expected on {where}: {per_strategy}; {sum(minutes.values()):.0f} min in all, "
+        "plus tokenizing the corpus once (a few minutes for All the News)",
+    )
     return "\n".join(lines)
 
 
@@ -463,12 +501,26 @@ def expected_time(plan: Plan, devices: Devices) -> str:
 # Running the driver and reading its report
 
 
-def experiment_command(plan: Plan, out: Path, name: str, data: DataChoice, train_args: str = "",
-                       wandb_report: bool = False) -> list[str]:
+def experiment_command(
+    plan: Plan, out: Path, name: str, data: DataChoice, train_args: str = "", wandb_report: bool = False
+) -> list[str]:
     """`python -m analysis.experiment ...` for the plan; flags the defaults already get right are left out.
     `wandb_report`: also build the W&B report at the end (the notebook asks for it when W&B is online)."""
-    command = [sys.executable, "-m", "analysis.experiment", "--preset", plan.preset, "--max_steps",
-               str(plan.max_steps), "--out", str(out), "--experiment", name, "--strategies", *plan.strategies]
+    command = [
+        sys.executable,
+        "-m",
+        "analysis.experiment",
+        "--preset",
+        plan.preset,
+        "--max_steps",
+        str(plan.max_steps),
+        "--out",
+        str(out),
+        "--experiment",
+        name,
+        "--strategies",
+        *plan.strategies,
+    ]
     if plan.num_processes is not None and any(registry.get(s).multi_process for s in plan.strategies):
         command += ["--num_processes", str(plan.num_processes)]
     if wandb_report:
@@ -484,8 +536,9 @@ def experiment_command(plan: Plan, out: Path, name: str, data: DataChoice, train
 def stream(command: list[str]) -> int:
     """Run `command` in the project folder, printing its output as it comes; returns the exit code."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    with subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, bufsize=1) as process:
+    with subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1
+    ) as process:
         assert process.stdout is not None
         for line in process.stdout:
             print(line, end="", flush=True)
@@ -494,6 +547,7 @@ def stream(command: list[str]) -> int:
 
 def report_section(report_md: Path, title: str) -> str:
     """One `## title` section of report.md, without its heading."""
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", report_md.read_text(encoding="utf-8"),
-                      re.MULTILINE | re.DOTALL)
+    match = re.search(
+        rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", report_md.read_text(encoding="utf-8"), re.MULTILINE | re.DOTALL
+    )
     return match.group(1).strip() if match else ""

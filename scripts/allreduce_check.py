@@ -33,9 +33,12 @@ def main() -> int:
     seconds = time.perf_counter() - start
     expected = state.num_processes * (state.num_processes + 1) / 2
     ok = bool(torch.all(values == expected))
-    print(f"allreduce check: rank {state.process_index} of {state.num_processes} on {state.device} "
-          f"({dist.get_backend()}): {'ok' if ok else f'WRONG SUM {values[0].item()} != {expected}'} "
-          f"in {seconds * 1000:.0f} ms", flush=True)
+    print(
+        f"allreduce check: rank {state.process_index} of {state.num_processes} on {state.device} "
+        f"({dist.get_backend()}): {'ok' if ok else f'WRONG SUM {values[0].item()} != {expected}'} "
+        f"in {seconds * 1000:.0f} ms",
+        flush=True,
+    )
     dist.barrier()
     state.destroy_process_group()
     return 0 if ok else 1

@@ -57,7 +57,9 @@ def bench_pipeline(tokenizer, texts: list[str], num_proc: int) -> tuple[int, flo
         out = tokenize_documents(ds, tokenizer, num_proc, Path(tmp) / "tokens.arrow", f"bench-{time.time_ns()}")
         elapsed = time.perf_counter() - start
         # Count without the EOT the pipeline appends, to compare like with like.
-        tokens = int(pa.compute.sum(pa.compute.list_value_length(out.data.table.column("input_ids"))).as_py()) - len(out)
+        tokens = int(pa.compute.sum(pa.compute.list_value_length(out.data.table.column("input_ids"))).as_py()) - len(
+            out
+        )
     return tokens, elapsed
 
 
@@ -74,7 +76,9 @@ def main() -> None:
     texts = corpus_texts(args.data, args.min_tokens, tokenizer)
     tokenize_batch({"text": texts[:BATCH]}, tokenizer, tokenizer.eos_token_id)  # warm the BPE cache for both
     # Alternate the two, so a change in machine load during the run weighs on both alike.
-    runs = [(bench_bare(tokenizer, texts), bench_pipeline(tokenizer, texts, args.num_proc)) for _ in range(args.repeats)]
+    runs = [
+        (bench_bare(tokenizer, texts), bench_pipeline(tokenizer, texts, args.num_proc)) for _ in range(args.repeats)
+    ]
     bare = min((r[0] for r in runs), key=lambda r: r[1])
     pipe = min((r[1] for r in runs), key=lambda r: r[1])
     assert bare[0] == pipe[0], f"token counts differ: bare {bare[0]}, pipeline {pipe[0]}"

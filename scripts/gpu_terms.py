@@ -35,8 +35,9 @@ def usable_memory_line() -> str:
     if planned is None:
         return line + "; not in the planner's table (training/gpus.py)"
     error = (planned.memory_gib * 2**30 - total) / total * 100
-    return (line + f"; the planner's {planned.key}: {planned.memory_gib:.2f} GiB ({planned.memory_source}), "
-            f"{error:+.2f}%")
+    return (
+        line + f"; the planner's {planned.key}: {planned.memory_gib:.2f} GiB ({planned.memory_source}), {error:+.2f}%"
+    )
 
 
 def run_lines(run: Path) -> list[str]:
@@ -53,9 +54,11 @@ def run_lines(run: Path) -> list[str]:
     if not measured:
         return [head + ", nothing measured"]
     error, error_without = ((p - measured) / measured * 100 for p in (predicted, without))
-    return [head + f" (at {rank['peak_phase']}), measured {measured / MIB:,.1f} MiB, error {error:+.2f}%",
-            f"  autocast fp32 LayerNorm inputs: {term / MIB:,.1f} MiB of the prediction; error without them "
-            f"{error_without:+.2f}%"]
+    return [
+        head + f" (at {rank['peak_phase']}), measured {measured / MIB:,.1f} MiB, error {error:+.2f}%",
+        f"  autocast fp32 LayerNorm inputs: {term / MIB:,.1f} MiB of the prediction; error without them "
+        f"{error_without:+.2f}%",
+    ]
 
 
 def main(argv: list[str]) -> int:

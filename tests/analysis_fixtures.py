@@ -69,64 +69,122 @@ def write_run(directory: Path, fake: FakeRun) -> Path:
             elapsed += step_time
             losses.append(fake.loss(step))
             steps.append(step)
-            lines.append({
-                "kind": "train", "step": step, "epoch": epoch, "tokens": step * fake.global_batch_tokens,
-                "loss": losses[-1], "loss_interval": losses[-1], "grad_norm": fake.grad_norm, "lr": 6e-4,
-                "step_time_s": step_time, "tokens_per_s": fake.tokens_per_s,
-                "tokens_per_s_per_device": fake.tokens_per_s / fake.world_size,
-                "samples_per_s": fake.tokens_per_s / 128, "mfu": fake.mfu,
-                "peak_mem_allocated_mib": fake.peak_alloc_mib, "peak_mem_reserved_mib": fake.peak_reserved_mib,
-                "peak_mem_allocated_mib_mean": alloc_mean, "peak_mem_reserved_mib_mean": fake.peak_reserved_mib,
-                "elapsed_s": elapsed, "warmup": step <= WARMUP_STEPS,
-            })
+            lines.append(
+                {
+                    "kind": "train",
+                    "step": step,
+                    "epoch": epoch,
+                    "tokens": step * fake.global_batch_tokens,
+                    "loss": losses[-1],
+                    "loss_interval": losses[-1],
+                    "grad_norm": fake.grad_norm,
+                    "lr": 6e-4,
+                    "step_time_s": step_time,
+                    "tokens_per_s": fake.tokens_per_s,
+                    "tokens_per_s_per_device": fake.tokens_per_s / fake.world_size,
+                    "samples_per_s": fake.tokens_per_s / 128,
+                    "mfu": fake.mfu,
+                    "peak_mem_allocated_mib": fake.peak_alloc_mib,
+                    "peak_mem_reserved_mib": fake.peak_reserved_mib,
+                    "peak_mem_allocated_mib_mean": alloc_mean,
+                    "peak_mem_reserved_mib_mean": fake.peak_reserved_mib,
+                    "elapsed_s": elapsed,
+                    "warmup": step <= WARMUP_STEPS,
+                }
+            )
         tokens = fake.steps_per_epoch * fake.global_batch_tokens
         wobble = 1.0 + fake.epoch_jitter * math.sin(3 * epoch + fake.noise_seed)
         val_loss = fake.loss(epoch * fake.steps_per_epoch) + 0.1
-        lines.append({"kind": "eval", "step": epoch * fake.steps_per_epoch, "epoch": epoch,
-                      "tokens": epoch * tokens, "val_loss": val_loss, "val_ppl": math.exp(val_loss),
-                      "eval_time_s": 1.0})
-        epochs.append({
-            "epoch": epoch, "steps": fake.steps_per_epoch, "tokens": tokens,
-            "loss_mean": _mean_after_warmup(dict(zip(steps, losses))), "grad_norm_mean": fake.grad_norm * wobble,
-            "time_s": tokens / (fake.tokens_per_s * wobble), "tokens_per_s": fake.tokens_per_s * wobble,
-            "tokens_per_s_per_device": fake.tokens_per_s * wobble / fake.world_size,
-            "samples_per_s": fake.tokens_per_s / 128,
-            "peak_mem_allocated_mib_max": fake.peak_alloc_mib, "peak_mem_allocated_mib_mean": alloc_mean,
-            "peak_mem_reserved_mib_max": fake.peak_reserved_mib, "peak_mem_reserved_mib_mean": fake.peak_reserved_mib,
-            "val_loss": val_loss, "val_ppl": math.exp(val_loss),
-        })
+        lines.append(
+            {
+                "kind": "eval",
+                "step": epoch * fake.steps_per_epoch,
+                "epoch": epoch,
+                "tokens": epoch * tokens,
+                "val_loss": val_loss,
+                "val_ppl": math.exp(val_loss),
+                "eval_time_s": 1.0,
+            }
+        )
+        epochs.append(
+            {
+                "epoch": epoch,
+                "steps": fake.steps_per_epoch,
+                "tokens": tokens,
+                "loss_mean": _mean_after_warmup(dict(zip(steps, losses))),
+                "grad_norm_mean": fake.grad_norm * wobble,
+                "time_s": tokens / (fake.tokens_per_s * wobble),
+                "tokens_per_s": fake.tokens_per_s * wobble,
+                "tokens_per_s_per_device": fake.tokens_per_s * wobble / fake.world_size,
+                "samples_per_s": fake.tokens_per_s / 128,
+                "peak_mem_allocated_mib_max": fake.peak_alloc_mib,
+                "peak_mem_allocated_mib_mean": alloc_mean,
+                "peak_mem_reserved_mib_max": fake.peak_reserved_mib,
+                "peak_mem_reserved_mib_mean": fake.peak_reserved_mib,
+                "val_loss": val_loss,
+                "val_ppl": math.exp(val_loss),
+            }
+        )
     steps = fake.epochs * fake.steps_per_epoch
     train_time = steps * step_time
     summary = {
-        "run_name": f"{fake.strategy}-{fake.world_size}x-{fake.precision}", "experiment": fake.experiment,
-        "strategy": fake.strategy, "requested_strategy": fake.strategy, "world_size": fake.world_size,
-        "num_machines": 1, "precision": fake.precision, "requested_precision": fake.precision,
-        "device_type": "cuda", "device_name": "Tesla T4", "peak_flops_per_device": 65e12,
-        "peak_flops_source": "table", "preset": "tiny", "n_params": 1_000_000, "n_params_non_embedding": 800_000,
-        "seed": fake.seed, "data_key": fake.data_key, "block_size": 128, "micro_batch_size": 4,
+        "run_name": f"{fake.strategy}-{fake.world_size}x-{fake.precision}",
+        "experiment": fake.experiment,
+        "strategy": fake.strategy,
+        "requested_strategy": fake.strategy,
+        "world_size": fake.world_size,
+        "num_machines": 1,
+        "precision": fake.precision,
+        "requested_precision": fake.precision,
+        "device_type": "cuda",
+        "device_name": "Tesla T4",
+        "peak_flops_per_device": 65e12,
+        "peak_flops_source": "table",
+        "preset": "tiny",
+        "n_params": 1_000_000,
+        "n_params_non_embedding": 800_000,
+        "seed": fake.seed,
+        "data_key": fake.data_key,
+        "block_size": 128,
+        "micro_batch_size": 4,
         "grad_accum_steps": fake.global_batch_tokens // (4 * 128 * fake.world_size),
-        "global_batch_tokens": fake.global_batch_tokens, "steps": steps,
-        "tokens_trained": steps * fake.global_batch_tokens, "complete": fake.complete,
+        "global_batch_tokens": fake.global_batch_tokens,
+        "steps": steps,
+        "tokens_trained": steps * fake.global_batch_tokens,
+        "complete": fake.complete,
         "epochs": epochs,
         "total": {
-            "train_time_s": train_time, "eval_time_s": float(fake.epochs), "checkpoint_time_s": 0.5,
-            "wall_time_s": train_time + fake.epochs + 0.5, "warmup_time_s": 3 * step_time,
-            "tokens_per_s": fake.tokens_per_s, "tokens_per_s_per_device": fake.tokens_per_s / fake.world_size,
+            "train_time_s": train_time,
+            "eval_time_s": float(fake.epochs),
+            "checkpoint_time_s": 0.5,
+            "wall_time_s": train_time + fake.epochs + 0.5,
+            "warmup_time_s": 3 * step_time,
+            "tokens_per_s": fake.tokens_per_s,
+            "tokens_per_s_per_device": fake.tokens_per_s / fake.world_size,
             "tokens_per_s_excl_warmup": fake.tokens_per_s * 1.01,
             "tokens_per_s_per_device_excl_warmup": fake.tokens_per_s * 1.01 / fake.world_size,
-            "samples_per_s": fake.tokens_per_s / 128, "step_time_s_mean": step_time,
-            "step_time_s_p50": step_time, "step_time_s_p90": step_time * 1.1,
+            "samples_per_s": fake.tokens_per_s / 128,
+            "step_time_s_mean": step_time,
+            "step_time_s_p50": step_time,
+            "step_time_s_p90": step_time * 1.1,
             "loss_mean": _mean_after_warmup({s: fake.loss(s) for s in range(1, steps + 1)}),
             "final_loss": fake.loss(steps),
-            "grad_norm_mean": fake.grad_norm, "mfu": fake.mfu,
-            "peak_mem_allocated_mib_max": fake.peak_alloc_mib, "peak_mem_allocated_mib_mean": alloc_mean,
-            "peak_mem_reserved_mib_max": fake.peak_reserved_mib, "peak_mem_reserved_mib_mean": fake.peak_reserved_mib,
-            "final_val_loss": epochs[-1]["val_loss"], "final_val_ppl": epochs[-1]["val_ppl"],
+            "grad_norm_mean": fake.grad_norm,
+            "mfu": fake.mfu,
+            "peak_mem_allocated_mib_max": fake.peak_alloc_mib,
+            "peak_mem_allocated_mib_mean": alloc_mean,
+            "peak_mem_reserved_mib_max": fake.peak_reserved_mib,
+            "peak_mem_reserved_mib_mean": fake.peak_reserved_mib,
+            "final_val_loss": epochs[-1]["val_loss"],
+            "final_val_ppl": epochs[-1]["val_ppl"],
         },
         "step_times_s": [step_time * (1.0 + 0.05 * math.sin(i)) for i in range(steps)],
     }
-    config = {"preset": "tiny", "optim": {"global_batch_tokens": fake.global_batch_tokens, "micro_batch_size": 4},
-              "run": {"seed": fake.seed, "output_dir": str(directory), "perf_warmup_steps": WARMUP_STEPS}}
+    config = {
+        "preset": "tiny",
+        "optim": {"global_batch_tokens": fake.global_batch_tokens, "micro_batch_size": 4},
+        "run": {"seed": fake.seed, "output_dir": str(directory), "perf_warmup_steps": WARMUP_STEPS},
+    }
     (directory / "config.json").write_text(json.dumps(config, indent=2))
     (directory / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
     (directory / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -137,10 +195,24 @@ def three_strategies(root: Path, **overrides: dict) -> list[Path]:
     """single, ddp, fsdp with the reference's ordering of costs: fsdp least memory, ddp fastest."""
     fakes = {
         "single": FakeRun("single", 1, tokens_per_s=40_000, peak_alloc_mib=3000, peak_reserved_mib=3500, noise_seed=1),
-        "ddp": FakeRun("ddp", 2, tokens_per_s=72_000, peak_alloc_mib=3100, peak_reserved_mib=3600,
-                       peak_alloc_mean_mib=3050, noise_seed=2),
-        "fsdp": FakeRun("fsdp", 2, tokens_per_s=60_000, peak_alloc_mib=1800, peak_reserved_mib=2200,
-                        peak_alloc_mean_mib=1700, noise_seed=3),
+        "ddp": FakeRun(
+            "ddp",
+            2,
+            tokens_per_s=72_000,
+            peak_alloc_mib=3100,
+            peak_reserved_mib=3600,
+            peak_alloc_mean_mib=3050,
+            noise_seed=2,
+        ),
+        "fsdp": FakeRun(
+            "fsdp",
+            2,
+            tokens_per_s=60_000,
+            peak_alloc_mib=1800,
+            peak_reserved_mib=2200,
+            peak_alloc_mean_mib=1700,
+            noise_seed=3,
+        ),
     }
     for name, changes in overrides.items():
         for key, value in changes.items():

@@ -38,10 +38,30 @@ def shared_args(corpus: Path, cache_dir: Path) -> list[str]:
     A validation split of about 60 blocks, larger than the budget of 20 (which no batch divides evenly);
     about 9 optimizer steps of 16 blocks per epoch, so 12 steps cross an epoch boundary.
     """
-    return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(cache_dir),
-            "--max_steps", str(SHARED_STEPS), "--log_interval", "1", "--seed", "3", "--val_fraction", "0.3",
-            "--eval_blocks", str(SHARED_EVAL_BLOCKS), "--eval_interval", "4", "--perf_warmup_steps", "1",
-            "--checkpoint_interval", "3"]
+    return [
+        "--preset",
+        "tiny",
+        "--data",
+        str(corpus),
+        "--cache_dir",
+        str(cache_dir),
+        "--max_steps",
+        str(SHARED_STEPS),
+        "--log_interval",
+        "1",
+        "--seed",
+        "3",
+        "--val_fraction",
+        "0.3",
+        "--eval_blocks",
+        str(SHARED_EVAL_BLOCKS),
+        "--eval_interval",
+        "4",
+        "--perf_warmup_steps",
+        "1",
+        "--checkpoint_interval",
+        "3",
+    ]
 
 
 def free_port() -> int:
@@ -62,16 +82,28 @@ def launch_env() -> dict[str, str]:
     return env
 
 
-def accelerate_command(config: Path, script: str, args: list[str], launch_args: list[str] = (),
-                       port: int | None = None) -> list[str]:
+def accelerate_command(
+    config: Path, script: str, args: list[str], launch_args: list[str] = (), port: int | None = None
+) -> list[str]:
     """`accelerate launch` of `script`, on `port` (machines of one job share it) or a free one."""
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
-            "--main_process_port", str(port or free_port()), *launch_args, script, *args]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "--main_process_port",
+        str(port or free_port()),
+        *launch_args,
+        script,
+        *args,
+    ]
 
 
 def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(command, cwd=REPO, env=launch_env(), capture_output=True, text=True,
-                            timeout=LAUNCH_TIMEOUT_S)
+    result = subprocess.run(
+        command, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+    )
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
     return result
@@ -92,9 +124,15 @@ def config_processes(config_name: str) -> int:
 def slurm_node_env(node: int, nodes: int, per_node: int, port: int) -> dict[str, str]:
     """What SLURM sets in a job's task on node `node` (and the batch script adds: the first node's address),
     for `nodes` "machines" on this one over loopback. The PATH leads to this interpreter's `accelerate`."""
-    return {**launch_env(), "SLURM_NNODES": str(nodes), "SLURM_NODEID": str(node),
-            "SLURM_GPUS_ON_NODE": str(per_node), "MAIN_PROCESS_IP": "127.0.0.1", "MAIN_PROCESS_PORT": str(port),
-            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    return {
+        **launch_env(),
+        "SLURM_NNODES": str(nodes),
+        "SLURM_NODEID": str(node),
+        "SLURM_GPUS_ON_NODE": str(per_node),
+        "MAIN_PROCESS_IP": "127.0.0.1",
+        "MAIN_PROCESS_PORT": str(port),
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
 
 
 def start_on_machines(config_name: str, output_dir: Path, args: list[str]) -> list[subprocess.Popen[str]]:
@@ -106,8 +144,17 @@ def start_on_machines(config_name: str, output_dir: Path, args: list[str]) -> li
     per_node = config_processes(config_name) // nodes
     port = free_port()
     command = ["bash", str(SLURM_LAUNCH_LINE), str(CONFIGS / config_name), *args, "--output_dir", str(output_dir)]
-    return [psutil.Popen(command, cwd=REPO, env=slurm_node_env(node, nodes, per_node, port),
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in range(nodes)]
+    return [
+        psutil.Popen(
+            command,
+            cwd=REPO,
+            env=slurm_node_env(node, nodes, per_node, port),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for node in range(nodes)
+    ]
 
 
 def wait_on_machines(procs: list[subprocess.Popen[str]], check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -171,8 +218,10 @@ def summary(output_dir: Path) -> dict[str, Any]:
     return json.loads((output_dir / "summary.json").read_text())
 
 
-_WORDS = ("council budget river station election market school hospital storm league court harbor "
-          "senator village factory museum bridge festival report officials residents said on monday").split()
+_WORDS = (
+    "council budget river station election market school hospital storm league court harbor "
+    "senator village factory museum bridge festival report officials residents said on monday"
+).split()
 
 
 def write_news_csv(path: Path, articles: int, words: int) -> None:
@@ -183,8 +232,20 @@ def write_news_csv(path: Path, articles: int, words: int) -> None:
         writer.writerow(["", "id", "title", "publication", "author", "date", "year", "month", "url", "content"])
         for i in range(articles):
             body = " ".join(rng.choice(_WORDS) for _ in range(words))
-            writer.writerow([i, 17000 + i, f"Story {i}", "Test Gazette", "A. Writer", "2016-05-01", 2016, 5,
-                             f"https://example.org/{i}", body])
+            writer.writerow(
+                [
+                    i,
+                    17000 + i,
+                    f"Story {i}",
+                    "Test Gazette",
+                    "A. Writer",
+                    "2016-05-01",
+                    2016,
+                    5,
+                    f"https://example.org/{i}",
+                    body,
+                ]
+            )
 
 
 def plan_errors(output_dir: Path) -> list[dict[str, float]]:

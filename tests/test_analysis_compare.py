@@ -18,8 +18,15 @@ from analysis.compare import main
 from tests.analysis_fixtures import FakeRun, three_strategies, write_run
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-FIGURES = ("throughput_per_epoch.png", "grad_norm_per_epoch.png", "training_time_per_epoch.png",
-           "peak_memory_per_epoch.png", "loss_per_epoch.png", "loss_vs_tokens.png", "step_time_distribution.png")
+FIGURES = (
+    "throughput_per_epoch.png",
+    "grad_norm_per_epoch.png",
+    "training_time_per_epoch.png",
+    "peak_memory_per_epoch.png",
+    "loss_per_epoch.png",
+    "loss_vs_tokens.png",
+    "step_time_distribution.png",
+)
 
 
 @pytest.fixture(scope="module")
@@ -148,11 +155,30 @@ def test_one_epoch_single_run_still_renders(tmp_path: Path) -> None:
 def test_wandb_without_login_is_one_line_and_exit_2(tmp_path: Path) -> None:
     # A fresh HOME and no API key: wandb refuses before any network access, as on an offline machine.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(HOME=str(tmp_path), NETRC=str(tmp_path / ".netrc"), WANDB_CONFIG_DIR=str(tmp_path / "wandb"),
-               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.update(
+        HOME=str(tmp_path),
+        NETRC=str(tmp_path / ".netrc"),
+        WANDB_CONFIG_DIR=str(tmp_path / "wandb"),
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
     # timeout: a bound only; without a key wandb refuses at once, and a hang would be the failure.
-    done = subprocess.run([sys.executable, "-m", "analysis.compare", "--from_wandb", "me/proj", "--group", "g",
-                           "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "analysis.compare",
+            "--from_wandb",
+            "me/proj",
+            "--group",
+            "g",
+            "--out",
+            str(tmp_path / "out"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: cannot fetch W&B runs of me/proj, group 'g'")
@@ -172,14 +198,33 @@ def test_from_wandb_fetches_through_the_wandb_client(tmp_path: Path) -> None:
     server.runs.extend(RemoteRun(ENTITY, "proj", path.name, "tiny-test", *as_wandb(path, namespace)) for path in local)
     server.runs.append(RemoteRun(ENTITY, "proj", "elsewhere", "other-group", {}, {}, []))  # not in the group
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
-    env.update(HOME=str(tmp_path), NETRC=str(tmp_path / ".netrc"), WANDB_CONFIG_DIR=str(tmp_path / "wandb"),
-               WANDB_BASE_URL=server.base_url, WANDB_API_KEY="f" * 40,  # a made-up key: only this server sees it
-               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    env.update(
+        HOME=str(tmp_path),
+        NETRC=str(tmp_path / ".netrc"),
+        WANDB_CONFIG_DIR=str(tmp_path / "wandb"),
+        WANDB_BASE_URL=server.base_url,
+        WANDB_API_KEY="f" * 40,  # a made-up key: only this server sees it
+        PYTHONPATH=str(Path(__file__).resolve().parents[1]),
+    )
     try:
         # 300 s: a bound only, so that a client retrying forever fails the test instead of stalling it.
-        done = subprocess.run([sys.executable, "-m", "analysis.compare", "--from_wandb", f"{ENTITY}/proj",
-                               "--group", "tiny-test", "--out", str(tmp_path / "fetched")],
-                              env=env, capture_output=True, text=True, timeout=300)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "analysis.compare",
+                "--from_wandb",
+                f"{ENTITY}/proj",
+                "--group",
+                "tiny-test",
+                "--out",
+                str(tmp_path / "fetched"),
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
     finally:
         server.stop()
     assert done.returncode == 0, done.stderr[-3000:]

@@ -31,8 +31,9 @@ def configs(tmp_path: Path) -> Path:
 
 
 def spec(tmp_path: Path, **changes) -> ExperimentSpec:
-    values = dict(preset="tiny", out=tmp_path / "exp", max_steps=20, data=("a.csv", "b.csv"), seed=7,
-                  experiment="tiny-exp")
+    values = dict(
+        preset="tiny", out=tmp_path / "exp", max_steps=20, data=("a.csv", "b.csv"), seed=7, experiment="tiny-exp"
+    )
     return ExperimentSpec(**{**values, **changes})
 
 
@@ -48,13 +49,24 @@ def test_world_sizes_come_from_the_yaml_files(configs: Path) -> None:
         world_sizes(("ddp",), configs / "missing")
 
 
-def test_num_processes_sets_ddp_and_fsdp_and_is_passed_to_accelerate(tmp_path: Path, configs: Path,
-                                                                     capsys) -> None:
+def test_num_processes_sets_ddp_and_fsdp_and_is_passed_to_accelerate(tmp_path: Path, configs: Path, capsys) -> None:
     assert world_sizes(("single", "ddp", "fsdp"), configs, 1) == {"single": 1, "ddp": 1, "fsdp": 1}
     assert world_sizes(("single", "fsdp"), configs, 4) == {"single": 1, "fsdp": 4}
     out = tmp_path / "exp"
-    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp",
-            "--num_processes", "1", "--dry_run"]
+    argv = [
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "5",
+        "--out",
+        str(out),
+        "--strategies",
+        "single",
+        "fsdp",
+        "--num_processes",
+        "1",
+        "--dry_run",
+    ]
     assert main(argv, launcher=("accelerate", "launch"), config_dir=configs) == 0
     lines = capsys.readouterr().out.splitlines()
     assert "global batch 1,024 tokens" in lines[0] and "single 2, fsdp 2" in lines[0]  # not raised for 2
@@ -95,8 +107,9 @@ def test_the_driver_takes_trainings_batch_rule_and_defaults(tmp_path: Path) -> N
 def test_every_strategy_gets_the_same_seed_data_batch_and_group(tmp_path: Path, configs: Path) -> None:
     sizes = {"single": 1, "ddp": 2, "fsdp": 2}
     batch = Batch(micro_batch_size=8, block_size=64, global_batch_tokens=2048)
-    launches = build_launches(spec(tmp_path, extra=("--overwrite",)), sizes, batch, ("accelerate", "launch"),
-                              cwd=tmp_path, config_dir=configs)
+    launches = build_launches(
+        spec(tmp_path, extra=("--overwrite",)), sizes, batch, ("accelerate", "launch"), cwd=tmp_path, config_dir=configs
+    )
     assert [launch.strategy for launch in launches] == ["single", "ddp", "fsdp"]
     for launch in launches:
         argv = launch.argv
@@ -105,7 +118,7 @@ def test_every_strategy_gets_the_same_seed_data_batch_and_group(tmp_path: Path, 
         assert flag(argv, "--seed") == "7" and flag(argv, "--experiment") == "tiny-exp"
         assert flag(argv, "--global_batch_tokens") == "2048" and flag(argv, "--micro_batch_size") == "8"
         assert flag(argv, "--max_steps") == "20" and flag(argv, "--preset") == "tiny"
-        assert argv[argv.index("--data") + 1:argv.index("--data") + 3] == ("a.csv", "b.csv")
+        assert argv[argv.index("--data") + 1 : argv.index("--data") + 3] == ("a.csv", "b.csv")
         assert flag(argv, "--output_dir") == str(tmp_path / "exp" / "runs" / launch.strategy)
         assert flag(argv, "--strategy") == launch.strategy and argv[-1] == "--overwrite"
         assert launch.log == tmp_path / "exp" / "runs" / f"{launch.strategy}.log"
@@ -114,8 +127,14 @@ def test_every_strategy_gets_the_same_seed_data_batch_and_group(tmp_path: Path, 
 
 def test_epochs_instead_of_steps(tmp_path: Path, configs: Path) -> None:
     batch = Batch(8, 64, 1024)
-    (launch,) = build_launches(spec(tmp_path, max_steps=None, epochs=2, strategies=("ddp",)), {"ddp": 2}, batch,
-                               ("accelerate", "launch"), cwd=tmp_path, config_dir=configs)
+    (launch,) = build_launches(
+        spec(tmp_path, max_steps=None, epochs=2, strategies=("ddp",)),
+        {"ddp": 2},
+        batch,
+        ("accelerate", "launch"),
+        cwd=tmp_path,
+        config_dir=configs,
+    )
     assert flag(launch.argv, "--epochs") == "2" and "--max_steps" not in launch.argv
 
 
@@ -155,8 +174,9 @@ def fake_launcher(tmp_path: Path) -> tuple[str, ...]:
     return (sys.executable, str(script))
 
 
-def test_a_failing_strategy_is_reported_and_the_others_compared(tmp_path: Path, configs: Path, fake_launcher,
-                                                                capsys) -> None:
+def test_a_failing_strategy_is_reported_and_the_others_compared(
+    tmp_path: Path, configs: Path, fake_launcher, capsys
+) -> None:
     out = tmp_path / "exp"
     argv = ["--preset", "tiny", "--max_steps", "20", "--out", str(out), "--seed", "11", "--experiment", "e1"]
     assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 1
@@ -179,8 +199,19 @@ def test_a_failing_strategy_is_reported_and_the_others_compared(tmp_path: Path, 
 
 def test_all_finishing_exits_0(tmp_path: Path, configs: Path, fake_launcher) -> None:
     out = tmp_path / "exp"
-    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp",
-            "--gpu_hour_price", "1.75"]
+    argv = [
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "5",
+        "--out",
+        str(out),
+        "--strategies",
+        "single",
+        "fsdp",
+        "--gpu_hour_price",
+        "1.75",
+    ]
     assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 0
     assert (out / "report.html").exists()
     report = (out / "report.md").read_text()  # the price reaches the report and its command
@@ -212,29 +243,53 @@ def test_a_launcher_that_cannot_start_is_a_failure(tmp_path: Path, configs: Path
 
 
 def test_wandb_report_without_a_login_says_in_one_line_how_to_build_it_later(
-        tmp_path: Path, configs: Path, fake_launcher, monkeypatch, capsys) -> None:
+    tmp_path: Path, configs: Path, fake_launcher, monkeypatch, capsys
+) -> None:
     from tests.wandb_stub import log_out
 
     log_out(monkeypatch, tmp_path)
     out = tmp_path / "exp"
-    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp",
-            "--experiment", "tiny-test", "--wandb_report"]
+    argv = [
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "5",
+        "--out",
+        str(out),
+        "--strategies",
+        "single",
+        "fsdp",
+        "--experiment",
+        "tiny-test",
+        "--wandb_report",
+    ]
     assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 0
     (line,) = [line for line in capsys.readouterr().out.splitlines() if "W&B report" in line]
     assert line.startswith("W&B report not built (not logged in to W&B); build it later with: wandb login && ")
     runs = [out / "runs" / "single", out / "runs" / "fsdp"]
     assert f"wandb sync {runs[0]}/wandb/offline-run-* {runs[1]}/wandb/offline-run-* && " in line
-    assert line.endswith(f"python -m analysis.wandb_report --experiment tiny-test --project gpt2-strategies "
-                         f"--runs {runs[0]} {runs[1]}")
+    assert line.endswith(
+        f"python -m analysis.wandb_report --experiment tiny-test --project gpt2-strategies --runs {runs[0]} {runs[1]}"
+    )
 
 
 def test_wandb_report_when_logged_in_is_built_from_the_run_directories(
-        tmp_path: Path, configs: Path, fake_launcher, monkeypatch, capsys) -> None:
+    tmp_path: Path, configs: Path, fake_launcher, monkeypatch, capsys
+) -> None:
     from tests.wandb_stub import StubBackend, install
 
     backend = install(monkeypatch, StubBackend(entity="me"))
-    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--experiment", "tiny-test",
-            "--wandb_report"]
+    argv = [
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "5",
+        "--out",
+        str(tmp_path / "exp"),
+        "--experiment",
+        "tiny-test",
+        "--wandb_report",
+    ]
     assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 1  # ddp fails: still 1
     out = capsys.readouterr().out
     assert "W&B report: https://wandb.stub/me/gpt2-strategies/reports/Strategy-comparison:-tiny-test--" in out
@@ -249,8 +304,9 @@ def test_dry_run_prints_the_wandb_report_command(tmp_path: Path, configs: Path, 
     argv = ["--preset", "tiny", "--epochs", "1", "--out", str(out), "--experiment", "e2", "--dry_run", "--wandb_report"]
     assert main(argv, launcher=("accelerate", "launch"), config_dir=configs) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last == (f"python -m analysis.wandb_report --experiment e2 --runs {out}/runs/single {out}/runs/ddp "
-                    f"{out}/runs/fsdp")
+    assert last == (
+        f"python -m analysis.wandb_report --experiment e2 --runs {out}/runs/single {out}/runs/ddp {out}/runs/fsdp"
+    )
 
 
 def test_the_cause_of_a_failure_without_an_error_line_is_its_last_meaningful_line(tmp_path: Path) -> None:
@@ -267,25 +323,47 @@ def test_the_cause_of_a_failure_without_an_error_line_is_its_last_meaningful_lin
 
 def test_the_other_fsdp_modes_are_strategies_of_their_own(tmp_path: Path, capsys) -> None:
     # The project's own config files: both modes launch 2 processes, --num_processes sets them as for fsdp.
-    assert world_sizes(("fsdp_zero2", "fsdp_offload"), REPO / "accelerate_configs") == {"fsdp_zero2": 2,
-                                                                                         "fsdp_offload": 2}
-    assert world_sizes(("fsdp_zero2", "fsdp_offload"), REPO / "accelerate_configs", 1) == {"fsdp_zero2": 1,
-                                                                                            "fsdp_offload": 1}
+    assert world_sizes(("fsdp_zero2", "fsdp_offload"), REPO / "accelerate_configs") == {
+        "fsdp_zero2": 2,
+        "fsdp_offload": 2,
+    }
+    assert world_sizes(("fsdp_zero2", "fsdp_offload"), REPO / "accelerate_configs", 1) == {
+        "fsdp_zero2": 1,
+        "fsdp_offload": 1,
+    }
     batch = Batch(micro_batch_size=8, block_size=64, global_batch_tokens=2048)
-    launches = build_launches(spec(tmp_path, strategies=("single", "fsdp_zero2", "fsdp_offload")),
-                              {"single": 1, "fsdp_zero2": 2, "fsdp_offload": 2}, batch, ("accelerate", "launch"),
-                              cwd=REPO, config_dir=REPO / "accelerate_configs")
+    launches = build_launches(
+        spec(tmp_path, strategies=("single", "fsdp_zero2", "fsdp_offload")),
+        {"single": 1, "fsdp_zero2": 2, "fsdp_offload": 2},
+        batch,
+        ("accelerate", "launch"),
+        cwd=REPO,
+        config_dir=REPO / "accelerate_configs",
+    )
     assert [flag(launch.argv, "--config_file") for launch in launches] == [
-        "accelerate_configs/single_gpu.yaml", "accelerate_configs/fsdp_zero2.yaml",
-        "accelerate_configs/fsdp_offload.yaml"]
+        "accelerate_configs/single_gpu.yaml",
+        "accelerate_configs/fsdp_zero2.yaml",
+        "accelerate_configs/fsdp_offload.yaml",
+    ]
     assert [flag(launch.argv, "--strategy") for launch in launches] == ["single", "fsdp_zero2", "fsdp_offload"]
     assert [launch.run_dir.name for launch in launches] == ["single", "fsdp_zero2", "fsdp_offload"]
     assert ExperimentSpec(preset="tiny", out=tmp_path, max_steps=1).strategies == ("single", "ddp", "fsdp")
 
 
 def test_a_strategy_spanning_machines_is_launched_on_each_with_its_rank(tmp_path: Path, capsys) -> None:
-    common = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--dry_run",
-              "--main_process_ip", "10.0.0.1", "--num_processes", "1"]
+    common = [
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "5",
+        "--out",
+        str(tmp_path / "exp"),
+        "--dry_run",
+        "--main_process_ip",
+        "10.0.0.1",
+        "--num_processes",
+        "1",
+    ]
     # Machine rank 0 trains every strategy; HSDP keeps its config's 4 processes and learns where it runs.
     assert main([*common, "--strategies", "single", "fsdp", "hsdp"], launcher=("accelerate", "launch")) == 0
     lines = capsys.readouterr().out.splitlines()
@@ -297,16 +375,24 @@ def test_a_strategy_spanning_machines_is_launched_on_each_with_its_rank(tmp_path
     assert (flag(hsdp, "--machine_rank"), flag(hsdp, "--main_process_ip")) == ("0", "10.0.0.1")
     assert "--num_processes" not in hsdp and flag(tuple(commands["fsdp"]), "--num_processes") == "1"
     # Machine rank 1 joins HSDP only; machine rank 0's report is the experiment's.
-    assert main([*common, "--strategies", "single", "fsdp", "hsdp", "--machine_rank", "1"],
-                launcher=("accelerate", "launch")) == 0
+    assert (
+        main(
+            [*common, "--strategies", "single", "fsdp", "hsdp", "--machine_rank", "1"],
+            launcher=("accelerate", "launch"),
+        )
+        == 0
+    )
     commands = [c for c in capsys.readouterr().out.splitlines() if c.startswith("accelerate launch")]
     assert len(commands) == 1 and flag(tuple(commands[0].split()), "--machine_rank") == "1"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--strategies", "hsdp"], "hsdp spans machines: give --main_process_ip"),
-    (["--strategies", "ddp", "--machine_rank", "1"], "only machine rank 0 trains strategies that do not span"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--strategies", "hsdp"], "hsdp spans machines: give --main_process_ip"),
+        (["--strategies", "ddp", "--machine_rank", "1"], "only machine rank 0 trains strategies that do not span"),
+    ],
+)
 def test_bad_machine_settings_are_one_line_and_exit_2(tmp_path: Path, capsys, args: list[str], message: str) -> None:
     argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path), "--dry_run", *args]
     assert main(argv, launcher=("accelerate", "launch")) == 2

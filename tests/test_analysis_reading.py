@@ -156,29 +156,40 @@ def test_runs_divided_by_different_peaks_are_named_in_one_line(tmp_path: Path) -
     assert check.fair  # the loss and throughput comparison is still like for like
     lines = fairness_lines(check, runs)
     (line,) = [line for line in lines if PEAK_LINE in line]
-    assert line == (f"{PEAK_LINE} (single 48.0 GFLOP/s measured {early}, ddp 150.0 GFLOP/s measured {late}, "
-                    f"fsdp 150.0 GFLOP/s measured {late}): their MFU figures are not comparable with each other; "
-                    "throughput is.")
+    assert line == (
+        f"{PEAK_LINE} (single 48.0 GFLOP/s measured {early}, ddp 150.0 GFLOP/s measured {late}, "
+        f"fsdp 150.0 GFLOP/s measured {late}): their MFU figures are not comparable with each other; "
+        "throughput is."
+    )
     reading = build_reading(runs, [])
     assert line in reading.warnings and line not in reading.lines
     assert any(text.startswith("Fair comparison") for text in reading.lines)
 
 
 def test_an_equal_figure_measured_at_another_time_is_another_peak(tmp_path: Path) -> None:
-    runs = with_peaks(runs_of(tmp_path), single=(150e9, "2026-12-03T10:00:00Z"), ddp=(150e9, "2026-12-03T10:00:00Z"),
-                      fsdp=(150e9, "2026-12-03T12:00:00Z"))
+    runs = with_peaks(
+        runs_of(tmp_path),
+        single=(150e9, "2026-12-03T10:00:00Z"),
+        ddp=(150e9, "2026-12-03T10:00:00Z"),
+        fsdp=(150e9, "2026-12-03T12:00:00Z"),
+    )
     assert set(fairness(runs).peaks) == {"single", "ddp", "fsdp"}
     assert sum(PEAK_LINE in line for line in fairness_lines(fairness(runs), runs)) == 1
 
 
 def test_one_peak_for_every_run_is_not_flagged(tmp_path: Path) -> None:
     table = runs_of(tmp_path / "table")  # the fixture's datasheet figure, no measurement time
-    measured = with_peaks(runs_of(tmp_path / "measured"), single=(150e9, "2026-12-03T10:00:00Z"),
-                          ddp=(150e9, "2026-12-03T10:00:00Z"), fsdp=(150e9, "2026-12-03T10:00:00Z"))
+    measured = with_peaks(
+        runs_of(tmp_path / "measured"),
+        single=(150e9, "2026-12-03T10:00:00Z"),
+        ddp=(150e9, "2026-12-03T10:00:00Z"),
+        fsdp=(150e9, "2026-12-03T10:00:00Z"),
+    )
     for runs in (table, measured):
         assert not fairness(runs).peaks
-        assert not any(PEAK_LINE in line for line in [*fairness_lines(fairness(runs), runs),
-                                                      *build_reading(runs, []).warnings])
+        assert not any(
+            PEAK_LINE in line for line in [*fairness_lines(fairness(runs), runs), *build_reading(runs, []).warnings]
+        )
 
 
 def test_a_run_without_a_recorded_peak_time_differs_from_a_measured_one(tmp_path: Path) -> None:

@@ -17,8 +17,18 @@ from tests.analysis_fixtures import FakeRun, write_run
 def table(tmp_path: Path):
     fakes = [
         FakeRun("single", 1, tokens_per_s=40_000, peak_alloc_mib=3000, peak_reserved_mib=3500, mfu=0.25),
-        FakeRun("ddp", 2, tokens_per_s=72_000, peak_alloc_mib=3100, peak_alloc_mean_mib=3050,
-                peak_reserved_mib=3600, mfu=0.225, global_batch_tokens=16384, epochs=2, precision="bf16"),
+        FakeRun(
+            "ddp",
+            2,
+            tokens_per_s=72_000,
+            peak_alloc_mib=3100,
+            peak_alloc_mean_mib=3050,
+            peak_reserved_mib=3600,
+            mfu=0.225,
+            global_batch_tokens=16384,
+            epochs=2,
+            precision="bf16",
+        ),
     ]
     runs = [load_run(write_run(tmp_path / f.strategy, f)) for f in fakes]
     assign_labels(runs)

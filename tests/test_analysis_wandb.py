@@ -25,25 +25,42 @@ def as_wandb(run_dir: Path, namespace: dict[str, str]) -> tuple[dict, dict, list
     summary = json.loads((run_dir / "summary.json").read_text())
     config = {
         "preset": summary["preset"],
-        "run": {"seed": summary["seed"], "experiment": summary["experiment"],
-                "perf_warmup_steps": json.loads((run_dir / "config.json").read_text())["run"]["perf_warmup_steps"]},
+        "run": {
+            "seed": summary["seed"],
+            "experiment": summary["experiment"],
+            "perf_warmup_steps": json.loads((run_dir / "config.json").read_text())["run"]["perf_warmup_steps"],
+        },
         "data": {"block_size": summary["block_size"]},
         "launch": {
-            "run_name": summary["run_name"], "data_stats": {"cache_key": summary["data_key"]},
-            "device_name": summary["device_name"], "n_params": summary["n_params"],
-            "effective": {"strategy": summary["strategy"], "world_size": summary["world_size"],
-                          "num_machines": summary["num_machines"], "precision": summary["precision"],
-                          "device_type": summary["device_type"]},
-            "batch": {"micro_batch_size": summary["micro_batch_size"], "grad_accum_steps": summary["grad_accum_steps"],
-                      "global_batch_tokens": summary["global_batch_tokens"]},
+            "run_name": summary["run_name"],
+            "data_stats": {"cache_key": summary["data_key"]},
+            "device_name": summary["device_name"],
+            "n_params": summary["n_params"],
+            "effective": {
+                "strategy": summary["strategy"],
+                "world_size": summary["world_size"],
+                "num_machines": summary["num_machines"],
+                "precision": summary["precision"],
+                "device_type": summary["device_type"],
+            },
+            "batch": {
+                "micro_batch_size": summary["micro_batch_size"],
+                "grad_accum_steps": summary["grad_accum_steps"],
+                "global_batch_tokens": summary["global_batch_tokens"],
+            },
             "schedule": {"total_steps": summary["steps"]},
         },
     }
     rows: dict[int, dict] = {}
     for line in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
         row = rows.setdefault(line["step"], {"_step": line["step"]})  # W&B merges lines of one step
-        row.update({namespace.get(k, k): v for k, v in line.items()
-                    if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)})
+        row.update(
+            {
+                namespace.get(k, k): v
+                for k, v in line.items()
+                if k not in ("kind", "step") and isinstance(v, (int, float)) and not isinstance(v, bool)
+            }
+        )
     return config, {f"total/{k}": v for k, v in summary["total"].items()}, list(rows.values())
 
 
@@ -63,8 +80,13 @@ def offline_record(run_dir: Path) -> tuple[dict[str, Any], dict[str, Any], list[
     """(config, summary, history rows) as W&B holds them, read back from the run's offline record."""
     (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
     # timeout: a bound only, so that a reader that hangs fails the test instead of stalling it.
-    out = subprocess.run([str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(log)],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     records = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     config: dict[str, Any] = {}
     summary: dict[str, Any] = {}
@@ -92,7 +114,8 @@ def test_a_real_record_rebuilds_the_run_files(recorded_run: Path, tmp_path: Path
     written = json.loads((recorded_run / "summary.json").read_text())
     assert set(files.summary) == set(written)
     assert {k: files.summary[k] for k in set(written) - unknown - approximated} == {
-        k: written[k] for k in set(written) - unknown - approximated}
+        k: written[k] for k in set(written) - unknown - approximated
+    }
     assert all(files.summary[k] is None for k in unknown)
     for got, want in zip(files.summary["epochs"], original.epochs):
         assert got["steps"] == want["steps"] and got["tokens"] == want["tokens"]

@@ -49,12 +49,12 @@ def total_keys_written_by_training() -> set[str]:
 
     tracker = MetricsTracker.__new__(MetricsTracker)  # no Accelerator: total_summary needs only these
     tracker.perf_warmup_steps = 1
-    tracker.facts = ThroughputFacts(tokens_per_step=1024, samples_per_step=16, world_size=2, flops_per_token=1e6,
-                                    peak_flops_per_device=1e12)
+    tracker.facts = ThroughputFacts(
+        tokens_per_step=1024, samples_per_step=16, world_size=2, flops_per_token=1e6, peak_flops_per_device=1e12
+    )
     tracker.records = [StepRecord(i, 1, 1024 * i, 5.0, 1.0, 1e-3, 0.1, warmup=i == 1) for i in range(1, 5)]
     tracker.memory = EpochMemory(100.0, 90.0, 120.0, 110.0)
-    total = total_summary(tracker, [], RunTimes(train_s=0.4), 1.0, {"val_loss": 5.0, "val_ppl": 148.4},
-                          open_epoch=True)
+    total = total_summary(tracker, [], RunTimes(train_s=0.4), 1.0, {"val_loss": 5.0, "val_ppl": 148.4}, open_epoch=True)
     return set(total)
 
 
@@ -78,8 +78,14 @@ def test_panels_cover_the_five_metrics_and_mfu(capsys) -> None:
     # loss (and validation loss), grad norm, throughput, peak memory per device: against tokens
     assert {"train/loss", "val/loss", "train/grad_norm", "perf/tokens_per_s", "mem/peak_allocated_mib"} <= lines
     # time, throughput without warm-up, peak allocated and reserved memory, MFU, final loss: whole run
-    assert {"total/train_time_s", "total/tokens_per_s_excl_warmup", "total/peak_mem_allocated_mib_max",
-            "total/peak_mem_reserved_mib_max", "total/mfu", "total/final_loss"} <= bars
+    assert {
+        "total/train_time_s",
+        "total/tokens_per_s_excl_warmup",
+        "total/peak_mem_allocated_mib_max",
+        "total/peak_mem_reserved_mib_max",
+        "total/mfu",
+        "total/final_loss",
+    } <= bars
 
 
 def test_every_panel_key_is_a_key_training_logs(capsys) -> None:
@@ -141,12 +147,15 @@ def test_runs_of_another_experiment_are_refused(runs: list[Path], capsys) -> Non
     assert len(err) == 1 and "belongs to experiment 'tiny-test', not 'other'" in err[0]
 
 
-@pytest.mark.parametrize(("argv", "message"), [
-    ([], "the following arguments are required: --experiment"),
-    (["--experiment", "it's"], "which a W&B report filter cannot express"),
-    (["--experiment", "g", "--runs", "/no/such/run"], "not a run directory: /no/such/run"),
-    (["--experiment", "g", "--title", "x" * 129], "--title must be 1 to 128 characters"),
-])
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required: --experiment"),
+        (["--experiment", "it's"], "which a W&B report filter cannot express"),
+        (["--experiment", "g", "--runs", "/no/such/run"], "not a run directory: /no/such/run"),
+        (["--experiment", "g", "--title", "x" * 129], "--title must be 1 to 128 characters"),
+    ],
+)
 def test_bad_arguments_are_one_line_errors(argv: list[str], message: str, capsys) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([*argv, "--dry_run"])
@@ -173,7 +182,8 @@ def test_the_specification_becomes_wandb_workspaces_objects_offline(runs: list[P
     # The library's own serialisation, short of the project lookup that needs the server:
     runset = grids[0].runsets[0]._to_model().model_dump(by_alias=True, exclude_none=True)
     assert runset["filters"]["filters"] == [
-        {"key": {"section": "run", "name": "group"}, "op": "=", "value": GROUP, "disabled": False}]
+        {"key": {"section": "run", "name": "group"}, "op": "=", "value": GROUP, "disabled": False}
+    ]
     assert [key.name for key in grids[0].runsets[0]._to_model().grouping] == ["jobType"]
     line = grids[0].panels[0]._to_model().model_dump(by_alias=True, exclude_none=True)
     assert line["config"]["xAxis"] == "train/tokens" and line["config"]["metrics"] == ["train/loss"]
@@ -247,8 +257,9 @@ def test_live_path_saves_the_report_on_the_server(runs: list[Path], tmp_path: Pa
         (runset,) = grid["metadata"]["runSets"]
         assert runset["project"] == {"entityName": "team", "name": "gpt2-strategies", "id": "internal-1"}
         assert runset["filters"]["filters"][0]["value"] == GROUP
-    sent_metrics = {m for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"]
-                    for m in p["config"]["metrics"]}
+    sent_metrics = {
+        m for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"] for m in p["config"]["metrics"]
+    }
     assert sent_metrics == {m for p in (*line_panels(), *bar_panels()) for m in p.metrics}
     assert "Throughput: **ddp** is fastest" in json.dumps(blocks)
     assert json.loads(out.read_text())["entity"] == "team"  # --out records what was sent
@@ -262,10 +273,12 @@ def test_live_path_fetches_the_reading_from_wandb(tmp_path: Path, server, capsys
     assert main(["--experiment", GROUP, "--project", "p2"]) == 0
     assert capsys.readouterr().out.strip().endswith(report_url(server, ENTITY, "p2"))  # the login's default entity
     asked = graphql(server, "Runs")
-    assert asked and all((v["entity"], v["project"], json.loads(v["filters"])) == (ENTITY, "p2", {"group": GROUP})
-                         for v in asked)
-    histories = {v["run"] for v in graphql(server, "HistoryPage")} | {v["runName"] for v in
-                                                                      graphql(server, "RunParquetHistory")}
+    assert asked and all(
+        (v["entity"], v["project"], json.loads(v["filters"])) == (ENTITY, "p2", {"group": GROUP}) for v in asked
+    )
+    histories = {v["run"] for v in graphql(server, "HistoryPage")} | {
+        v["runName"] for v in graphql(server, "RunParquetHistory")
+    }
     assert histories == {"run0", "run1", "run2"}
     text = server.views[0]["spec"]
     assert "Throughput: **ddp** is fastest" in text and f"fetched from W&B ({ENTITY}/p2)" in text
@@ -307,8 +320,7 @@ def test_after_an_experiment_logged_offline_it_says_how_to_sync_and_build(runs, 
     logged_as(runs, "offline")
     assert report_after_experiment(GROUP, runs) is False
     (line,) = capsys.readouterr().out.strip().splitlines()
-    assert line.startswith("W&B report not built (not every run was logged online); build it later with: "
-                           "wandb sync ")
+    assert line.startswith("W&B report not built (not every run was logged online); build it later with: wandb sync ")
     assert "wandb login" not in line
     assert line.endswith(f"--experiment {GROUP} --project proj --entity team --runs {' '.join(map(str, runs))}")
     assert server.requests == []
@@ -319,8 +331,9 @@ def test_after_an_experiment_without_wandb_nothing_is_built(runs, server, capsys
 
     logged_as(runs, "disabled")
     assert report_after_experiment(GROUP, runs) is False
-    assert capsys.readouterr().err.strip() == ("W&B report not built: the runs were not logged to W&B "
-                                               "(--wandb_mode disabled)")
+    assert capsys.readouterr().err.strip() == (
+        "W&B report not built: the runs were not logged to W&B (--wandb_mode disabled)"
+    )
     assert report_after_experiment("it's", runs) is False  # no exit from inside the experiment driver
     assert "which a W&B report filter cannot express" in capsys.readouterr().err
     assert server.requests == []

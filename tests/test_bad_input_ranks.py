@@ -60,7 +60,9 @@ def _single_process_line(args: list[str], out: Path) -> str:
 def _project_frames(output: str) -> list[str]:
     """Traceback frames in the project's own files (train.py, training/, data/, model/)."""
     frames = [m.group(1) for m in map(_FRAME.match, output.splitlines()) if m]
-    return [f for f in frames if Path(f).is_absolute() and Path(f).is_relative_to(REPO) and ".venv" not in Path(f).parts]
+    return [
+        f for f in frames if Path(f).is_absolute() and Path(f).is_relative_to(REPO) and ".venv" not in Path(f).parts
+    ]
 
 
 @pytest.mark.parametrize("config", ["ddp.yaml", "fsdp.yaml"])

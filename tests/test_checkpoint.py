@@ -127,7 +127,8 @@ def test_loading_a_folder_without_a_complete_checkpoint_says_so(tmp_path: Path) 
 
 
 def test_a_truncated_or_corrupted_checkpoint_is_skipped_for_the_newest_intact_one(
-        prepared, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    prepared, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from training.checkpoint import checkpoint_problem, newest_good_checkpoint
 
     for step in (2, 4, 6):
@@ -142,8 +143,10 @@ def test_a_truncated_or_corrupted_checkpoint_is_skipped_for_the_newest_intact_on
     assert "optimizer.bin is corrupted" in checkpoint_problem(checkpoint_path(tmp_path, 4))
     assert newest_good_checkpoint(tmp_path) == checkpoint_path(tmp_path, 2)
     warnings = capsys.readouterr().err.strip().splitlines()
-    assert [w.split(":")[1].strip() for w in warnings] == ["skipping checkpoint step_0000006",
-                                                          "skipping checkpoint step_0000004"]
+    assert [w.split(":")[1].strip() for w in warnings] == [
+        "skipping checkpoint step_0000006",
+        "skipping checkpoint step_0000004",
+    ]
 
 
 def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path: Path) -> None:

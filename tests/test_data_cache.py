@@ -118,7 +118,9 @@ def test_concurrent_builders_agree_on_one_entry(tmp_path: Path, corpus: Path):
     )
     cache = tmp_path / "shared_cache"
     procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(corpus), str(cache)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(corpus), str(cache)], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=120)[0] for p in procs]
@@ -153,5 +155,7 @@ def test_build_runs_inside_main_process_first(tmp_path: Path, corpus: Path):
             events.append("exit")
 
     _, log = log_sink()
-    data = build_datasets(config(tmp_path, paths=[str(corpus)], block_size=16), main_process_first=main_process_first, log=log)
+    data = build_datasets(
+        config(tmp_path, paths=[str(corpus)], block_size=16), main_process_first=main_process_first, log=log
+    )
     assert events == ["enter", "exit"] and len(data.train) > 0

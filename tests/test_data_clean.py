@@ -11,7 +11,9 @@ from tests.test_data_support import config, log_sink, write_kaggle_csv
 
 
 def test_tags_are_stripped_and_block_tags_break_lines():
-    assert clean_text('<p>One <b>bold</b> <a href="x">link</a>.</p><p>Two<br>lines</p>') == "One bold link.\n\nTwo\nlines"
+    assert (
+        clean_text('<p>One <b>bold</b> <a href="x">link</a>.</p><p>Two<br>lines</p>') == "One bold link.\n\nTwo\nlines"
+    )
 
 
 def test_script_style_and_comments_are_removed():

@@ -60,8 +60,11 @@ def test_jsonl_without_the_text_field(tmp_path: Path):
 @pytest.mark.parametrize("suffix", ["csv", "txt", "jsonl"])
 def test_bytes_that_are_not_utf8_with_strict_utf8(tmp_path: Path, suffix: str):
     path = tmp_path / f"latin1.{suffix}"
-    text = {"csv": ",id,title,content\n0,1,T,caf\xe9 au lait\n", "txt": "Ceci n'est pas un caf\xe9 au lait.",
-            "jsonl": '{"text": "un caf\xe9 au lait, please"}\n'}[suffix]
+    text = {
+        "csv": ",id,title,content\n0,1,T,caf\xe9 au lait\n",
+        "txt": "Ceci n'est pas un caf\xe9 au lait.",
+        "jsonl": '{"text": "un caf\xe9 au lait, please"}\n',
+    }[suffix]
     offset = text.encode("latin-1").index(b"\xe9")
     path.write_bytes(text.encode("latin-1"))
     message = error_of(tmp_path, paths=[str(path)], strict_utf8=True)
@@ -103,7 +106,9 @@ def test_cli_reports_bad_input_in_one_line_and_exits_2(tmp_path: Path):
     missing = tmp_path / "articles1.csv"
     out = subprocess.run(
         [sys.executable, "-m", "data.prepare", "--data", str(missing), "--cache_dir", str(tmp_path / "cache")],
-        cwd=REPO, capture_output=True, text=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
     )
     assert out.returncode == 2
     assert len(out.stderr.splitlines()) == 1 and str(missing) in out.stderr
@@ -111,7 +116,9 @@ def test_cli_reports_bad_input_in_one_line_and_exits_2(tmp_path: Path):
 
 def test_cli_too_short_corpus_is_still_one_line(tmp_path: Path, capsys):
     path = write_kaggle_csv(tmp_path / "tiny.csv", ["Just a few words."])
-    code = prepare_main(["--data", str(path), "--block_size", "512", "--cache_dir", str(tmp_path / "c"), "--num_proc", "1"])
+    code = prepare_main(
+        ["--data", str(path), "--block_size", "512", "--cache_dir", str(tmp_path / "c"), "--num_proc", "1"]
+    )
     err = capsys.readouterr().err
     assert code == 2 and len(err.splitlines()) == 1 and str(path) in err
 

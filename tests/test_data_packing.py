@@ -99,7 +99,9 @@ def test_small_corpus_still_gets_one_validation_block(tmp_path: Path):
 def test_split_is_stable_across_runs_and_worker_counts(tmp_path: Path, corpus: Path):
     _, log = log_sink()
     one = build_datasets(config(tmp_path / "a", paths=[str(corpus)], block_size=16, val_fraction=0.2), log=log)
-    two = build_datasets(config(tmp_path / "b", paths=[str(corpus)], block_size=16, val_fraction=0.2, num_proc=2), log=log)
+    two = build_datasets(
+        config(tmp_path / "b", paths=[str(corpus)], block_size=16, val_fraction=0.2, num_proc=2), log=log
+    )
     assert not one.stats.cache_hit and not two.stats.cache_hit
     assert np.array_equal(stream(one.train), stream(two.train)) and np.array_equal(stream(one.val), stream(two.val))
     other_seed = build_datasets(
@@ -118,7 +120,11 @@ def test_split_is_equal_when_built_in_another_process(tmp_path: Path, corpus: Pa
     # A fixed PYTHONHASHSEED in the child, a random one here: the split must not depend on hash().
     child = subprocess.run(
         [sys.executable, "-c", script, str(corpus), str(tmp_path / "child_cache")],
-        cwd=REPO, capture_output=True, text=True, env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"}, check=True,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"PYTHONHASHSEED": "12345", "PATH": "/usr/bin:/bin"},
+        check=True,
     )
     _, log = log_sink()
     here = build_datasets(config(tmp_path, paths=[str(corpus)], block_size=16), log=log)

@@ -32,7 +32,9 @@ def write_kaggle_csv(path: Path, contents: list[str], titles: list[str] | None =
         w.writerow(KAGGLE_HEADER)
         for i, content in enumerate(contents):
             title = titles[i] if titles else f"Title {i}"
-            w.writerow([i, 1000 + i, title, "The Test Gazette", "A. Writer", "2017-01-01", "2017.0", "1.0", "", content])
+            w.writerow(
+                [i, 1000 + i, title, "The Test Gazette", "A. Writer", "2017-01-01", "2017.0", "1.0", "", content]
+            )
     return path
 
 

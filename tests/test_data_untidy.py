@@ -111,7 +111,9 @@ def test_cache_entries_of_the_two_split_methods_stay_apart(tmp_path: Path):
     # A long document and a shorter one: at 16 tokens a block either can be validation and the other
     # training; at 1024 the shorter one is less than a block, so they cannot be split by document.
     path = write_kaggle_csv(tmp_path / "a.csv", [book(3000), book(300, seed=1)])
-    first = {bs: build_datasets(config(tmp_path, paths=[str(path)], block_size=bs), log=log_sink()[1]) for bs in (16, 1024)}
+    first = {
+        bs: build_datasets(config(tmp_path, paths=[str(path)], block_size=bs), log=log_sink()[1]) for bs in (16, 1024)
+    }
     assert first[16].stats.split_by == "document" and first[1024].stats.split_by == "token_stream"
     assert first[16].stats.cache_key != first[1024].stats.cache_key
     for bs, before in first.items():
@@ -159,7 +161,9 @@ def test_bad_bytes_become_replacement_characters(tmp_path: Path, folder_with_a_f
     corpus = corpus_of(tmp_path, paths=[str(folder_with_a_few_bad_files)])
     texts = corpus.table.column("text").to_pylist()
     # Python's errors="replace": one U+FFFD per invalid sequence, so the cut euro sign (2 bytes) is one.
-    assert texts[3].endswith("\ufffd\ufffd") and texts[50].endswith("caf\ufffd") and texts[120].endswith("cut \ufffd euro")
+    assert (
+        texts[3].endswith("\ufffd\ufffd") and texts[50].endswith("caf\ufffd") and texts[120].endswith("cut \ufffd euro")
+    )
     assert sum("\ufffd" in t for t in texts) == 3
     assert corpus.files_read == 200 and [n for _, n in corpus.not_utf8] == [2, 1, 2]
 
@@ -176,8 +180,11 @@ def test_more_files_with_bad_bytes_than_named_are_counted(tmp_path: Path):
 @pytest.mark.parametrize("suffix", ["csv", "json", "jsonl"])
 def test_bad_bytes_in_structured_files_are_replaced_too(tmp_path: Path, suffix: str):
     path = tmp_path / f"x.{suffix}"
-    raw = {"csv": b"title,content\nT,caf\xe9 au lait\n", "json": b'[{"text": "caf\xe9 au lait"}]',
-           "jsonl": b'{"text": "caf\xe9 au lait"}\n'}[suffix]
+    raw = {
+        "csv": b"title,content\nT,caf\xe9 au lait\n",
+        "json": b'[{"text": "caf\xe9 au lait"}]',
+        "jsonl": b'{"text": "caf\xe9 au lait"}\n',
+    }[suffix]
     path.write_bytes(raw)
     corpus = corpus_of(tmp_path, paths=[str(path)])
     assert corpus.table.column("text").to_pylist() == ["caf\ufffd au lait"] and corpus.not_utf8 == [(str(path), 1)]
@@ -187,7 +194,9 @@ def test_strict_utf8_refuses_what_a_lenient_run_cached(tmp_path: Path, folder_wi
     _, log = log_sink()
     build_datasets(config(tmp_path, paths=[str(folder_with_a_few_bad_files)], block_size=32), log=log)
     with pytest.raises(DataError) as err:
-        build_datasets(config(tmp_path, paths=[str(folder_with_a_few_bad_files)], block_size=32, strict_utf8=True), log=log)
+        build_datasets(
+            config(tmp_path, paths=[str(folder_with_a_few_bad_files)], block_size=32, strict_utf8=True), log=log
+        )
     first_bad = folder_with_a_few_bad_files / "f003.txt"
     offset = first_bad.read_bytes().index(BAD_BYTES[3])
     assert str(err.value).startswith(f"{first_bad}: not UTF-8 text (bad byte at offset {offset})")
@@ -229,8 +238,12 @@ def test_jsonl_with_crlf_lines_and_unicode_line_separators_in_values(tmp_path: P
 
 @pytest.mark.parametrize("suffix", ["txt", "csv", "json", "jsonl"])
 def test_a_byte_order_mark_is_not_text(tmp_path: Path, suffix: str):
-    body = {"txt": "Plain text.", "csv": "content,title\nPlain text.,T\n", "json": '[{"text": "Plain text."}]',
-            "jsonl": '{"text": "Plain text."}\n'}[suffix]
+    body = {
+        "txt": "Plain text.",
+        "csv": "content,title\nPlain text.,T\n",
+        "json": '[{"text": "Plain text."}]',
+        "jsonl": '{"text": "Plain text."}\n',
+    }[suffix]
     path = tmp_path / f"bom.{suffix}"
     path.write_bytes(b"\xef\xbb\xbf" + body.encode())
     # The CSV's first header column is "content": it is found, not "\ufeffcontent".
@@ -248,7 +261,9 @@ def test_very_long_lines(tmp_path: Path):
     assert len(line) > 3_000_000
     (tmp_path / "long.txt").write_text(line, encoding="utf-8")
     write_kaggle_csv(tmp_path / "long.csv", ["short one", line, "short two"])
-    (tmp_path / "long.jsonl").write_text(json.dumps({"text": line}) + "\n" + json.dumps({"text": "after"}), encoding="utf-8")
+    (tmp_path / "long.jsonl").write_text(
+        json.dumps({"text": line}) + "\n" + json.dumps({"text": "after"}), encoding="utf-8"
+    )
     assert texts_of(tmp_path, paths=[str(tmp_path / "long.txt")]) == [line]
     assert texts_of(tmp_path, paths=[str(tmp_path / "long.csv")]) == ["short one", line, "short two"]
     assert texts_of(tmp_path, paths=[str(tmp_path / "long.jsonl")]) == [line, "after"]

@@ -13,8 +13,9 @@ from tests.test_analysis_experiment import configs, fake_launcher  # noqa: F401 
 ONLY_FSDP_FITS = ["--gpu_memory_gib", "0.86"]
 
 
-def test_strategies_that_do_not_fit_are_skipped_and_marked_in_the_report(tmp_path: Path, configs: Path,
-                                                                         fake_launcher, capsys) -> None:
+def test_strategies_that_do_not_fit_are_skipped_and_marked_in_the_report(
+    tmp_path: Path, configs: Path, fake_launcher, capsys
+) -> None:
     out = tmp_path / "exp"
     argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), *ONLY_FSDP_FITS]
     assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 0
@@ -28,8 +29,19 @@ def test_strategies_that_do_not_fit_are_skipped_and_marked_in_the_report(tmp_pat
 
 
 def test_nothing_that_fits_is_one_line_and_exit_2(tmp_path: Path, configs: Path, capsys) -> None:
-    argv = ["--preset", "gpt2-xl", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--gpu", "T4",
-            "--strategies", "single", "ddp"]
+    argv = [
+        "--preset",
+        "gpt2-xl",
+        "--max_steps",
+        "5",
+        "--out",
+        str(tmp_path / "exp"),
+        "--gpu",
+        "T4",
+        "--strategies",
+        "single",
+        "ddp",
+    ]
     assert main(argv, launcher=("true",), config_dir=configs) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: no strategy fits gpt2-xl") and len(err.strip().splitlines()) == 1

@@ -47,7 +47,11 @@ def test_repeats_are_interleaved_and_each_has_its_folder_name_and_repeat(tmp_pat
 def test_seeds_are_kept_apart_from_repeats(tmp_path: Path) -> None:
     by_seed = launches(tmp_path, seeds=(1, 2))
     assert [(l.strategy, l.seed, l.repeat, l.run_dir.name) for l in by_seed[:4]] == [
-        ("single", 1, 1, "s1"), ("ddp", 1, 1, "s1"), ("fsdp", 1, 1, "s1"), ("single", 2, 1, "s2")]
+        ("single", 1, 1, "s1"),
+        ("ddp", 1, 1, "s1"),
+        ("fsdp", 1, 1, "s1"),
+        ("single", 2, 1, "s2"),
+    ]
     assert all(flag(l.argv, "--seed") == str(l.seed) and flag(l.argv, "--repeat") == "1" for l in by_seed)
     both = launches(tmp_path, seeds=(1, 2), repeats=2)
     assert len(both) == 12 and len({l.run_dir for l in both}) == 12
@@ -98,9 +102,30 @@ def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatc
     script = tmp_path / "launch.py"
     script.write_text(textwrap.dedent(FREE_PORT_LAUNCHER))
     out = tmp_path / "exp"
-    argv = ["--preset", "tiny", "--max_steps", "4", "--out", str(out), "--repeats", "3", "--seed", "5",
-            "--experiment", "repeats-e2e", "--target_loss", str(TARGET_LOSS), "--extra", "--eval_interval", "2", "--eval_blocks", "16",
-            "--cache_dir", str(tmp_path / "cache"), "--no-export_hf"]
+    argv = [
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "4",
+        "--out",
+        str(out),
+        "--repeats",
+        "3",
+        "--seed",
+        "5",
+        "--experiment",
+        "repeats-e2e",
+        "--target_loss",
+        str(TARGET_LOSS),
+        "--extra",
+        "--eval_interval",
+        "2",
+        "--eval_blocks",
+        "16",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--no-export_hf",
+    ]
     status = main(argv, launcher=(sys.executable, str(script)), config_dir=REPO / "accelerate_configs", echo=False)
     printed = capsys.readouterr()
     assert status == 0, printed.err[-3000:]
@@ -112,8 +137,11 @@ def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatc
         run = Path(row["run_dir"])
         assert run == out / "runs" / row["strategy"] / f"r{row['repeat']}" and row["returncode"] == 0
         summary = json.loads((run / "summary.json").read_text())
-        assert (summary["seed"], summary["repeat"], summary["run_name"]) == (5, row["repeat"], run.parent.name +
-                                                                              f"-r{row['repeat']}")
+        assert (summary["seed"], summary["repeat"], summary["run_name"]) == (
+            5,
+            row["repeat"],
+            run.parent.name + f"-r{row['repeat']}",
+        )
         assert summary["epochs"][-1]["val_loss"] is not None and summary["experiment"] == "repeats-e2e"
         link = summary.get("link")  # absent, not null, when there is none
         if row["strategy"] == "single":
@@ -171,13 +199,28 @@ def test_a_failed_repeat_is_reported_and_the_other_repeats_still_run(tmp_path: P
     script = tmp_path / "fake_train.py"
     script.write_text(textwrap.dedent(FAILING_REPEAT.format(repo=str(REPO))))
     out = tmp_path / "exp"
-    argv = ["--preset", "tiny", "--max_steps", "4", "--out", str(out), "--strategies", "single", "ddp",
-            "--repeats", "2"]
+    argv = [
+        "--preset",
+        "tiny",
+        "--max_steps",
+        "4",
+        "--out",
+        str(out),
+        "--strategies",
+        "single",
+        "ddp",
+        "--repeats",
+        "2",
+    ]
     assert main(argv, launcher=(sys.executable, str(script)), config_dir=REPO / "accelerate_configs", echo=False) == 1
     err = capsys.readouterr().err
     assert "ddp-r1: FAILED, exit code 3" in err and "error: ddp-r1: training failed with exit code 3" in err
     order = json.loads((out / "runs" / "order.json").read_text())["runs"]
-    assert [(r["run_name"], r["returncode"]) for r in order] == [("single-r1", 0), ("ddp-r1", 3), ("single-r2", 0),
-                                                                 ("ddp-r2", 0)]
+    assert [(r["run_name"], r["returncode"]) for r in order] == [
+        ("single-r1", 0),
+        ("ddp-r1", 3),
+        ("single-r2", 0),
+        ("ddp-r2", 0),
+    ]
     assert (out / "runs" / "ddp" / "r2" / "summary.json").exists() and (out / "report.md").exists()
     assert "ddp-r1: training failed with exit code 3" in (out / "report.md").read_text()

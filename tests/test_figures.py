@@ -29,8 +29,16 @@ def test_only_warm_up_steps_fall_back_to_all_of_them() -> None:
 
 def test_non_finite_values_are_left_out_and_counted() -> None:
     # After warm-up (step 1): 3, inf, 5, nan, None, 7 -> finite 3, 5, 7: mean 5, three left out.
-    points = [(1, float("nan")), (2, 3.0), (3, float("inf")), (4, 5.0), (5, float("nan")), (6, None), (7, 7.0),
-              (8, float("-inf"))]
+    points = [
+        (1, float("nan")),
+        (2, 3.0),
+        (3, float("inf")),
+        (4, 5.0),
+        (5, float("nan")),
+        (6, None),
+        (7, 7.0),
+        (8, float("-inf")),
+    ]
     assert steady_mean(points, warmup_steps=1) == SteadyMean(5.0, 3, 4)
 
 

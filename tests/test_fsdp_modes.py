@@ -50,9 +50,15 @@ def test_fsdp_mode_ends_with_the_weights_of_the_single_process(runs: dict[str, P
 def test_each_mode_is_recorded_as_read_from_the_live_fsdp_units(runs: dict[str, Path]) -> None:
     zero2, offload, single = (summary(runs[s]) for s in ("fsdp_zero2", "fsdp_offload", "single"))
     assert (zero2["strategy"], zero2["fsdp_reshard_after_forward"], zero2["fsdp_offload_params"]) == (
-        "fsdp_zero2", False, False)
+        "fsdp_zero2",
+        False,
+        False,
+    )
     assert (offload["strategy"], offload["fsdp_reshard_after_forward"], offload["fsdp_offload_params"]) == (
-        "fsdp_offload", True, True)
+        "fsdp_offload",
+        True,
+        True,
+    )
     assert (single["fsdp_reshard_after_forward"], single["fsdp_offload_params"]) == (None, None)
     for s in (zero2, offload):
         assert s["params_sharded"] and s["wrapper"] == "FSDPModule" and s["param_devices"] == ["cpu"]
@@ -94,11 +100,12 @@ def test_planned_memory_matches_what_each_rank_measured(runs: dict[str, Path], s
 
 def test_guard_refuses_a_strategy_flag_the_config_does_not_give(workdir: Path, base_args: list[str]) -> None:
     out = workdir / "mismatch"
-    result = train("fsdp_zero2.yaml", out, [*base_args, "--wandb_mode", "disabled", "--strategy", "fsdp"],
-                   check=False)
+    result = train("fsdp_zero2.yaml", out, [*base_args, "--wandb_mode", "disabled", "--strategy", "fsdp"], check=False)
     # Each rank exits 3; torchrun reports them and `accelerate launch` itself exits 1.
     assert result.returncode != 0 and "exitcode  : 3" in result.stdout + result.stderr
     error_lines = [line for line in result.stderr.splitlines() if line.startswith("error:")]
-    assert error_lines == ["error: --strategy fsdp was requested but the launch config gives fsdp_zero2 "
-                           "(2 process(es)); launch with accelerate_configs/fsdp.yaml"]
+    assert error_lines == [
+        "error: --strategy fsdp was requested but the launch config gives fsdp_zero2 "
+        "(2 process(es)); launch with accelerate_configs/fsdp.yaml"
+    ]
     assert not (out / "metrics.jsonl").exists()

@@ -21,27 +21,30 @@ from training.hardware import PeakFlops, cpu_peak_flops, gpu_peak_flops, peak_fl
 # --- GPUs -------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("name", "precision", "tflops"), [
-    ("NVIDIA L4", "bf16", 121.0),
-    ("NVIDIA L40S", "bf16", 362.05),
-    ("NVIDIA L40", "bf16", 181.05),
-    ("NVIDIA L4", "fp32", 30.3),
-    ("NVIDIA L40S", "fp32", 91.6),
-    ("NVIDIA H100 80GB HBM3", "bf16", 989.5),  # SXM
-    ("NVIDIA H100 PCIe", "bf16", 756.5),
-    ("NVIDIA H100 NVL", "bf16", 835.5),
-    ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
-    ("NVIDIA H100 PCIe", "fp32", 51.0),
-    ("NVIDIA H100 NVL", "fp32", 60.0),
-    ("NVIDIA H200", "fp16", 989.5),
-    ("NVIDIA H200 NVL", "fp16", 835.5),
-    ("NVIDIA A10", "bf16", 125.0),
-    ("NVIDIA A10G", "bf16", 70.0),
-    ("NVIDIA A100 80GB PCIe", "fp16", 312.0),
-    ("Tesla T4", "fp16", 65.0),
-    ("Tesla V100-PCIE-32GB", "fp16", 112.0),
-    ("Tesla V100-SXM2-16GB", "fp16", 125.0),
-])
+@pytest.mark.parametrize(
+    ("name", "precision", "tflops"),
+    [
+        ("NVIDIA L4", "bf16", 121.0),
+        ("NVIDIA L40S", "bf16", 362.05),
+        ("NVIDIA L40", "bf16", 181.05),
+        ("NVIDIA L4", "fp32", 30.3),
+        ("NVIDIA L40S", "fp32", 91.6),
+        ("NVIDIA H100 80GB HBM3", "bf16", 989.5),  # SXM
+        ("NVIDIA H100 PCIe", "bf16", 756.5),
+        ("NVIDIA H100 NVL", "bf16", 835.5),
+        ("NVIDIA H100 80GB HBM3", "fp32", 67.0),
+        ("NVIDIA H100 PCIe", "fp32", 51.0),
+        ("NVIDIA H100 NVL", "fp32", 60.0),
+        ("NVIDIA H200", "fp16", 989.5),
+        ("NVIDIA H200 NVL", "fp16", 835.5),
+        ("NVIDIA A10", "bf16", 125.0),
+        ("NVIDIA A10G", "bf16", 70.0),
+        ("NVIDIA A100 80GB PCIe", "fp16", 312.0),
+        ("Tesla T4", "fp16", 65.0),
+        ("Tesla V100-PCIE-32GB", "fp16", 112.0),
+        ("Tesla V100-SXM2-16GB", "fp16", 125.0),
+    ],
+)
 def test_each_gpu_gets_its_own_exact_entry(name: str, precision: str, tflops: float) -> None:
     peak = gpu_peak_flops(name, precision)
     assert peak.flops_per_s == pytest.approx(tflops * 1e12, rel=1e-12)
@@ -54,26 +57,32 @@ def test_t4_bf16_is_its_fp32_figure() -> None:
     assert gpu_peak_flops("Tesla T4", "bf16").flops_per_s == gpu_peak_flops("Tesla T4", "fp32").flops_per_s == 8.1e12
 
 
-@pytest.mark.parametrize(("name", "precision"), [
-    ("NVIDIA H100", "bf16"),
-    ("NVIDIA GeForce RTX 4090 D", "bf16"),  # a longer name holding a known one
-    ("NVIDIA A100", "fp16"),
-    ("AMD Instinct MI300X", "bf16"),
-    ("NVIDIA  L4", "bf16"),  # inner whitespace is part of the name
-    ("NVIDIA L4", "fp8"),  # a known part at a precision the table lacks
-    ("", "fp32"),
-])
+@pytest.mark.parametrize(
+    ("name", "precision"),
+    [
+        ("NVIDIA H100", "bf16"),
+        ("NVIDIA GeForce RTX 4090 D", "bf16"),  # a longer name holding a known one
+        ("NVIDIA A100", "fp16"),
+        ("AMD Instinct MI300X", "bf16"),
+        ("NVIDIA  L4", "bf16"),  # inner whitespace is part of the name
+        ("NVIDIA L4", "fp8"),  # a known part at a precision the table lacks
+        ("", "fp32"),
+    ],
+)
 def test_unknown_name_or_precision_gives_nan_and_says_so(name: str, precision: str) -> None:
     peak = gpu_peak_flops(name, precision)
     assert math.isnan(peak.flops_per_s)
-    assert peak.source == (f"no peak-FLOP/s entry for {name!r} at {precision}: MFU not computed "
-                           "(add it to training/gpus.py)")
+    assert peak.source == (
+        f"no peak-FLOP/s entry for {name!r} at {precision}: MFU not computed (add it to training/gpus.py)"
+    )
     assert "\n" not in peak.source
 
 
 @pytest.mark.parametrize("spelling", ["nvidia l40s", "  NVIDIA L40S\n", "Nvidia L40s\t"])
 def test_names_are_normalised_for_case_and_surrounding_whitespace(spelling: str) -> None:
-    assert gpu_peak_flops(spelling, "fp16").flops_per_s == gpu_peak_flops("NVIDIA L40S", "fp16").flops_per_s == 362.05e12
+    assert (
+        gpu_peak_flops(spelling, "fp16").flops_per_s == gpu_peak_flops("NVIDIA L40S", "fp16").flops_per_s == 362.05e12
+    )
 
 
 def test_every_table_entry_is_complete_and_plausible() -> None:
@@ -130,15 +139,18 @@ def cache_files(cache_dir: Path) -> list[Path]:
 
 
 def test_first_call_measures_and_writes_second_reads_without_measuring(
-        tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch
+) -> None:
     first = cpu_peak_flops(tmp_path)
     assert fake.calls == 1 and not first.cached
     assert first.flops_per_s == 30e9 and first.spread == (10e9, 50e9)
     assert first.relative_spread == pytest.approx(40e9 / 30e9)
     (path,) = cache_files(tmp_path)
-    assert first.source == (f"measured: fp32 1024x1024 matmul, {torch.get_num_threads()} "
-                            f"thread{'s' if torch.get_num_threads() != 1 else ''}, median of 9 trials 30.0 GFLOP/s "
-                            f"(spread 10.0-50.0), saved to {path}")
+    assert first.source == (
+        f"measured: fp32 1024x1024 matmul, {torch.get_num_threads()} "
+        f"thread{'s' if torch.get_num_threads() != 1 else ''}, median of 9 trials 30.0 GFLOP/s "
+        f"(spread 10.0-50.0), saved to {path}"
+    )
     entry = json.loads(path.read_text())
     assert entry["flops_per_s"] == 30e9 and entry["trial_flops_per_s"] == FAKE_RATES
     assert entry["min_flops_per_s"] <= entry["flops_per_s"] <= entry["max_flops_per_s"]
@@ -154,7 +166,9 @@ def test_first_call_measures_and_writes_second_reads_without_measuring(
     assert cache_files(tmp_path) == [path]
 
 
-def test_another_thread_count_is_another_key_and_the_thread_count_is_restored(tmp_path: Path, fake: FakeMeasure) -> None:
+def test_another_thread_count_is_another_key_and_the_thread_count_is_restored(
+    tmp_path: Path, fake: FakeMeasure
+) -> None:
     before = torch.get_num_threads()
     other = 2 if before == 1 else 1
     mine = cpu_peak_flops(tmp_path)
@@ -171,7 +185,9 @@ def test_another_thread_count_is_another_key_and_the_thread_count_is_restored(tm
     assert fake.calls == 2 and torch.get_num_threads() == before
 
 
-def test_the_key_covers_torch_version_and_cpu(tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_key_covers_torch_version_and_cpu(
+    tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cpu_peak_flops(tmp_path, threads=1)
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
     assert not cpu_peak_flops(tmp_path, threads=1).cached
@@ -180,14 +196,19 @@ def test_the_key_covers_torch_version_and_cpu(tmp_path: Path, fake: FakeMeasure,
     assert fake.calls == 3 and len(cache_files(tmp_path)) == 3
 
 
-@pytest.mark.parametrize("corrupt", [
-    "",
-    "{not json",
-    '{"key": {}, "flops_per_s": 1.0}',
-    "[1, 2, 3]",
-    "null",
-])
-def test_a_corrupt_cache_file_is_measured_again_and_overwritten(tmp_path: Path, fake: FakeMeasure, corrupt: str) -> None:
+@pytest.mark.parametrize(
+    "corrupt",
+    [
+        "",
+        "{not json",
+        '{"key": {}, "flops_per_s": 1.0}',
+        "[1, 2, 3]",
+        "null",
+    ],
+)
+def test_a_corrupt_cache_file_is_measured_again_and_overwritten(
+    tmp_path: Path, fake: FakeMeasure, corrupt: str
+) -> None:
     cpu_peak_flops(tmp_path, threads=1)
     (path,) = cache_files(tmp_path)
     path.write_text(corrupt)
@@ -198,15 +219,20 @@ def test_a_corrupt_cache_file_is_measured_again_and_overwritten(tmp_path: Path, 
     assert cpu_peak_flops(tmp_path, threads=1).cached
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("flops_per_s", -1.0),
-    ("flops_per_s", "fast"),
-    ("flops_per_s", 1e300),  # not the median of the trials
-    ("max_flops_per_s", 1.0),
-    ("trial_flops_per_s", []),
-    ("trial_flops_per_s", [1e9, float("nan")]),
-])
-def test_an_entry_with_bad_figures_is_measured_again(tmp_path: Path, fake: FakeMeasure, field: str, value: object) -> None:
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("flops_per_s", -1.0),
+        ("flops_per_s", "fast"),
+        ("flops_per_s", 1e300),  # not the median of the trials
+        ("max_flops_per_s", 1.0),
+        ("trial_flops_per_s", []),
+        ("trial_flops_per_s", [1e9, float("nan")]),
+    ],
+)
+def test_an_entry_with_bad_figures_is_measured_again(
+    tmp_path: Path, fake: FakeMeasure, field: str, value: object
+) -> None:
     cpu_peak_flops(tmp_path, threads=1)
     (path,) = cache_files(tmp_path)
     entry = json.loads(path.read_text())
@@ -233,7 +259,8 @@ def test_an_unwritable_cache_is_a_note_not_a_crash(tmp_path: Path, fake: FakeMea
 
 
 def test_peak_flops_on_cpu_uses_the_cache_dir_and_defaults_to_the_data_cache(
-        tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch
+) -> None:
     peak = peak_flops(torch.device("cpu"), "fp32", tmp_path / "given")
     assert peak.source.startswith("measured") and len(cache_files(tmp_path / "given")) == 1
     monkeypatch.setenv("GPT2S_CACHE", str(tmp_path / "env"))
@@ -242,7 +269,9 @@ def test_peak_flops_on_cpu_uses_the_cache_dir_and_defaults_to_the_data_cache(
     assert fake.calls == 2
 
 
-def test_the_measurement_leaves_the_global_rng_and_threads_alone(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_measurement_leaves_the_global_rng_and_threads_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The real timed matmuls, made small and short.
     real = functools.partial(hardware.measure_cpu_matmul_rates, n=64, trials=5, trial_s=0.005, warmup_s=0.005)
     monkeypatch.setattr(hardware, "measure_cpu_matmul_rates", real)
@@ -259,7 +288,8 @@ def test_the_measurement_leaves_the_global_rng_and_threads_alone(tmp_path: Path,
 
 
 def test_the_command_prints_the_figure_and_remeasures_on_request(
-        tmp_path: Path, fake: FakeMeasure, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, fake: FakeMeasure, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert hardware.main(["--cache_dir", str(tmp_path)]) == 0
     assert hardware.main(["--cache_dir", str(tmp_path)]) == 0
     assert fake.calls == 1
@@ -354,13 +384,22 @@ def test_a_lower_later_measurement_never_replaces_a_higher_one(tmp_path: Path, m
     assert entry["latest"]["flops_per_s"] == 50e9  # the lower measurement is recorded, not used
 
 
-def test_a_poisoned_cache_file_of_the_old_form_is_measured_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_poisoned_cache_file_of_the_old_form_is_measured_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # Written before the best was kept: one measurement, taken while the machine was busy.
     key = hardware.cpu_cache_key(1)
     path = hardware.cpu_cache_path(tmp_path, key)
     path.parent.mkdir(parents=True)
-    old = {"key": key, "flops_per_s": 48e9, "min_flops_per_s": 31e9, "max_flops_per_s": 74e9,
-           "relative_spread": 43e9 / 48e9, "trial_flops_per_s": WIDE, "measured_at": "2026-12-01T10:00:00Z"}
+    old = {
+        "key": key,
+        "flops_per_s": 48e9,
+        "min_flops_per_s": 31e9,
+        "max_flops_per_s": 74e9,
+        "relative_spread": 43e9 / 48e9,
+        "trial_flops_per_s": WIDE,
+        "measured_at": "2026-12-01T10:00:00Z",
+    }
     path.write_text(json.dumps(old))
     measure = trials(monkeypatch, NARROW_HIGH)
     peak = cpu_peak_flops(tmp_path, threads=1)
@@ -372,16 +411,27 @@ def test_a_narrow_old_cache_file_is_used_as_it_is(tmp_path: Path, monkeypatch: p
     key = hardware.cpu_cache_key(1)
     path = hardware.cpu_cache_path(tmp_path, key)
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps({"key": key, "flops_per_s": 150e9, "min_flops_per_s": 145e9,
-                                "max_flops_per_s": 160e9, "relative_spread": 0.1, "trial_flops_per_s": NARROW_HIGH,
-                                "measured_at": "2026-12-01T10:00:00Z"}))
+    path.write_text(
+        json.dumps(
+            {
+                "key": key,
+                "flops_per_s": 150e9,
+                "min_flops_per_s": 145e9,
+                "max_flops_per_s": 160e9,
+                "relative_spread": 0.1,
+                "trial_flops_per_s": NARROW_HIGH,
+                "measured_at": "2026-12-01T10:00:00Z",
+            }
+        )
+    )
     monkeypatch.setattr(hardware, "measure_cpu_matmul_rates", must_not_measure)
     peak = cpu_peak_flops(tmp_path, threads=1)
     assert peak.cached and peak.flops_per_s == 150e9 and peak.measured_at == "2026-12-01T10:00:00Z"
 
 
 def test_a_process_that_waited_while_another_measured_takes_its_figure(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # The ranks of a launch see the same wide figure; one measures, the others wait on the lock and must
     # then use its figure rather than measure again, so that they divide by the same peak.
     trials(monkeypatch, WIDE, WIDE, WIDE)
@@ -403,13 +453,16 @@ def test_a_process_that_waited_while_another_measured_takes_its_figure(
 
 
 def test_a_run_records_the_peak_it_used_when_it_was_measured_and_its_spread(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from training.record import LaunchRecord, RunFacts, RunSummary, RunTotals, run_summary
 
     trials(monkeypatch, WIDE, NARROW_HIGH)
     peak = cpu_peak_flops(tmp_path, threads=1)
     launch = LaunchRecord.from_dict({"run_name": "single-1x-fp32", **peak.launch_fields()})  # as the session builds it
-    summary = run_summary(launch, RunFacts(None, None, 1, 8, {}, None, 0, 0, False, [], RunTotals.from_dict({}), [], []))
+    summary = run_summary(
+        launch, RunFacts(None, None, 1, 8, {}, None, 0, 0, False, [], RunTotals.from_dict({}), [], [])
+    )
     written = json.loads(json.dumps(summary.to_dict()))
     assert written["peak_flops_per_device"] == 150e9 and written["peak_flops_source"] == peak.source
     assert written["peak_flops_measured_at"] == cached_entry(tmp_path)["measured_at"] == peak.measured_at
@@ -417,24 +470,27 @@ def test_a_run_records_the_peak_it_used_when_it_was_measured_and_its_spread(
     assert RunSummary.from_dict(written) == summary
     assert json.loads(json.dumps(launch.to_dict()))["peak_flops_measured_at"] == peak.measured_at  # config.json
     # A datasheet figure has no measurement: the two keys are left out, as in runs written before them.
-    table = run_summary(LaunchRecord.from_dict(gpu_peak_flops("NVIDIA L4", "bf16").launch_fields()),
-                        RunFacts(None, None, 1, 8, {}, None, 0, 0, False, [], RunTotals.from_dict({}), [], []))
+    table = run_summary(
+        LaunchRecord.from_dict(gpu_peak_flops("NVIDIA L4", "bf16").launch_fields()),
+        RunFacts(None, None, 1, 8, {}, None, 0, 0, False, [], RunTotals.from_dict({}), [], []),
+    )
     assert "peak_flops_measured_at" not in table.to_dict() and "peak_flops_relative_spread" not in table.to_dict()
 
 
 # Busy processes for the test under load: one pinned to the first CPU, spinning all the time, and one the
 # scheduler moves, spinning and resting in turns, so the trials alternate between more and less contended.
 STEADY_LOAD = "import os\nif hasattr(os, 'sched_setaffinity'):\n    os.sched_setaffinity(0, {0})\nwhile True: pass\n"
-PULSING_LOAD = ("import time\nwhile True:\n    end = time.monotonic() + 0.3\n"
-                "    while time.monotonic() < end: pass\n    time.sleep(0.3)\n")
+PULSING_LOAD = (
+    "import time\nwhile True:\n    end = time.monotonic() + 0.3\n"
+    "    while time.monotonic() < end: pass\n    time.sleep(0.3)\n"
+)
 
 
 class RecordedMeasure:
     """The real timed matmuls (made short), recording each measurement's trials."""
 
     def __init__(self) -> None:
-        self.measure = functools.partial(hardware.measure_cpu_matmul_rates, n=512, trials=9, trial_s=0.1,
-                                         warmup_s=0.1)
+        self.measure = functools.partial(hardware.measure_cpu_matmul_rates, n=512, trials=9, trial_s=0.1, warmup_s=0.1)
         self.taken: list[list[float]] = []
 
     def __call__(self) -> list[float]:
@@ -443,7 +499,8 @@ class RecordedMeasure:
 
 
 def test_measured_under_load_then_quietly_the_cache_holds_the_quiet_figure(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     record = RecordedMeasure()
     monkeypatch.setattr(hardware, "measure_cpu_matmul_rates", record)
     load = [subprocess.Popen([sys.executable, "-c", code]) for code in (STEADY_LOAD, PULSING_LOAD)]
@@ -464,6 +521,6 @@ def test_measured_under_load_then_quietly_the_cache_holds_the_quiet_figure(
     assert loaded.flops_per_s == max(statistics.median(t) for t in under_load)
 
     quiet = cpu_peak_flops(tmp_path, threads=2, remeasure=True)
-    quiet_medians = [statistics.median(t) for t in record.taken[len(under_load):]]
+    quiet_medians = [statistics.median(t) for t in record.taken[len(under_load) :]]
     assert quiet.flops_per_s == max(loaded.flops_per_s, *quiet_medians) >= loaded.flops_per_s
     assert cached_entry(tmp_path)["flops_per_s"] == quiet.flops_per_s  # what the next run divides by

@@ -35,9 +35,14 @@ from training.record import EffectiveRecord
 from training.strategy import StrategyMismatch, check_strategy, requested_from_env
 
 TIMEOUT_S = 60  # --collective_timeout_s of the killed job: the bound on how long the other ranks may wait
-HSDP_LAUNCH = {"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "4", "GROUP_WORLD_SIZE": "2",
-               "ACCELERATE_USE_PARALLELISM_CONFIG": "true", "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2",
-               "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2"}
+HSDP_LAUNCH = {
+    "ACCELERATE_USE_FSDP": "true",
+    "WORLD_SIZE": "4",
+    "GROUP_WORLD_SIZE": "2",
+    "ACCELERATE_USE_PARALLELISM_CONFIG": "true",
+    "PARALLELISM_CONFIG_DP_REPLICATE_SIZE": "2",
+    "PARALLELISM_CONFIG_DP_SHARD_SIZE": "2",
+}
 
 
 @pytest.fixture(scope="module")
@@ -80,8 +85,9 @@ def test_the_summary_records_the_mesh_and_each_ranks_half_of_the_model(hsdp: Pat
 
 
 @pytest.mark.multiprocess
-def test_the_report_compares_hsdp_from_machine_rank_0s_run_with_every_ranks_memory(hsdp: Path, single: Path,
-                                                                                  tmp_path: Path) -> None:
+def test_the_report_compares_hsdp_from_machine_rank_0s_run_with_every_ranks_memory(
+    hsdp: Path, single: Path, tmp_path: Path
+) -> None:
     from analysis.compare import main as compare
 
     assert compare([str(single), str(hsdp), "--out", str(tmp_path)]) == 0
@@ -102,8 +108,14 @@ def test_the_slurm_scripts_parse() -> None:
 
 
 def test_the_slurm_launch_line_without_its_variables_is_one_line_and_nonzero() -> None:
-    result = subprocess.run(["bash", str(SLURM_LAUNCH_LINE), "accelerate_configs/hsdp.yaml"], cwd=REPO,
-                            capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+    result = subprocess.run(
+        ["bash", str(SLURM_LAUNCH_LINE), "accelerate_configs/hsdp.yaml"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={"PATH": "/usr/bin:/bin"},
+    )
     assert result.returncode != 0 and "usage: launch_node.sh" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -112,10 +124,23 @@ def test_the_slurm_launch_line_without_its_variables_is_one_line_and_nonzero() -
 
 
 def _live(**changes: object) -> EffectiveRecord:
-    values = dict(strategy="hsdp", world_size=4, num_machines=2, backend="gloo", distributed_type="FSDP",
-                  wrapper="FSDPModule", params_sharded=True, local_param_numel=1, global_param_numel=2,
-                  precision="fp32", device_type="cpu", dp_replicate_size=2, dp_shard_size=2,
-                  shard_groups=((0, 1), (2, 3)), shard_groups_within_machines=True)
+    values = dict(
+        strategy="hsdp",
+        world_size=4,
+        num_machines=2,
+        backend="gloo",
+        distributed_type="FSDP",
+        wrapper="FSDPModule",
+        params_sharded=True,
+        local_param_numel=1,
+        global_param_numel=2,
+        precision="fp32",
+        device_type="cpu",
+        dp_replicate_size=2,
+        dp_shard_size=2,
+        shard_groups=((0, 1), (2, 3)),
+        shard_groups_within_machines=True,
+    )
     return EffectiveRecord(**{**values, **changes})
 
 
@@ -149,8 +174,9 @@ def test_a_live_mesh_other_than_the_launched_one_is_refused() -> None:
 
 
 @pytest.mark.multiprocess
-def test_a_rank_killed_on_one_machine_ends_both_and_resume_continues_exactly(hsdp: Path, base_args: list[str],
-                                                                             tmp_path: Path) -> None:
+def test_a_rank_killed_on_one_machine_ends_both_and_resume_continues_exactly(
+    hsdp: Path, base_args: list[str], tmp_path: Path
+) -> None:
     run_dir = tmp_path / "hsdp-killed"
     args = [*base_args, "--strategy", "hsdp", *SHARED_EXTRA["hsdp"], "--collective_timeout_s", str(TIMEOUT_S)]
     launchers = start_on_machines("hsdp.yaml", run_dir, args)

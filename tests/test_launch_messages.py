@@ -40,7 +40,8 @@ def test_only_the_tied_weight_notice_is_dropped(caplog: pytest.LogCaptureFixture
         emitter.warning("[RANK 0] Removed shared tensor {'lm_head.weight'} while saving. This should be OK")
         emitter.warning("[RANK 0] Removed shared tensor {'other.weight'} while saving. This should be OK")
     assert [r.getMessage() for r in caplog.records] == [
-        "[RANK 0] Removed shared tensor {'other.weight'} while saving. This should be OK"]
+        "[RANK 0] Removed shared tensor {'other.weight'} while saving. This should be OK"
+    ]
 
 
 def test_the_cpu_fp16_hint_says_the_precision_is_accelerate_launchs_flag() -> None:
@@ -55,8 +56,9 @@ def _help(module: str) -> str:
 
     from tests.launch import REPO
 
-    done = subprocess.run([sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, check=True)
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--help"], cwd=REPO, capture_output=True, text=True, timeout=120, check=True
+    )
     return " ".join(done.stdout.split())  # argparse wraps lines: compare the words
 
 

@@ -112,10 +112,12 @@ def test_compiling_blocks_keeps_the_module_tree_and_parameter_names() -> None:
 def test_lever_flags_reach_the_config() -> None:
     from training.cli import parse_config
 
-    cfg = parse_config(["--activation_checkpointing", "--compile", "off", "--fused_adamw", "on", "--tf32", "off",
-                        "--no-pin_memory"])
-    assert cfg.speed == SpeedConfig(compile="off", activation_checkpointing=True, fused_adamw="on", tf32="off",
-                                    pin_memory=False)
+    cfg = parse_config(
+        ["--activation_checkpointing", "--compile", "off", "--fused_adamw", "on", "--tf32", "off", "--no-pin_memory"]
+    )
+    assert cfg.speed == SpeedConfig(
+        compile="off", activation_checkpointing=True, fused_adamw="on", tf32="off", pin_memory=False
+    )
     assert cfg.to_dict()["speed"]["activation_checkpointing"] is True
 
 

@@ -10,19 +10,33 @@ from training.loop import Actions, Cadence, LoopState, Stop, decide
 
 # Log every 5 steps, validate every 4, checkpoint every 6, stop after 3 non-finite steps in a row;
 # epochs of 10 steps, a schedule of 30 that this launch runs to the end.
-CADENCE = Cadence(log_interval=5, eval_interval=4, checkpoint_interval=6, max_nonfinite_steps=3,
-                  steps_per_epoch=10, stop_at=30, total_steps=30)
+CADENCE = Cadence(
+    log_interval=5,
+    eval_interval=4,
+    checkpoint_interval=6,
+    max_nonfinite_steps=3,
+    steps_per_epoch=10,
+    stop_at=30,
+    total_steps=30,
+)
 
 
-def state(step: int, steps_in_epoch: int | None = None, nonfinite: bool = False, nonfinite_since: int | None = None,
-          signal: int = 0, cadence: Cadence = CADENCE) -> LoopState:
+def state(
+    step: int,
+    steps_in_epoch: int | None = None,
+    nonfinite: bool = False,
+    nonfinite_since: int | None = None,
+    signal: int = 0,
+    cadence: Cadence = CADENCE,
+) -> LoopState:
     if steps_in_epoch is None:
         steps_in_epoch = (step - 1) % cadence.steps_per_epoch + 1
     return LoopState(cadence, step, steps_in_epoch, nonfinite, nonfinite_since, signal)
 
 
-NOTHING = Actions(log=False, evaluate=False, close_epoch=False, checkpoint=False, write_summary=False,
-                  nonfinite_since=None, stop=None)
+NOTHING = Actions(
+    log=False, evaluate=False, close_epoch=False, checkpoint=False, write_summary=False, nonfinite_since=None, stop=None
+)
 
 
 def test_an_ordinary_step_does_nothing() -> None:

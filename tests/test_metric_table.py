@@ -67,22 +67,41 @@ def test_the_wandb_names_and_table_headers_stay_those_already_in_use() -> None:
     from training.sinks import WANDB_KEYS
 
     assert WANDB_KEYS == {
-        "loss": "train/loss", "loss_interval": "train/loss_interval", "grad_norm": "train/grad_norm",
-        "lr": "train/lr", "epoch": "train/epoch", "tokens": "train/tokens",
-        "step_time_s": "time/step_time_s", "elapsed_s": "time/elapsed_s", "eval_time_s": "time/eval_time_s",
-        "tokens_per_s": "perf/tokens_per_s", "tokens_per_s_per_device": "perf/tokens_per_s_per_device",
-        "samples_per_s": "perf/samples_per_s", "mfu": "perf/mfu",
-        "peak_mem_allocated_mib": "mem/peak_allocated_mib", "peak_mem_reserved_mib": "mem/peak_reserved_mib",
+        "loss": "train/loss",
+        "loss_interval": "train/loss_interval",
+        "grad_norm": "train/grad_norm",
+        "lr": "train/lr",
+        "epoch": "train/epoch",
+        "tokens": "train/tokens",
+        "step_time_s": "time/step_time_s",
+        "elapsed_s": "time/elapsed_s",
+        "eval_time_s": "time/eval_time_s",
+        "tokens_per_s": "perf/tokens_per_s",
+        "tokens_per_s_per_device": "perf/tokens_per_s_per_device",
+        "samples_per_s": "perf/samples_per_s",
+        "mfu": "perf/mfu",
+        "peak_mem_allocated_mib": "mem/peak_allocated_mib",
+        "peak_mem_reserved_mib": "mem/peak_reserved_mib",
         "peak_mem_allocated_mib_mean": "mem/peak_allocated_mib_mean",
         "peak_mem_reserved_mib_mean": "mem/peak_reserved_mib_mean",
-        "val_loss": "val/loss", "val_ppl": "val/ppl",
-        "skipped_steps": "skipped_steps", "skipped_steps_interval": "skipped_steps_interval",
+        "val_loss": "val/loss",
+        "val_ppl": "val/ppl",
+        "skipped_steps": "skipped_steps",
+        "skipped_steps_interval": "skipped_steps_interval",
     }
     assert [m.header for m in table_columns()] == [
-        "avg loss (nats)", "final val loss (nats)", "avg grad norm", "total training time (s)",
-        "peak allocated, max over devices (MiB)", "peak reserved, max over devices (MiB)",
-        "peak allocated, mean over devices (MiB)", "throughput, total (tokens/s)",
-        "throughput, per device (tokens/s)", "throughput excl. warm-up, total (tokens/s)", "MFU (%)"]
+        "avg loss (nats)",
+        "final val loss (nats)",
+        "avg grad norm",
+        "total training time (s)",
+        "peak allocated, max over devices (MiB)",
+        "peak reserved, max over devices (MiB)",
+        "peak allocated, mean over devices (MiB)",
+        "throughput, total (tokens/s)",
+        "throughput, per device (tokens/s)",
+        "throughput excl. warm-up, total (tokens/s)",
+        "MFU (%)",
+    ]
 
 
 def test_every_column_header_carries_its_unit() -> None:
@@ -98,7 +117,7 @@ def test_the_comparison_table_shows_the_declared_columns_in_order() -> None:
     headers = [column.header for column in COLUMNS]
     declared = [m.header for m in table_columns()]
     start = headers.index(declared[0])
-    assert headers[start:start + len(declared)] == declared
+    assert headers[start : start + len(declared)] == declared
 
 
 def test_every_panel_refers_to_declared_metrics_of_one_unit_named_in_its_y_title() -> None:
@@ -130,6 +149,11 @@ def test_a_declaration_that_cannot_hold_fails_at_once() -> None:
 def test_the_table_imports_without_torch() -> None:
     # The report tools import it on machines and in processes that never load torch.
     code = "import sys, training.metric_table; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         cwd=Path(__file__).resolve().parents[1])
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parents[1],
+    )
     assert out.stdout.strip() == "False"

@@ -16,8 +16,21 @@ from tests.test_plan import _plan
 from training import registry
 
 # Two steps of 16-token blocks: the step peak is measured in the first, the model state after the last.
-SHORT = ["--block_size", "16", "--max_steps", "2", "--perf_warmup_steps", "1", "--eval_blocks", "4",
-         "--val_fraction", "0.3", "--wandb_mode", "disabled", "--no-export_hf"]
+SHORT = [
+    "--block_size",
+    "16",
+    "--max_steps",
+    "2",
+    "--perf_warmup_steps",
+    "1",
+    "--eval_blocks",
+    "4",
+    "--val_fraction",
+    "0.3",
+    "--wandb_mode",
+    "disabled",
+    "--no-export_hf",
+]
 
 
 def _data(corpus: Path, cache: Path) -> list[str]:
@@ -25,13 +38,29 @@ def _data(corpus: Path, cache: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("strategy", ["single", "fsdp"])
-def test_gpt2_medium_two_blocks_deep_holds_what_the_plan_counts(strategy: str, tmp_path: Path, corpus: Path,
-                                                                shared_cache: Path) -> None:
+def test_gpt2_medium_two_blocks_deep_holds_what_the_plan_counts(
+    strategy: str, tmp_path: Path, corpus: Path, shared_cache: Path
+) -> None:
     entry = registry.get(strategy)
     processes = 2 if entry.multi_process else 1
-    train(entry.config_file, tmp_path / "run",
-          ["--preset", "gpt2-medium", "--n_layer", "2", "--strategy", strategy, "--micro_batch_size", "1",
-           "--global_batch_tokens", str(16 * processes), *SHORT, *_data(corpus, shared_cache)])
+    train(
+        entry.config_file,
+        tmp_path / "run",
+        [
+            "--preset",
+            "gpt2-medium",
+            "--n_layer",
+            "2",
+            "--strategy",
+            strategy,
+            "--micro_batch_size",
+            "1",
+            "--global_batch_tokens",
+            str(16 * processes),
+            *SHORT,
+            *_data(corpus, shared_cache),
+        ],
+    )
     assert (summary(tmp_path / "run")["strategy"], summary(tmp_path / "run")["world_size"]) == (strategy, processes)
     assert_planned_exactly(tmp_path / "run")  # model state byte for byte, every rank; step peak within 0.05%
 
@@ -40,17 +69,35 @@ def test_gpt2_medium_two_blocks_deep_holds_what_the_plan_counts(strategy: str, t
 def large_launch(tmp_path_factory: pytest.TempPathFactory, corpus: Path, shared_cache: Path) -> tuple[list[str], Path]:
     """The command `--launch` prints for gpt2-large on 2x T4 in fp16, run as printed (`accelerate` as this
     interpreter's module, on a free port) with flags after it that only shrink the run and name the data."""
-    result = _plan("--preset", "gpt2-large", "--gpu", "T4", "--num_gpus", "2", "--precision", "fp16", "--launch",
-                   "--json")
+    result = _plan(
+        "--preset", "gpt2-large", "--gpu", "T4", "--num_gpus", "2", "--precision", "fp16", "--launch", "--json"
+    )
     printed = json.loads(result.stdout)["command"]
     out = tmp_path_factory.mktemp("large") / "run"
-    run([sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(free_port()), *printed[2:],
-         "--n_layer", "1", "--global_batch_tokens", "64", *SHORT, *_data(corpus, shared_cache), "--output_dir", str(out)])
+    run(
+        [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--main_process_port",
+            str(free_port()),
+            *printed[2:],
+            "--n_layer",
+            "1",
+            "--global_batch_tokens",
+            "64",
+            *SHORT,
+            *_data(corpus, shared_cache),
+            "--output_dir",
+            str(out),
+        ]
+    )
     return printed, out
 
 
 def test_the_launch_command_for_gpt2_large_on_two_t4_runs_on_cpu_and_every_rank_holds_the_planned_state(
-        large_launch: tuple[list[str], Path]) -> None:
+    large_launch: tuple[list[str], Path],
+) -> None:
     printed, out = large_launch
     assert printed[:2] == ["accelerate", "launch"]
     strategy = printed[printed.index("--strategy") + 1]

@@ -43,7 +43,9 @@ def test_saved_notebook_has_no_outputs_and_no_secrets() -> None:
         assert cell["outputs"] == [], cell["id"]
         assert cell["execution_count"] is None, cell["id"]
     assert "papermill" not in notebook["metadata"] and "widgets" not in notebook["metadata"]
-    assert all("papermill" not in cell["metadata"] and "execution" not in cell["metadata"] for cell in notebook["cells"])
+    assert all(
+        "papermill" not in cell["metadata"] and "execution" not in cell["metadata"] for cell in notebook["cells"]
+    )
     for what, pattern in SECRET_PATTERNS.items():
         assert not pattern.search(text), f"the notebook holds {what}"
 
@@ -54,11 +56,17 @@ def test_saved_notebook_has_no_outputs_and_no_secrets() -> None:
 
 def test_secret_patterns_find_what_they_are_for() -> None:
     key = "0123456789abcdef" * 2 + "01234567"
-    for leak in (f"key {key}", f'os.environ["WANDB_API_KEY"] = "{key[:12]}"', f"WANDB_API_KEY={key[:12]}",
-                 f"!wandb login {key}"):
+    for leak in (
+        f"key {key}",
+        f'os.environ["WANDB_API_KEY"] = "{key[:12]}"',
+        f"WANDB_API_KEY={key[:12]}",
+        f"!wandb login {key}",
+    ):
         assert any(p.search(leak) for p in SECRET_PATTERNS.values()), leak
-    assert not any(p.search('a secret named `WANDB_API_KEY`; os.environ[SECRET_NAME] = key.strip()')
-                   for p in SECRET_PATTERNS.values())
+    assert not any(
+        p.search("a secret named `WANDB_API_KEY`; os.environ[SECRET_NAME] = key.strip()")
+        for p in SECRET_PATTERNS.values()
+    )
 
 
 def _clean_env(tmp: Path) -> dict[str, str]:
@@ -68,17 +76,27 @@ def _clean_env(tmp: Path) -> dict[str, str]:
         env.pop(name, None)
     kernels = tmp / "jupyter" / "kernels" / "gpt2s-test"
     kernels.mkdir(parents=True)
-    (kernels / "kernel.json").write_text(json.dumps({
-        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "gpt2-strategies test", "language": "python"}))
-    env.update({
-        "NETRC": str(tmp / "no-netrc"),  # a developer's `wandb login` must not be used
-        "CUDA_VISIBLE_DEVICES": "",
-        "JUPYTER_PATH": os.pathsep.join(filter(None, [str(tmp / "jupyter"), env.get("JUPYTER_PATH")])),
-        "GPT2S_CACHE": str(tmp / "cache"),
-        "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    })
+    (kernels / "kernel.json").write_text(
+        json.dumps(
+            {
+                "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                "display_name": "gpt2-strategies test",
+                "language": "python",
+            }
+        )
+    )
+    env.update(
+        {
+            "NETRC": str(tmp / "no-netrc"),  # a developer's `wandb login` must not be used
+            "CUDA_VISIBLE_DEVICES": "",
+            "JUPYTER_PATH": os.pathsep.join(filter(None, [str(tmp / "jupyter"), env.get("JUPYTER_PATH")])),
+            "GPT2S_CACHE": str(tmp / "cache"),
+            "HF_HUB_OFFLINE": "1",
+            "HF_DATASETS_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        }
+    )
     return env
 
 
@@ -86,13 +104,35 @@ def _clean_env(tmp: Path) -> dict[str, str]:
 def executed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
     """The notebook run once, as `-p preset tiny -p max_steps 4`: (the executed notebook, its out_dir)."""
     import papermill  # noqa: F401 - in requirements.txt: a missing or broken install fails, never skips
+
     tmp = tmp_path_factory.mktemp("notebook")
     executed_path, out_dir = tmp / "executed.ipynb", tmp / "out"
     result = subprocess.run(
-        [sys.executable, "-m", "papermill", str(NOTEBOOK), str(executed_path), "-p", "preset", "tiny",
-         "-p", "max_steps", "4", "-p", "out_dir", str(out_dir), "-k", "gpt2s-test", "--cwd", str(NOTEBOOK.parent),
-         "--no-progress-bar"],
-        env=_clean_env(tmp), capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            str(NOTEBOOK),
+            str(executed_path),
+            "-p",
+            "preset",
+            "tiny",
+            "-p",
+            "max_steps",
+            "4",
+            "-p",
+            "out_dir",
+            str(out_dir),
+            "-k",
+            "gpt2s-test",
+            "--cwd",
+            str(NOTEBOOK.parent),
+            "--no-progress-bar",
+        ],
+        env=_clean_env(tmp),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
     )
     if result.returncode != 0:
         tail = _outputs_text(json.loads(executed_path.read_text())) if executed_path.exists() else ""
@@ -123,7 +163,9 @@ def _outputs_text(notebook: dict) -> str:
 @pytest.mark.multiprocess
 def test_notebook_runs_every_strategy_on_cpu_and_shows_the_comparison(executed: tuple[dict, Path]) -> None:
     notebook, out_dir = executed
-    markdown = [("".join(o["data"]["text/markdown"])) for o in _outputs(notebook) if "text/markdown" in o.get("data", {})]
+    markdown = [
+        ("".join(o["data"]["text/markdown"])) for o in _outputs(notebook) if "text/markdown" in o.get("data", {})
+    ]
     (table,) = [text for text in markdown if text.startswith("| run | strategy |")]
     rows = [line.split("|")[2].strip() for line in table.splitlines()[2:]]
     assert rows == ["single", "ddp", "fsdp"]

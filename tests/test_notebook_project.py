@@ -64,18 +64,35 @@ def test_without_a_project_source_the_notebook_stops_with_one_line(tmp_path: Pat
     shutil.copy(NOTEBOOK, alone / NOTEBOOK.name)  # away from the project: nothing above it holds train.py
     executed = tmp_path / "executed.ipynb"
     result = subprocess.run(
-        [sys.executable, "-m", "papermill", str(alone / NOTEBOOK.name), str(executed), "-k", "gpt2s-test",
-         "--cwd", str(alone), "--no-progress-bar"],
-        env=_clean_env(tmp_path), capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "papermill",
+            str(alone / NOTEBOOK.name),
+            str(executed),
+            "-k",
+            "gpt2s-test",
+            "--cwd",
+            str(alone),
+            "--no-progress-bar",
+        ],
+        env=_clean_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode != 0
     cells = json.loads(executed.read_text())["cells"]
-    failed = [i for i, c in enumerate(cells) if c["cell_type"] == "code"
-              and any(o["output_type"] == "error" for o in c["outputs"])]
+    failed = [
+        i
+        for i, c in enumerate(cells)
+        if c["cell_type"] == "code" and any(o["output_type"] == "error" for o in c["outputs"])
+    ]
     (at,) = failed
     (error,) = [o for o in cells[at]["outputs"] if o["output_type"] == "error"]
     (line,) = error["traceback"]  # no traceback: the one line
     assert line.startswith("project not found: not in this folder or above") and "set project" in line
     # It stopped there: nothing after the set-up cell ran.
     assert "ROOT = find_project(project)" in "".join(cells[at]["source"])
-    later = [c for c in cells[at + 1:] if c["cell_type"] == "code"]
+    later = [c for c in cells[at + 1 :] if c["cell_type"] == "code"]
     assert later and all(c["execution_count"] is None and not c["outputs"] for c in later)

@@ -16,11 +16,14 @@ import pytest
 from notebooks import support
 
 
-@pytest.mark.parametrize("gpus, strategies, processes, preset", [
-    (0, ["single", "ddp", "fsdp"], None, "tiny"),
-    (1, ["single"], 1, "gpt2"),
-    (2, ["single", "ddp", "fsdp"], None, "gpt2"),
-])
+@pytest.mark.parametrize(
+    "gpus, strategies, processes, preset",
+    [
+        (0, ["single", "ddp", "fsdp"], None, "tiny"),
+        (1, ["single"], 1, "gpt2"),
+        (2, ["single", "ddp", "fsdp"], None, "gpt2"),
+    ],
+)
 def test_plan_follows_the_devices(gpus: int, strategies: list[str], processes: int | None, preset: str) -> None:
     plan = support.plan_run("auto", None, gpus)
     assert (plan.strategies, plan.num_processes, plan.preset) == (strategies, processes, preset)
@@ -92,10 +95,14 @@ def _gone(pid: int) -> bool:
 def test_a_command_past_its_timeout_is_killed_with_its_children() -> None:
     # The parent starts a child that would sleep a minute, says its id, and sleeps too. The child does not
     # hold the output pipe, so a child that is not killed does not keep the call waiting: it outlives it.
-    command = [sys.executable, "-c", "import subprocess, sys, time; "
-               "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
-               "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
-               "print('child', child.pid, flush=True); time.sleep(60)"]
+    command = [
+        sys.executable,
+        "-c",
+        "import subprocess, sys, time; "
+        "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], "
+        "stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+        "print('child', child.pid, flush=True); time.sleep(60)",
+    ]
     # 5 s: long enough for a loaded machine to start the two interpreters before the timeout strikes.
     result = support._run_with_timeout(command, dict(os.environ), timeout_s=5)
     assert not result.ok and result.problem.startswith("hung")

@@ -93,8 +93,14 @@ def runs(shared_runs) -> dict[str, Path]:
 
 
 def _check(run_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "analysis.perplexity", str(run_dir), "--json"], cwd=REPO,
-                          env={**launch_env(), **OFFLINE}, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "analysis.perplexity", str(run_dir), "--json"],
+        cwd=REPO,
+        env={**launch_env(), **OFFLINE},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.multiprocess
@@ -119,8 +125,9 @@ def _copy_run(run_dir: Path, to: Path) -> Path:
 
 
 @pytest.mark.multiprocess
-def test_an_export_of_other_weights_differs_with_exit_1(runs: dict[str, Path], tmp_path: Path,
-                                                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_an_export_of_other_weights_differs_with_exit_1(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = _copy_run(runs["single"], tmp_path / "changed")
     weights = run_dir / "hf" / "model.safetensors"
     state = load_file(weights)
@@ -139,8 +146,9 @@ def test_a_folder_that_is_not_a_run_is_one_error_line(tmp_path: Path, capsys: py
 
 
 @pytest.mark.multiprocess
-def test_a_run_without_export_is_one_error_line(runs: dict[str, Path], tmp_path: Path,
-                                               capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_run_without_export_is_one_error_line(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run_dir = _copy_run(runs["single"], tmp_path / "no_export")
     shutil.rmtree(run_dir / "hf")
     assert perplexity.main([str(run_dir), "--json"]) == 2
@@ -149,15 +157,21 @@ def test_a_run_without_export_is_one_error_line(runs: dict[str, Path], tmp_path:
 
 
 @pytest.mark.multiprocess
-def test_the_experiment_driver_checks_every_export(runs: dict[str, Path], tmp_path: Path,
-                                                   capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_experiment_driver_checks_every_export(
+    runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     from analysis.experiment import EXIT_FAILED, EXIT_OK, check_exports
 
     assert check_exports(list(runs.values())) == EXIT_OK
     assert capsys.readouterr().out.count("export check: ") == len(runs)
     changed = _copy_run(runs["single"], tmp_path / "changed")
-    save_file({k: v * 1.1 if k == "transformer.wte.weight" else v
-               for k, v in load_file(changed / "hf" / "model.safetensors").items()},
-              changed / "hf" / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        {
+            k: v * 1.1 if k == "transformer.wte.weight" else v
+            for k, v in load_file(changed / "hf" / "model.safetensors").items()
+        },
+        changed / "hf" / "model.safetensors",
+        metadata={"format": "pt"},
+    )
     assert check_exports([changed]) == EXIT_FAILED
     assert "differ" in capsys.readouterr().err

@@ -115,8 +115,10 @@ def test_ddp_adds_one_fp32_gradient_copy_and_fsdp_less_than_half_the_model_state
     assert fsdp.parameters + fsdp.optimizer < (single.parameters + single.optimizer) / 2 + 4 * 50257 * 768
     assert fsdp.total < single.total
     offload = step_memory(workload(world_size=2), "fsdp_offload")
-    assert offload.parameters == offload.optimizer == 0 and offload.host == model_state(
-        workload(world_size=2), "fsdp_offload").total
+    assert (
+        offload.parameters == offload.optimizer == 0
+        and offload.host == model_state(workload(world_size=2), "fsdp_offload").total
+    )
 
 
 def test_flops_per_token_is_the_models_own_estimate() -> None:
@@ -135,7 +137,8 @@ def test_communication_volumes_per_device_and_step() -> None:
     assert zero2.communication_bytes == (1 / 2) * P_124M * (2 + 2)
     single = step_time(workload(), "single", 65e12, 0.3, link)
     assert single.communication_s == 0 and single.compute_s == pytest.approx(
-        4 * 1024 * flops_per_token(GPT2_124M, 1024) / (0.3 * 65e12))
+        4 * 1024 * flops_per_token(GPT2_124M, 1024) / (0.3 * 65e12)
+    )
     assert ddp.step_s <= ddp.step_s_no_overlap
 
 
@@ -157,8 +160,10 @@ def test_largest_micro_batch_is_the_boundary_of_fitting() -> None:
     for strategy in ("single", "fsdp"):
         w = workload(world_size=1 if strategy == "single" else 2)
         largest = max_micro_batch_size(w, strategy, budget)
-        fits = [step_memory(Workload(**{**w.__dict__, "micro_batch_size": b}), strategy).total <= budget
-                for b in (largest, largest + 1)]
+        fits = [
+            step_memory(Workload(**{**w.__dict__, "micro_batch_size": b}), strategy).total <= budget
+            for b in (largest, largest + 1)
+        ]
         assert largest >= 1 and fits == [True, False]
     assert max_micro_batch_size(workload(), "single", 2**30) == 0
 
@@ -178,8 +183,9 @@ def test_workload_refuses_what_cannot_run() -> None:
 # Predictions against MemTracker, one process
 
 
-def _measured_step_peak(cfg: GPT2Config, micro: int, block: int, accum: int, probe_step: int,
-                        checkpointing: bool) -> dict:
+def _measured_step_peak(
+    cfg: GPT2Config, micro: int, block: int, accum: int, probe_step: int, checkpointing: bool
+) -> dict:
     """The probe of training/memory.py around the project's own training step, as a run uses it."""
     from accelerate import Accelerator
 
@@ -194,8 +200,10 @@ def _measured_step_peak(cfg: GPT2Config, micro: int, block: int, accum: int, pro
     model, optimizer = accelerator.prepare(model, make_optimizer(model, OptimConfig()))
     probe = MemoryProbe(accelerator.device, probe_step, model, optimizer.optimizer)
     for step in range(1, probe_step + 1):
-        batches = [{"input_ids": (ids := torch.randint(0, cfg.vocab_size, (micro, block))), "labels": ids}
-                   for _ in range(accum)]
+        batches = [
+            {"input_ids": (ids := torch.randint(0, cfg.vocab_size, (micro, block))), "labels": ids}
+            for _ in range(accum)
+        ]
         with probe.around(step) as after_backward:
             train_step(accelerator, model, optimizer, None, batches, None, 1.0, after_backward)
     return probe.result
@@ -215,15 +223,16 @@ CASES = [
 
 
 @pytest.mark.parametrize("preset,attn,micro,block,accum,probe_step,checkpointing", CASES)
-def test_predicted_step_peak_matches_memtracker_in_one_process(preset: str, attn: str, micro: int, block: int,
-                                                               accum: int, probe_step: int,
-                                                               checkpointing: bool) -> None:
+def test_predicted_step_peak_matches_memtracker_in_one_process(
+    preset: str, attn: str, micro: int, block: int, accum: int, probe_step: int, checkpointing: bool
+) -> None:
     cfg = GPT2Config.from_preset(preset, attn_impl=attn)
     measured = _measured_step_peak(cfg, micro, block, accum, probe_step, checkpointing)
     w = Workload(cfg, micro, block, "fp32", 1, accum, checkpointing, first_step=probe_step == 1, device="cpu")
     state = model_state(w, "single")
-    assert measured["model_state_bytes"] == [{"parameters": state.parameters, "gradients": state.gradients,
-                                              "optimizer": state.optimizer}]
+    assert measured["model_state_bytes"] == [
+        {"parameters": state.parameters, "gradients": state.gradients, "optimizer": state.optimizer}
+    ]
     predicted = step_memory(w, "single").total
     # Within 0.1% (the target is 15%); the figures differ by a few kilobytes (small tensors of the step).
     assert predicted == pytest.approx(measured["step_peak_bytes"][0], rel=0.001)
@@ -251,14 +260,25 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_plan_json_has_every_strategy_with_its_bytes_fit_and_speed() -> None:
     # The one real command of this section: `python -m analysis.plan` as typed (120 s: a hang guard).
-    result = subprocess.run([sys.executable, "-m", "analysis.plan", "--preset", "gpt2", "--gpu", "T4", "--num_gpus",
-                             "2", "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "analysis.plan", "--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert [s["strategy"] for s in plan["strategies"]] == ONE_MACHINE
     for entry in plan["strategies"]:
-        assert set(entry["per_device_bytes"]) >= {"parameters", "gradients", "optimizer", "activations", "logits",
-                                                  "total"}
+        assert set(entry["per_device_bytes"]) >= {
+            "parameters",
+            "gradients",
+            "optimizer",
+            "activations",
+            "logits",
+            "total",
+        }
         assert isinstance(entry["fits"], bool) and entry["max_micro_batch_size"] >= 1
         assert entry["predicted_tokens_per_s"] > 0
     by_name = {entry["strategy"]: entry for entry in plan["strategies"]}
@@ -280,24 +300,40 @@ def test_plan_text_names_the_recommendation_and_one_gpu_plans_single_only() -> N
 
 
 def test_a_gpu_too_small_gets_the_micro_batch_that_fits() -> None:
-    plan = json.loads(_plan("--preset", "gpt2", "--gpu_memory_gib", "6", "--num_gpus", "2", "--micro_batch_size",
-                            "8", "--global_batch_tokens", str(16 * 1024), "--json").stdout)
+    plan = json.loads(
+        _plan(
+            "--preset",
+            "gpt2",
+            "--gpu_memory_gib",
+            "6",
+            "--num_gpus",
+            "2",
+            "--micro_batch_size",
+            "8",
+            "--global_batch_tokens",
+            str(16 * 1024),
+            "--json",
+        ).stdout
+    )
     assert not any(s["fits"] for s in plan["strategies"])
     assert "--micro_batch_size" in plan["recommendation"]["reason"]
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--gpu", "K80"], "unknown --gpu"),
-    (["--preset", "gpt2"], "give --gpu"),
-    (["--gpu", "T4", "--num_gpus", "0"], "--num_gpus must be at least 1"),
-    (["--gpu", "T4", "--mfu", "1.5"], "--mfu must lie in"),
-    (["--gpu", "T4", "--block_size", "4096"], "exceeds the model's 1024 positions"),
-    (["--gpu", "T4", "--num_gpus", "2", "--global_batch_tokens", "1000"], "not a multiple"),
-    (["--run", "/nonexistent/run"], "missing"),
-    (["--gpu", "T4", "--num_gpus", "2", "--num_nodes", "2"], "go together"),
-    (["--gpu", "T4", "--num_gpus", "2", "--inter_node_gb_s", "10"], "go together"),
-    (["--gpu", "T4", "--num_nodes", "0"], "--num_nodes must be at least 1"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--gpu", "K80"], "unknown --gpu"),
+        (["--preset", "gpt2"], "give --gpu"),
+        (["--gpu", "T4", "--num_gpus", "0"], "--num_gpus must be at least 1"),
+        (["--gpu", "T4", "--mfu", "1.5"], "--mfu must lie in"),
+        (["--gpu", "T4", "--block_size", "4096"], "exceeds the model's 1024 positions"),
+        (["--gpu", "T4", "--num_gpus", "2", "--global_batch_tokens", "1000"], "not a multiple"),
+        (["--run", "/nonexistent/run"], "missing"),
+        (["--gpu", "T4", "--num_gpus", "2", "--num_nodes", "2"], "go together"),
+        (["--gpu", "T4", "--num_gpus", "2", "--inter_node_gb_s", "10"], "go together"),
+        (["--gpu", "T4", "--num_nodes", "0"], "--num_nodes must be at least 1"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     result = _plan(*args)
     assert result.returncode == 2
@@ -315,6 +351,7 @@ def test_a_damaged_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
 # ---------------------------------------------------------------------------------------------------
 # Overlap, the measured link and the planner's uncertainty
 
+
 def test_ddp_overlaps_its_all_reduce_whatever_overlap_says_and_fsdp_only_when_it_prefetches() -> None:
     link = Link(gb_s=6.0)
     ddp = step_time(workload(world_size=2, grad_accum_steps=2), "ddp", 65e12, 0.3, link)
@@ -326,8 +363,10 @@ def test_ddp_overlaps_its_all_reduce_whatever_overlap_says_and_fsdp_only_when_it
 
 
 def test_memory_predictions_do_not_depend_on_overlap_link_or_uncertainty() -> None:
-    plans = [json.loads(_plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", *extra, "--json").stdout)
-             for extra in ([], ["--overlap", "none"], ["--link_gb_s", "1.5"])]
+    plans = [
+        json.loads(_plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", *extra, "--json").stdout)
+        for extra in ([], ["--overlap", "none"], ["--link_gb_s", "1.5"])
+    ]
     memory = [[(s["per_device_bytes"], s["fits"], s["max_micro_batch_size"]) for s in p["strategies"]] for p in plans]
     assert memory[0] == memory[1] == memory[2]
 
@@ -346,8 +385,9 @@ def test_close_predictions_are_no_clear_winner_and_a_wide_margin_is_one() -> Non
     assert "uncertainty: MFU ±25% and link ±30%" in text and "recommendation: fsdp: no clear winner:" in text
     # Over a link 40 times slower every multi-GPU strategy waits for it, and the one GPU that needs no link
     # is ahead at every corner: a winner beyond the uncertainty.
-    slow = json.loads(_plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--link_gb_s", "0.15",
-                            "--json").stdout)["recommendation"]
+    slow = json.loads(
+        _plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--link_gb_s", "0.15", "--json").stdout
+    )["recommendation"]
     assert slow["clear"] is True and slow["contenders"] == [slow["strategy"]] == ["single"], slow
 
 
@@ -355,8 +395,9 @@ def test_link_from_reads_the_bus_bandwidth_a_run_measured(tmp_path: Path) -> Non
     run = tmp_path / "ddp-run"
     run.mkdir()
     (run / "config.json").write_text(json.dumps({"launch": {"link": {"bus_gb_s": 12.5, "world_size": 2}}}))
-    plan = json.loads(_plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--link_from", str(run),
-                            "--json").stdout)
+    plan = json.loads(
+        _plan("--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--link_from", str(run), "--json").stdout
+    )
     assert plan["gpu"]["link_gb_s"] == 12.5 and plan["gpu"]["link"] == f"12.5 GB/s measured by {run}"
     assert plan["uncertainty"]["link_relative"] == 0.15  # a measured link is surer than the table's
     (run / "config.json").write_text(json.dumps({"launch": {"link": None}}))
@@ -413,6 +454,7 @@ def test_planning_without_a_command_line_takes_the_flags_defaults() -> None:
     args = plan_args(preset="gpt2-medium", num_gpus=2)
     assert (args.preset, args.num_gpus) == ("gpt2-medium", 2)
     assert {k: v for k, v in vars(args).items() if k not in ("preset", "num_gpus")} == {
-        k: v for k, v in vars(parse_args([])).items() if k not in ("preset", "num_gpus")}
+        k: v for k, v in vars(parse_args([])).items() if k not in ("preset", "num_gpus")
+    }
     with pytest.raises(TypeError, match="not flags of the planner: num_gpu"):
         plan_args(num_gpu=2)  # a misspelt flag is refused, not planned at its default

@@ -24,8 +24,7 @@ S = 4 * 1024 * 768  # elements of one (B, T, C) tensor at micro-batch 4 x 1024: 
 
 
 def workload(device: str, precision: str = "fp16", **changes) -> Workload:
-    return Workload(GPT2, 4, 1024, precision, changes.pop("world_size", 2), device=device, fused_adamw=True,
-                    **changes)
+    return Workload(GPT2, 4, 1024, precision, changes.pop("world_size", 2), device=device, fused_adamw=True, **changes)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -54,8 +53,10 @@ def test_no_change_where_the_residual_stream_is_already_fp32(strategy: str, prec
     """Autocast alone keeps the residual stream fp32 (the LayerNorm input is fp32 on both devices); fp32 runs
     cast nothing."""
     world = 2 if strategy != "single" else 1
-    assert (step_memory(workload("cuda", precision, world_size=world), strategy).total
-            == step_memory(workload("cpu", precision, world_size=world), strategy).total)
+    assert (
+        step_memory(workload("cuda", precision, world_size=world), strategy).total
+        == step_memory(workload("cpu", precision, world_size=world), strategy).total
+    )
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -29,8 +29,12 @@ def test_gpt2_large_on_two_t4_in_fp16_launches_an_fsdp_mode_because_single_and_d
     assert registry.shards(chosen["strategy"]), chosen
     fits = {c["strategy"]: c["fits"] for c in chosen["candidates"]}
     assert fits == {**fits, "single": False, "ddp": False}, fits  # not even at micro-batch 1, checkpointed
-    assert chosen["command"][:4] == ["accelerate", "launch", "--config_file",
-                                     f"accelerate_configs/{registry.get(chosen['strategy']).config_file}"]
+    assert chosen["command"][:4] == [
+        "accelerate",
+        "launch",
+        "--config_file",
+        f"accelerate_configs/{registry.get(chosen['strategy']).config_file}",
+    ]
     assert "train.py" in chosen["command"] and "--micro_batch_size" in chosen["command"]
     assert "do not fit" in chosen["why"] and chosen["strategy"] in chosen["why"]
     # The figures: model states alone about 12.4 GB, and DDP's fp32 buckets 3.1 GB.
@@ -47,7 +51,9 @@ def test_the_family_presets_train_as_the_launch_sizes_them_for_two_t4(preset: st
     chosen = launch("--preset", preset, *T4_PAIR)
     values = preset_overrides(preset)
     assert (chosen["micro_batch_size"], chosen["activation_checkpointing"]) == (
-        values["micro_batch_size"], values.get("activation_checkpointing", False))
+        values["micro_batch_size"],
+        values.get("activation_checkpointing", False),
+    )
     assert "--activation_checkpointing" not in chosen["command"]
 
 
@@ -70,8 +76,9 @@ def test_execute_runs_the_printed_command(monkeypatch: pytest.MonkeyPatch) -> No
     import analysis.plan_launch as plan_launch
 
     ran = []
-    monkeypatch.setattr(plan_launch.subprocess, "run",
-                        lambda cmd, check: ran.append(cmd) or subprocess.CompletedProcess(cmd, 7))
+    monkeypatch.setattr(
+        plan_launch.subprocess, "run", lambda cmd, check: ran.append(cmd) or subprocess.CompletedProcess(cmd, 7)
+    )
     result = _plan("--preset", "gpt2-large", *T4_PAIR, "--launch", "--execute")
     assert result.returncode == 7
     assert ran and " ".join(ran[0]) == result.stdout.splitlines()[0]
@@ -84,7 +91,8 @@ def test_the_sweep_draws_the_memory_wall_of_two_t4(tmp_path) -> None:
     sweep = json.loads(result.stdout)
     presets = [r["preset"] for r in sweep["presets"]]
     assert set(GPT2_FAMILY) <= set(presets) and [r["parameters"] for r in sweep["presets"]] == sorted(
-        r["parameters"] for r in sweep["presets"])
+        r["parameters"] for r in sweep["presets"]
+    )
     assert sweep["largest_that_fits"]["single"] == "gpt2-medium"
     assert sweep["largest_with_levers"]["fsdp"] == "gpt2-xl"
     assert figure.stat().st_size > 10_000
@@ -93,8 +101,22 @@ def test_the_sweep_draws_the_memory_wall_of_two_t4(tmp_path) -> None:
 
 
 def test_the_sweep_over_two_machines_adds_hsdp_sharded_over_one_machine() -> None:
-    result = _plan("--sweep", "--gpu", "H100", "--num_gpus", "8", "--num_nodes", "2", "--inter_node_gb_s", "45",
-                   "--precision", "bf16", "--micro_batch_size", "1", "--json")
+    result = _plan(
+        "--sweep",
+        "--gpu",
+        "H100",
+        "--num_gpus",
+        "8",
+        "--num_nodes",
+        "2",
+        "--inter_node_gb_s",
+        "45",
+        "--precision",
+        "bf16",
+        "--micro_batch_size",
+        "1",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     sweep = json.loads(result.stdout)
     assert sweep["num_nodes"] == 2
@@ -103,22 +125,30 @@ def test_the_sweep_over_two_machines_adds_hsdp_sharded_over_one_machine() -> Non
     assert hybrid and all(xl[name]["fits"] for name in sweep["strategies"])
     for name in hybrid:  # its shard is an eighth of the model (one machine's GPUs), FSDP's a sixteenth
         assert xl["fsdp"]["peak_bytes"] < xl[name]["peak_bytes"] < xl["single"]["peak_bytes"]
-    one_machine = json.loads(_plan("--sweep", "--gpu", "H100", "--num_gpus", "8", "--precision", "bf16",
-                                   "--micro_batch_size", "1", "--json").stdout)
+    one_machine = json.loads(
+        _plan(
+            "--sweep", "--gpu", "H100", "--num_gpus", "8", "--precision", "bf16", "--micro_batch_size", "1", "--json"
+        ).stdout
+    )
     assert not any(registry.get(name).multi_machine for name in one_machine["strategies"])
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--gpu", "T4", "--execute"], "--execute runs the command of --launch"),
-    (["--gpu", "H100", "--num_gpus", "8", "--num_nodes", "2", "--inter_node_gb_s", "45", "--launch"],
-     "--launch prints one machine's accelerate launch"),
-    (["--gpu", "T4", "--cpu"], "--cpu plans a launch"),
-    (["--gpu", "T4", "--cpu", "--launch"], "takes --gpu_memory_gib"),
-    (["--preset", "gpt2-xl", "--gpu", "T4", "--launch"], "no strategy fits"),
-    (["--sweep"], "--sweep needs --gpu"),
-    (["--gpu", "T4", "--sweep", "--launch"], "give one of them"),
-    (["--gpu", "T4", "--figure", "wall.png"], "--figure draws the sweep"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--gpu", "T4", "--execute"], "--execute runs the command of --launch"),
+        (
+            ["--gpu", "H100", "--num_gpus", "8", "--num_nodes", "2", "--inter_node_gb_s", "45", "--launch"],
+            "--launch prints one machine's accelerate launch",
+        ),
+        (["--gpu", "T4", "--cpu"], "--cpu plans a launch"),
+        (["--gpu", "T4", "--cpu", "--launch"], "takes --gpu_memory_gib"),
+        (["--preset", "gpt2-xl", "--gpu", "T4", "--launch"], "no strategy fits"),
+        (["--sweep"], "--sweep needs --gpu"),
+        (["--gpu", "T4", "--sweep", "--launch"], "give one of them"),
+        (["--gpu", "T4", "--figure", "wall.png"], "--figure draws the sweep"),
+    ],
+)
 def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None:
     result = _plan(*args)
     assert result.returncode == 2, result

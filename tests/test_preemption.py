@@ -60,8 +60,9 @@ def args(base_args: list[str]) -> list[str]:
 
 def _launch(strategy: str, out: Path, args: list[str]) -> psutil.Popen:
     command = accelerate_command(CONFIGS / CONFIG[strategy], "train.py", [*args, "--output_dir", str(out)])
-    return psutil.Popen(command, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        text=True)
+    return psutil.Popen(
+        command, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,11 @@ def uninterrupted(workdir: Path, args: list[str]) -> dict[str, Path]:
 
 
 # Who gets which signal: the launcher (what a scheduler's SIGTERM or a Ctrl-C reaches), or one rank only.
-TARGETS = {"single": ("launcher", signal.SIGTERM), "ddp": ("launcher", signal.SIGINT), "fsdp": ("rank 1", signal.SIGTERM)}
+TARGETS = {
+    "single": ("launcher", signal.SIGTERM),
+    "ddp": ("launcher", signal.SIGINT),
+    "fsdp": ("rank 1", signal.SIGTERM),
+}
 
 
 @pytest.fixture(scope="module")
@@ -136,8 +141,9 @@ def _warnings(output: str) -> list[str]:
 
 
 @pytest.mark.parametrize("strategy", list(CONFIG))
-def test_the_resumed_run_equals_the_uninterrupted_one_bit_for_bit(interrupted, uninterrupted, args: list[str],
-                                                                  strategy: str) -> None:
+def test_the_resumed_run_equals_the_uninterrupted_one_bit_for_bit(
+    interrupted, uninterrupted, args: list[str], strategy: str
+) -> None:
     run_dir, _, _, first_output = interrupted[strategy]
     newest, before = complete_checkpoints(run_dir)[-2:][::-1]
     resumed_from = int(newest.name.removeprefix("step_"))
@@ -153,7 +159,9 @@ def test_the_resumed_run_equals_the_uninterrupted_one_bit_for_bit(interrupted, u
     # The warnings the resume adds to those of the first launch (such as the CPU's fp16 fallback).
     added = [w for w in _warnings(output) if w not in _warnings(first_output)]
     if DAMAGE[strategy]:
-        assert len(added) == 1 and f"skipping checkpoint {newest.name}: {damaged.relative_to(newest)}" in added[0], added
+        assert len(added) == 1 and f"skipping checkpoint {newest.name}: {damaged.relative_to(newest)}" in added[0], (
+            added
+        )
     else:
         assert added == []
     assert summary(run_dir)["complete"] and "stop" not in summary(run_dir)
@@ -207,8 +215,9 @@ gpt2.GPT2.forward = forward
 """
 
 
-def test_a_streak_of_non_finite_steps_stops_the_run_and_keeps_the_last_good_checkpoint(workdir: Path,
-                                                                                         args: list[str]) -> None:
+def test_a_streak_of_non_finite_steps_stops_the_run_and_keeps_the_last_good_checkpoint(
+    workdir: Path, args: list[str]
+) -> None:
     import sys
 
     hook = workdir / "nan-hook"
@@ -217,9 +226,26 @@ def test_a_streak_of_non_finite_steps_stops_the_run_and_keeps_the_last_good_chec
     (hook / "sitecustomize.py").write_text(_NAN_FROM_STEP.format(micro_batches_before=8))
     env = {**launch_env(), "PYTHONPATH": os.pathsep.join([str(hook), str(REPO)])}  # the hook imports model/
     run_dir = workdir / "nan"
-    result = subprocess.run([sys.executable, "train.py", *args, "--max_steps", "20", "--checkpoint_interval", "2",
-                             "--max_nonfinite_steps", "3", "--output_dir", str(run_dir)],
-                            cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "train.py",
+            *args,
+            "--max_steps",
+            "20",
+            "--checkpoint_interval",
+            "2",
+            "--max_nonfinite_steps",
+            "3",
+            "--output_dir",
+            str(run_dir),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert result.returncode == 4, result.stderr[-3000:]
     errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "steps 5-7" in errors[0] and "step 4, is the last good one" in errors[0]

@@ -36,8 +36,7 @@ NOT_RUN = {
     "wandb sync": "uploads to W&B: needs a login and the network",
     "xdg-open": "opens a browser",
     "bash scripts/gpu_check.sh": "needs a GPU (docs/gpu_check.md)",
-    "accelerate launch --config_file accelerate_configs/ddp_multinode.yaml":
-        "needs two machines: test_strategies.py::test_two_machines_on_loopback runs it on loopback",
+    "accelerate launch --config_file accelerate_configs/ddp_multinode.yaml": "needs two machines: test_strategies.py::test_two_machines_on_loopback runs it on loopback",
 }
 RUN_PREFIXES = ("python train.py", "accelerate launch", "python -m ")
 
@@ -115,21 +114,26 @@ def readme() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def readme_runs(readme: list[str], tmp_path_factory: pytest.TempPathFactory,
-                shared_cache: Path) -> tuple[Path, list[Ran]]:
+def readme_runs(
+    readme: list[str], tmp_path_factory: pytest.TempPathFactory, shared_cache: Path
+) -> tuple[Path, list[Ran]]:
     """Every runnable README command, in README order (later ones use earlier ones' runs), once."""
     root = tmp_path_factory.mktemp("readme")
     runs, corpus = root / "runs", root / "articles1.csv"
     write_news_csv(corpus, articles=60, words=200)
-    env = {**launch_env(), "GPT2S_CACHE": str(shared_cache),  # the session's cache: the peak measured once
-           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env = {
+        **launch_env(),
+        "GPT2S_CACHE": str(shared_cache),  # the session's cache: the peak measured once
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
     ran = []
     for command in readme:
         if _excused(command) or not command.startswith(RUN_PREFIXES):
             continue
         adapted = adapt(command, runs, corpus)
-        result = subprocess.run(["bash", "-c", adapted], cwd=REPO, env=env, capture_output=True, text=True,
-                                timeout=900)  # a hang guard: the experiment, the longest, takes a few minutes
+        result = subprocess.run(
+            ["bash", "-c", adapted], cwd=REPO, env=env, capture_output=True, text=True, timeout=900
+        )  # a hang guard: the experiment, the longest, takes a few minutes
         ran.append(Ran(command, adapted, result.returncode, result.stdout, result.stderr))
     return runs, ran
 
@@ -156,11 +160,17 @@ def _launched_run_dirs(ran: list[Ran]) -> list[Path]:
 
 
 def test_each_launch_trains_the_strategy_of_its_config_and_leaves_one_offline_wandb_run(
-        readme_runs: tuple[Path, list[Ran]]) -> None:
+    readme_runs: tuple[Path, list[Ran]],
+) -> None:
     runs, ran = readme_runs
     run_dirs = _launched_run_dirs(ran) + sorted((runs / "experiment" / "runs").glob("*/"))
-    expected = {"single": ("single", 1), "ddp": ("ddp", 2), "fsdp": ("fsdp", 2), "all-the-news": ("ddp", 2),
-                "quickstart": ("single", 1)}
+    expected = {
+        "single": ("single", 1),
+        "ddp": ("ddp", 2),
+        "fsdp": ("fsdp", 2),
+        "all-the-news": ("ddp", 2),
+        "quickstart": ("single", 1),
+    }
     assert {d.name for d in run_dirs} >= set(expected)
     for run_dir in run_dirs:
         summary = json.loads((run_dir / "summary.json").read_text())
@@ -189,8 +199,9 @@ def test_the_quick_start_line_runs_twice(readme: list[str], readme_runs: tuple[P
     runs, ran = readme_runs
     (quickstart,) = [r for r in ran if r.command.startswith("python train.py") and "runs/quickstart" in r.command]
     first = json.loads((runs / "quickstart" / "summary.json").read_text())
-    again = subprocess.run(["bash", "-c", quickstart.adapted], cwd=REPO, capture_output=True, text=True,
-                           timeout=900, env=launch_env())  # a hang guard; $GPT2S_CACHE is the session's
+    again = subprocess.run(
+        ["bash", "-c", quickstart.adapted], cwd=REPO, capture_output=True, text=True, timeout=900, env=launch_env()
+    )  # a hang guard; $GPT2S_CACHE is the session's
     assert again.returncode == 0, again.stderr[-3000:]
     second = json.loads((runs / "quickstart" / "summary.json").read_text())
     assert second["steps"] == first["steps"] and len(list((runs / "quickstart" / "wandb").glob("offline-run-*"))) == 1
@@ -213,9 +224,15 @@ def test_the_experiment_compares_all_three_with_no_problems(readme_runs: tuple[P
     assert [row["strategy"] for row in rows] == ["single", "ddp", "fsdp"]
     assert len({row["global batch (tokens)"] for row in rows}) == 1  # the driver matched the batches
     assert [row["world size (devices)"] for row in rows] == ["1", "2", "2"]
-    for name in ("throughput_per_epoch.png", "grad_norm_per_epoch.png", "training_time_per_epoch.png",
-                 "peak_memory_per_epoch.png", "loss_per_epoch.png", "loss_vs_tokens.png",
-                 "step_time_distribution.png"):
+    for name in (
+        "throughput_per_epoch.png",
+        "grad_norm_per_epoch.png",
+        "training_time_per_epoch.png",
+        "peak_memory_per_epoch.png",
+        "loss_per_epoch.png",
+        "loss_vs_tokens.png",
+        "step_time_distribution.png",
+    ):
         assert (out / name).stat().st_size > 10_000, name
     report = (out / "report.md").read_text()
     assert "## Problems" not in report and "left out" not in report
@@ -272,17 +289,25 @@ def _sampled(folder: Path, prompt: str, new_tokens: int, temperature: float, top
             kth = torch.topk(logits, top_k).values[:, [-1]]
             probs = torch.softmax(logits.masked_fill(logits < kth, float("-inf")), dim=-1)
             ids = torch.cat((ids, torch.multinomial(probs, 1, generator=generator)), dim=1)
-    return prompt + tokenizer.decode(ids[0, len(tokenizer(prompt).input_ids):].tolist())
+    return prompt + tokenizer.decode(ids[0, len(tokenizer(prompt).input_ids) :].tolist())
 
 
 def test_the_sample_is_the_runs_own_continuation(readme_runs: tuple[Path, list[Ran]]) -> None:
     runs, ran = readme_runs
     (sample,) = [r for r in ran if r.command.startswith("python -m training.sample")]
     tokens = shlex.split(sample.command)
-    flag = {name: tokens[tokens.index(name) + 1] for name in ("--prompt", "--max_new_tokens", "--temperature",
-                                                               "--top_k", "--seed")}
-    want = _sampled(runs / "quickstart" / "hf", flag["--prompt"], int(flag["--max_new_tokens"]),
-                    float(flag["--temperature"]), int(flag["--top_k"]), int(flag["--seed"]))
+    flag = {
+        name: tokens[tokens.index(name) + 1]
+        for name in ("--prompt", "--max_new_tokens", "--temperature", "--top_k", "--seed")
+    }
+    want = _sampled(
+        runs / "quickstart" / "hf",
+        flag["--prompt"],
+        int(flag["--max_new_tokens"]),
+        float(flag["--temperature"]),
+        int(flag["--top_k"]),
+        int(flag["--seed"]),
+    )
     assert len(want) > len(flag["--prompt"]) and sample.stdout == want + "\n"
 
 

@@ -65,8 +65,11 @@ def walked(shared_runs) -> dict[str, Path]:
 def test_each_entry_runs_what_it_claims(walked: dict[str, Path], entry: Strategy) -> None:
     s = summary(walked[entry.name])
     assert s["strategy"] == entry.name and s["complete"] is True and s["steps"] == STEPS
-    assert s["world_size"] == config_processes(entry.config_file) == (4 if entry.multi_machine else
-                                                                       2 if entry.multi_process else 1)
+    assert (
+        s["world_size"]
+        == config_processes(entry.config_file)
+        == (4 if entry.multi_machine else 2 if entry.multi_process else 1)
+    )
     assert s["wrapper"] == (entry.wrapper.value if entry.wrapper is not Wrapper.NONE else "GPT2")
     assert s["params_sharded"] is entry.shards
     if entry.fsdp is None:
@@ -77,7 +80,8 @@ def test_each_entry_runs_what_it_claims(walked: dict[str, Path], entry: Strategy
         observed = s["sharding_observed"]
         assert observed["grads"] == "sharded"
         assert observed["block_params_between_forward_and_backward"] == (
-            "sharded" if entry.fsdp.reshard_after_forward else "whole")
+            "sharded" if entry.fsdp.reshard_after_forward else "whole"
+        )
 
 
 @pytest.mark.multiprocess

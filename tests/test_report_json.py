@@ -18,22 +18,56 @@ def write_fake_run(folder: Path, strategy: str, seconds_per_step: float, peak_by
     """A small CPU run folder: config.json, metrics.jsonl (train and eval lines), summary.json."""
     folder.mkdir(parents=True)
     times = [seconds_per_step * (1 + 0.02 * math.sin(i)) for i in range(STEPS)]
-    elapsed = [sum(times[:i + 1]) for i in range(STEPS)]
+    elapsed = [sum(times[: i + 1]) for i in range(STEPS)]
     losses = [10.0 + (loss_end - 10.0) * (i + 1) / STEPS for i in range(STEPS)]
-    lines = [{"kind": "train", "step": i + 1, "epoch": 1, "tokens": (i + 1) * BATCH, "loss": losses[i],
-              "elapsed_s": elapsed[i]} for i in range(STEPS)]
-    lines += [{"kind": "eval", "step": s, "epoch": 1, "tokens": s * BATCH, "val_loss": losses[s - 1] + 0.1}
-              for s in (6, 12)]
+    lines = [
+        {
+            "kind": "train",
+            "step": i + 1,
+            "epoch": 1,
+            "tokens": (i + 1) * BATCH,
+            "loss": losses[i],
+            "elapsed_s": elapsed[i],
+        }
+        for i in range(STEPS)
+    ]
+    lines += [
+        {"kind": "eval", "step": s, "epoch": 1, "tokens": s * BATCH, "val_loss": losses[s - 1] + 0.1} for s in (6, 12)
+    ]
     rate = STEPS * BATCH / elapsed[-1]
     summary = {
-        "strategy": strategy, "world_size": 1, "device_type": "cpu", "device_name": "cpu", "complete": True,
-        "global_batch_tokens": BATCH, "tokens_trained": STEPS * BATCH, "steps": STEPS, "seed": 1,
-        "memory": {"step_peak_bytes": [peak_bytes]}, "step_times_s": times,
-        "epochs": [{"epoch": 1, "partial": False, "steps": STEPS, "tokens": STEPS * BATCH, "loss_mean": 8.0,
-                    "time_s": elapsed[-1], "tokens_per_s": rate, "val_loss": losses[-1] + 0.1}],
-        "total": {"train_time_s": elapsed[-1], "tokens_per_s": rate, "tokens_per_s_excl_warmup": rate,
-                  "loss_mean": sum(losses) / STEPS, "final_loss": losses[-1], "final_val_loss": losses[-1] + 0.1,
-                  "peak_mem_allocated_mib_max": 900.0},
+        "strategy": strategy,
+        "world_size": 1,
+        "device_type": "cpu",
+        "device_name": "cpu",
+        "complete": True,
+        "global_batch_tokens": BATCH,
+        "tokens_trained": STEPS * BATCH,
+        "steps": STEPS,
+        "seed": 1,
+        "memory": {"step_peak_bytes": [peak_bytes]},
+        "step_times_s": times,
+        "epochs": [
+            {
+                "epoch": 1,
+                "partial": False,
+                "steps": STEPS,
+                "tokens": STEPS * BATCH,
+                "loss_mean": 8.0,
+                "time_s": elapsed[-1],
+                "tokens_per_s": rate,
+                "val_loss": losses[-1] + 0.1,
+            }
+        ],
+        "total": {
+            "train_time_s": elapsed[-1],
+            "tokens_per_s": rate,
+            "tokens_per_s_excl_warmup": rate,
+            "loss_mean": sum(losses) / STEPS,
+            "final_loss": losses[-1],
+            "final_val_loss": losses[-1] + 0.1,
+            "peak_mem_allocated_mib_max": 900.0,
+        },
     }
     (folder / "config.json").write_text(json.dumps({"run": {"perf_warmup_steps": 2}}))
     (folder / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
@@ -45,12 +79,14 @@ def write_fake_run(folder: Path, strategy: str, seconds_per_step: float, peak_by
 def report_json(tmp_path_factory: pytest.TempPathFactory) -> dict:
     """Two runs of each of two strategies (run folders runs/<strategy>/r<k>), compared with every flag."""
     root = tmp_path_factory.mktemp("repeats")
-    dirs = [write_fake_run(root / "runs" / "single" / f"r{k}", "single", 0.50 + 0.01 * k, 300 * 2**20, 6.0)
-            for k in range(2)]
-    dirs += [write_fake_run(root / "runs" / "fsdp" / f"r{k}", "fsdp", 0.60 + 0.01 * k, 200 * 2**20, 6.0)
-             for k in range(2)]
-    argv = [*map(str, dirs), "--out", str(root / "out"), "--target_loss", "7.5", "--gpu_hour_price", "2",
-            "--mlperf"]
+    dirs = [
+        write_fake_run(root / "runs" / "single" / f"r{k}", "single", 0.50 + 0.01 * k, 300 * 2**20, 6.0)
+        for k in range(2)
+    ]
+    dirs += [
+        write_fake_run(root / "runs" / "fsdp" / f"r{k}", "fsdp", 0.60 + 0.01 * k, 200 * 2**20, 6.0) for k in range(2)
+    ]
+    argv = [*map(str, dirs), "--out", str(root / "out"), "--target_loss", "7.5", "--gpu_hour_price", "2", "--mlperf"]
     assert main(argv) == 0
     text = (root / "out" / "report.json").read_text()
     return json.loads(text, parse_constant=lambda name: pytest.fail(f"report.json holds {name}"))

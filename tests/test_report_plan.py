@@ -35,18 +35,36 @@ SHARD_0 = {"parameters": 6_665_984, "gradients": 6_665_984, "optimizer": 13_332_
 SHARD_1 = {"parameters": 6_665_728, "gradients": 6_665_728, "optimizer": 13_331_568}
 SOURCE = "torch.distributed._tools.MemTracker, step 2"
 MEMORY = {
-    "single": {"probe_step": 2, "step_peak_source": SOURCE, "model_state_bytes": [STATE],
-               "step_peak_bytes": [366_599_824]},
+    "single": {
+        "probe_step": 2,
+        "step_peak_source": SOURCE,
+        "model_state_bytes": [STATE],
+        "step_peak_bytes": [366_599_824],
+    },
     # 280,000,000 bytes is far below what the plan predicts for ddp: its error is flagged.
-    "ddp": {"probe_step": 2, "step_peak_source": SOURCE, "model_state_bytes": [STATE, STATE],
-            "step_peak_bytes": [280_000_000, 280_000_000]},
-    "fsdp": {"probe_step": 2, "step_peak_source": SOURCE, "model_state_bytes": [SHARD_0, SHARD_1],
-             "step_peak_bytes": [346_398_848, 346_398_336]},
+    "ddp": {
+        "probe_step": 2,
+        "step_peak_source": SOURCE,
+        "model_state_bytes": [STATE, STATE],
+        "step_peak_bytes": [280_000_000, 280_000_000],
+    },
+    "fsdp": {
+        "probe_step": 2,
+        "step_peak_source": SOURCE,
+        "model_state_bytes": [SHARD_0, SHARD_1],
+        "step_peak_bytes": [346_398_848, 346_398_336],
+    },
 }
 
 
-def copy_run(root: Path, name: str, source: str | None = None, memory: dict[str, Any] | None = None,
-             total: dict[str, Any] | None = None, **facts: Any) -> Path:
+def copy_run(
+    root: Path,
+    name: str,
+    source: str | None = None,
+    memory: dict[str, Any] | None = None,
+    total: dict[str, Any] | None = None,
+    **facts: Any,
+) -> Path:
     """A copy of the sample run `source` (default `name`) with summary.json's memory, totals and facts changed."""
     path = root / name
     shutil.copytree(SAMPLE / (source or name), path)
@@ -96,8 +114,12 @@ def planned(name: str) -> dict[str, Any]:
     w = WORKLOADS[name]
     state = model_state(w, name, 0)
     peak = step_memory(w, name, 0, host_is_device=True)
-    predicted = {"parameters": state.parameters, "gradients": state.gradients, "optimizer": state.optimizer,
-                 "step_peak": peak.total}
+    predicted = {
+        "parameters": state.parameters,
+        "gradients": state.gradients,
+        "optimizer": state.optimizer,
+        "step_peak": peak.total,
+    }
     if name != "fsdp":  # an unsharded replica: the hand count holds
         assert {k: predicted[k] for k in WHOLE_STATE} == WHOLE_STATE
     return {"predicted": predicted, "peak_phase": peak.peak_phase, "predicted_peak": peak.to_dict()}
@@ -107,8 +129,12 @@ def test_the_hand_written_workloads_are_the_sample_runs() -> None:
     for name, w in WORKLOADS.items():
         summary = json.loads((SAMPLE / name / "summary.json").read_text())
         assert (w.micro_batch_size, w.block_size, w.precision, w.world_size, w.grad_accum_steps) == (
-            summary["micro_batch_size"], summary["block_size"], summary["precision"], summary["world_size"],
-            summary["grad_accum_steps"])
+            summary["micro_batch_size"],
+            summary["block_size"],
+            summary["precision"],
+            summary["world_size"],
+            summary["grad_accum_steps"],
+        )
         assert summary["n_params"] == N_PARAMS and summary["device_type"] == "cpu"
 
 
@@ -151,8 +177,10 @@ def test_ddp_gap_is_explained_by_its_buckets_and_single_s_accumulation(section) 
     below = (366_599_824 - 280_000_000) / MIB
     assert line.startswith(f"ddp's step peak is {below:,.1f} MiB below single's")
     # One fp32 copy of the gradients: 4 bytes x the run's parameters, 12.7 MiB.
-    assert f"+{4 * N_PARAMS / MIB:.1f} MiB DDP's gradient buckets, one fp32 copy of the gradients " \
-           f"(4 bytes x {N_PARAMS:,} parameters)" in line
+    assert (
+        f"+{4 * N_PARAMS / MIB:.1f} MiB DDP's gradient buckets, one fp32 copy of the gradients "
+        f"(4 bytes x {N_PARAMS:,} parameters)" in line
+    )
     # single accumulates 2 micro-batches, so at its peak it holds the first one's gradients; ddp does not.
     assert f"-{4 * N_PARAMS / MIB:.1f} MiB gradients held from earlier micro-batches (single accumulates 2" in line
 
@@ -163,10 +191,12 @@ def test_fsdp_holds_half_the_model_state_but_its_peak_falls_less(section) -> Non
     single_state, fsdp_state = sum(STATE.values()), sum(SHARD_0.values())
     fall = 366_599_824 - 346_398_848
     assert fall < single_state - fsdp_state
-    assert line.startswith(f"fsdp holds {fsdp_state / single_state:.0%} of single's model state per rank "
-                           f"({fsdp_state / MIB:.1f} vs {single_state / MIB:.1f} MiB measured; "
-                           f"1,666,496 of {N_PARAMS:,} parameters on rank 0), but its step peak falls only by "
-                           f"{fall / MIB:.1f} MiB")
+    assert line.startswith(
+        f"fsdp holds {fsdp_state / single_state:.0%} of single's model state per rank "
+        f"({fsdp_state / MIB:.1f} vs {single_state / MIB:.1f} MiB measured; "
+        f"1,666,496 of {N_PARAMS:,} parameters on rank 0), but its step peak falls only by "
+        f"{fall / MIB:.1f} MiB"
+    )
     peak = plans["fsdp"]["predicted_peak"]
     share = (peak["activations"] + peak["logits"]) / peak["total"]
     assert f"which sharding does not divide, are {share:.0%} of it." in line and share > 0.5
@@ -195,8 +225,12 @@ def test_runs_without_memory_or_unreadable_get_one_line_each(tmp_path: Path) -> 
 def timed_runs(root: Path, **changes: dict[str, Any]) -> list[Run]:
     """single 1,000, ddp 1,800 and fsdp 1,500 tokens/s (warm-up excluded, the reading's figure)."""
     rates = {"single": 1000.0, "ddp": 1800.0, "fsdp": 1500.0}
-    return loaded([copy_run(root, name, total={"tokens_per_s_excl_warmup": rate}, **changes.get(name, {}))
-                   for name, rate in rates.items()])
+    return loaded(
+        [
+            copy_run(root, name, total={"tokens_per_s_excl_warmup": rate}, **changes.get(name, {}))
+            for name, rate in rates.items()
+        ]
+    )
 
 
 def cells(runs: list[Run], price: float | None, header: str) -> dict[str, Any]:
@@ -206,22 +240,31 @@ def cells(runs: list[Run], price: float | None, header: str) -> dict[str, Any]:
 
 def test_scaling_efficiency_is_n_device_throughput_over_n_single_throughputs(tmp_path: Path) -> None:
     runs = timed_runs(tmp_path)
-    assert cells(runs, None, SCALING_HEADER) == {"single": None, "ddp": pytest.approx(90.0),
-                                                 "fsdp": pytest.approx(75.0)}
+    assert cells(runs, None, SCALING_HEADER) == {
+        "single": None,
+        "ddp": pytest.approx(90.0),
+        "fsdp": pytest.approx(75.0),
+    }
     lines = scaling_lines(runs, None)
     assert "Scaling efficiency of ddp: 1,800 tokens/s / (2 x 1,000 tokens/s of single) = 90.0%." in lines
     # The reading's per-device line is the same figure.
-    assert "ddp 900 tokens/s per device = 90% of single; fsdp 750 tokens/s per device = 75% of single" \
-           in " ".join(fastest_reading(runs))
+    assert "ddp 900 tokens/s per device = 90% of single; fsdp 750 tokens/s per device = 75% of single" in " ".join(
+        fastest_reading(runs)
+    )
 
 
 def test_cost_per_million_tokens(tmp_path: Path) -> None:
     runs = timed_runs(tmp_path)
     # 2.5 per device-hour: single 2.5 / 3600 / 1,000 x 10^6; ddp twice the devices at 1,800 tokens/s.
-    assert cells(runs, 2.5, COST_HEADER) == {"single": pytest.approx(2.5 / 3.6), "ddp": pytest.approx(5 / 6.48),
-                                             "fsdp": pytest.approx(5 / 5.4)}
-    assert "Cost per million tokens at 2.5 per device-hour (the currency of --gpu_hour_price): single 0.6944, " \
-           "ddp 0.7716, fsdp 0.9259." in scaling_lines(runs, 2.5)
+    assert cells(runs, 2.5, COST_HEADER) == {
+        "single": pytest.approx(2.5 / 3.6),
+        "ddp": pytest.approx(5 / 6.48),
+        "fsdp": pytest.approx(5 / 5.4),
+    }
+    assert (
+        "Cost per million tokens at 2.5 per device-hour (the currency of --gpu_hour_price): single 0.6944, "
+        "ddp 0.7716, fsdp 0.9259." in scaling_lines(runs, 2.5)
+    )
     assert set(cells(runs, None, COST_HEADER).values()) == {None}
     assert any("pass `--gpu_hour_price PRICE`" in line for line in scaling_lines(runs, None))
 
@@ -229,8 +272,10 @@ def test_cost_per_million_tokens(tmp_path: Path) -> None:
 def test_scaling_is_n_a_without_a_comparable_single_run(tmp_path: Path) -> None:
     runs = timed_runs(tmp_path / "block", ddp={"block_size": 128})
     assert cells(runs, None, SCALING_HEADER) == {"single": None, "ddp": None, "fsdp": pytest.approx(75.0)}
-    assert ("Scaling efficiency of ddp: n/a, no comparable single run (single differs: block size 128 vs 64)."
-            in scaling_lines(runs, None))
+    assert (
+        "Scaling efficiency of ddp: n/a, no comparable single run (single differs: block size 128 vs 64)."
+        in scaling_lines(runs, None)
+    )
     alone = [run for run in timed_runs(tmp_path / "alone") if run.strategy != "single"]
     assert cells(alone, None, SCALING_HEADER) == {"ddp": None, "fsdp": None}
     assert "Scaling efficiency of fsdp: n/a, no single run in this comparison." in scaling_lines(alone, None)

@@ -56,8 +56,19 @@ def args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     workdir = tmp_path_factory.mktemp("run_lock")
     corpus = workdir / "news.csv"
     write_news_csv(corpus, articles=40, words=200)
-    return ["--preset", "tiny", "--data", str(corpus), "--cache_dir", str(workdir / "cache"), "--wandb_mode",
-            "disabled", "--log_interval", "1", "--no-export_hf"]
+    return [
+        "--preset",
+        "tiny",
+        "--data",
+        str(corpus),
+        "--cache_dir",
+        str(workdir / "cache"),
+        "--wandb_mode",
+        "disabled",
+        "--log_interval",
+        "1",
+        "--no-export_hf",
+    ]
 
 
 def _steps(out: Path) -> list[int]:
@@ -86,9 +97,14 @@ def _refused(command: list[str], out: Path) -> None:
 @pytest.mark.multiprocess
 def test_a_second_launch_into_a_running_folder_is_refused(args: list[str], tmp_path: Path) -> None:
     out = tmp_path / "run"
-    first = psutil.Popen(accelerate_command(CONFIGS / "ddp.yaml", "train.py", [*args, "--max_steps", "400",
-                                                                                 "--output_dir", str(out)]),
-                         cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    first = psutil.Popen(
+        accelerate_command(CONFIGS / "ddp.yaml", "train.py", [*args, "--max_steps", "400", "--output_dir", str(out)]),
+        cwd=REPO,
+        env=launch_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         _wait_for_metrics(out, first)
         config_before = (out / "config.json").read_text()
@@ -99,7 +115,8 @@ def test_a_second_launch_into_a_running_folder_is_refused(args: list[str], tmp_p
             assert result.returncode == 2, result.stderr[-2000:]
             assert [line for line in result.stderr.splitlines() if line.startswith(("error:", "warning:"))] == [
                 f"error: {out} is in use by a running training run ({(out / LOCK_FILE).read_text().strip()}); "
-                "wait for it to end or choose another --output_dir"]
+                "wait for it to end or choose another --output_dir"
+            ]
         assert (out / "config.json").read_text() == config_before
         first.send_signal(signal.SIGTERM)  # ends it at a step boundary, with a checkpoint of that step
         output, _ = first.communicate(timeout=STOP_DEADLINE_S)
@@ -119,6 +136,8 @@ def test_a_lock_left_by_a_killed_run_is_taken_over(args: list[str], tmp_path: Pa
     (out / LOCK_FILE).write_text("pid 99999999 on gone-host\n")
     result = run([sys.executable, "train.py", *args, "--max_steps", "2", "--output_dir", str(out)])
     warnings = [line for line in result.stderr.splitlines() if line.startswith("warning:") and LOCK_FILE in line]
-    assert warnings == [f"warning: {out / LOCK_FILE} names pid 99999999 on gone-host, which no longer holds it "
-                        "(a killed run?); taking the folder over"], result.stderr[-2000:]
+    assert warnings == [
+        f"warning: {out / LOCK_FILE} names pid 99999999 on gone-host, which no longer holds it "
+        "(a killed run?); taking the folder over"
+    ], result.stderr[-2000:]
     assert _steps(out) == [1, 2] and (out / LOCK_FILE).read_text() == ""

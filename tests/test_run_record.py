@@ -29,20 +29,46 @@ SAMPLE_RUNS = Path(__file__).resolve().parent.parent / "docs" / "sample_report" 
 def launch() -> LaunchRecord:
     return LaunchRecord(
         requested=RequestedRecord("fsdp", 2, "bf16"),
-        effective=EffectiveRecord("fsdp", 2, 1, "gloo", "FSDP", "FSDPModule", True, 5000, 10000, "bf16", "cpu",
-                                  (0.5, 0.5), True, False, ("cpu",), 0),
-        run_name="fsdp-2x-bf16", device_name="cpu", threads_per_process=1,
-        batch=BatchRecord(4, 2, 2, 16384, 16), schedule=ScheduleRecord(40, 20, 2), eval_blocks=8,
-        model_config={"n_layer": 2, "n_embd": 64}, n_params=10000, n_params_non_embedding=9000,
-        flops_per_token=6e4, peak_flops_per_device=3e11, peak_flops_source="measured",
-        data_stats={"cache_key": "abc123", "train": {"blocks": 100}}, wandb_mode="disabled",
+        effective=EffectiveRecord(
+            "fsdp",
+            2,
+            1,
+            "gloo",
+            "FSDP",
+            "FSDPModule",
+            True,
+            5000,
+            10000,
+            "bf16",
+            "cpu",
+            (0.5, 0.5),
+            True,
+            False,
+            ("cpu",),
+            0,
+        ),
+        run_name="fsdp-2x-bf16",
+        device_name="cpu",
+        threads_per_process=1,
+        batch=BatchRecord(4, 2, 2, 16384, 16),
+        schedule=ScheduleRecord(40, 20, 2),
+        eval_blocks=8,
+        model_config={"n_layer": 2, "n_embd": 64},
+        n_params=10000,
+        n_params_non_embedding=9000,
+        flops_per_token=6e4,
+        peak_flops_per_device=3e11,
+        peak_flops_source="measured",
+        data_stats={"cache_key": "abc123", "train": {"blocks": 100}},
+        wandb_mode="disabled",
         levers={"compile": False, "tf32": False},
     )
 
 
 def epoch(n: int) -> EpochFigures:
-    return EpochFigures(n, False, 20, 20 * 16384, 6.5, 0, 1.2, 0, 0, 4.0, 81920.0, 40960.0, 5.0,
-                        900.0, 880.0, 1000.0, 990.0, 6.4, 601.8)
+    return EpochFigures(
+        n, False, 20, 20 * 16384, 6.5, 0, 1.2, 0, 0, 4.0, 81920.0, 40960.0, 5.0, 900.0, 880.0, 1000.0, 990.0, 6.4, 601.8
+    )
 
 
 def totals() -> RunTotals:
@@ -50,15 +76,32 @@ def totals() -> RunTotals:
 
 
 def summary(stop: StopRecord | None = None) -> RunSummary:
-    return run_summary(launch(), RunFacts(
-        experiment="tiny-test", preset="tiny", seed=1337, block_size=128, sharding_observed={"params": "sharded"},
-        memory={"step_peak_bytes": 123}, steps=40, tokens_trained=40 * 16384, complete=stop is None,
-        epochs=[epoch(1), epoch(2)], total=totals(), step_times_s=[0.2] * 40, skipped_step_numbers=[3], stop=stop,
-    ))
+    return run_summary(
+        launch(),
+        RunFacts(
+            experiment="tiny-test",
+            preset="tiny",
+            seed=1337,
+            block_size=128,
+            sharding_observed={"params": "sharded"},
+            memory={"step_peak_bytes": 123},
+            steps=40,
+            tokens_trained=40 * 16384,
+            complete=stop is None,
+            epochs=[epoch(1), epoch(2)],
+            total=totals(),
+            step_times_s=[0.2] * 40,
+            skipped_step_numbers=[3],
+            stop=stop,
+        ),
+    )
 
 
-@pytest.mark.parametrize("record", [launch(), summary(), summary(StopRecord("signal", 143, "stopped by SIGTERM"))],
-                         ids=["launch", "summary", "stopped summary"])
+@pytest.mark.parametrize(
+    "record",
+    [launch(), summary(), summary(StopRecord("signal", 143, "stopped by SIGTERM"))],
+    ids=["launch", "summary", "stopped summary"],
+)
 def test_round_trip_through_json(record) -> None:
     as_json = json.loads(json.dumps(record.to_dict()))
     assert type(record).from_dict(as_json) == record
@@ -69,16 +112,21 @@ def test_summary_takes_its_identity_from_the_launch_record() -> None:
     assert (s.strategy, s.requested_strategy, s.world_size, s.precision) == ("fsdp", "fsdp", 2, "bf16")
     assert (s.data_key, s.micro_batch_size, s.grad_accum_steps, s.global_batch_tokens) == ("abc123", 4, 2, 16384)
     assert s.requested_precision == "bf16"
-    fp32 = run_summary(replace(launch(), requested=RequestedRecord("single", 1, "no")),
-                       RunFacts(None, None, 1, 8, {}, None, 0, 0, False, [], totals(), [], []))
+    fp32 = run_summary(
+        replace(launch(), requested=RequestedRecord("single", 1, "no")),
+        RunFacts(None, None, 1, 8, {}, None, 0, 0, False, [], totals(), [], []),
+    )
     assert fp32.requested_precision == "fp32"
 
 
 def test_stop_is_written_only_when_the_run_stopped_early() -> None:
     assert "stop" not in summary().to_dict()
     stopped = summary(StopRecord("nonfinite", 4, "diverged")).to_dict()
-    assert list(stopped)[-1] == "stop" and stopped["stop"] == {"reason": "nonfinite", "exit_status": 4,
-                                                               "message": "diverged"}
+    assert list(stopped)[-1] == "stop" and stopped["stop"] == {
+        "reason": "nonfinite",
+        "exit_status": 4,
+        "message": "diverged",
+    }
 
 
 def test_non_finite_figures_are_written_as_null() -> None:
@@ -107,8 +155,14 @@ def test_the_sample_reports_launch_records_load() -> None:
 
 
 def test_a_summary_missing_optional_keys_loads(tmp_path: Path) -> None:
-    old = {"strategy": "ddp", "world_size": 2, "complete": True, "total": {"tokens_per_s": 1000.0},
-           "epochs": [{"epoch": 1, "steps": 5}], "some_future_key": {"x": 1}}
+    old = {
+        "strategy": "ddp",
+        "world_size": 2,
+        "complete": True,
+        "total": {"tokens_per_s": 1000.0},
+        "epochs": [{"epoch": 1, "steps": 5}],
+        "some_future_key": {"x": 1},
+    }
     record = RunSummary.from_dict(old)
     assert record.strategy == "ddp" and record.seed is None and record.memory is None and record.stop is None
     assert record.total.tokens_per_s == 1000.0 and record.total.mfu is None
@@ -131,5 +185,7 @@ def test_runs_sort_in_the_registry_order(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
         (tmp_path / name / "summary.json").write_text(json.dumps({"strategy": name, "total": {}}), encoding="utf-8")
         runs.append(load_run(tmp_path / name))
-    assert [r.strategy for r in sort_runs(runs)] == [*[n for n in registry.names() if n not in ("fsdp_zero2", "hsdp")],
-                                                     "mystery"]
+    assert [r.strategy for r in sort_runs(runs)] == [
+        *[n for n in registry.names() if n not in ("fsdp_zero2", "hsdp")],
+        "mystery",
+    ]

@@ -96,8 +96,10 @@ def test_a_wandb_call_that_fails_is_one_warning_and_wandb_is_not_called_again(
     assert accelerator.calls == reached
     what = fail.split()[0]
     err = capsys.readouterr().err.splitlines()
-    assert err == [f"warning: W&B {what} failed (RuntimeError: W&B {fail} broke); "
-                   "training continues, metrics.jsonl has every value"]
+    assert err == [
+        f"warning: W&B {what} failed (RuntimeError: W&B {fail} broke); "
+        "training continues, metrics.jsonl has every value"
+    ]
     assert not sink.enabled
 
 
@@ -110,12 +112,19 @@ class _StartedWandb(_FailingWandb):
 @pytest.mark.parametrize(
     "mode, fail, line",
     [
-        ("offline", None, "W&B: offline run in /runs/r/wandb/run-20260101_000000-abc; "
-                          "upload it with: wandb sync /runs/r/wandb/run-20260101_000000-abc"),
+        (
+            "offline",
+            None,
+            "W&B: offline run in /runs/r/wandb/run-20260101_000000-abc; "
+            "upload it with: wandb sync /runs/r/wandb/run-20260101_000000-abc",
+        ),
         ("online", None, None),  # all uploaded: nothing left to sync
-        ("online", "finish",
-         "W&B: the upload did not finish; the run is kept in /runs/r/wandb/run-20260101_000000-abc; "
-         "upload the rest with: wandb sync --include-online /runs/r/wandb/run-20260101_000000-abc"),
+        (
+            "online",
+            "finish",
+            "W&B: the upload did not finish; the run is kept in /runs/r/wandb/run-20260101_000000-abc; "
+            "upload the rest with: wandb sync --include-online /runs/r/wandb/run-20260101_000000-abc",
+        ),
         ("online", "log 2", None),  # finish is not called after a failure; W&B's exit hook ends the run
     ],
 )
@@ -164,8 +173,18 @@ class _RecordingWandb(_FailingWandb):
 def test_lines_reach_wandb_under_the_metrics_tables_names() -> None:
     accelerator = _RecordingWandb()
     sink = WandbSink(accelerator, enabled=True)  # type: ignore[arg-type]
-    sink.log({"kind": "train", "step": 5, "loss": 2.5, "tokens": 640, "skipped_steps": 0, "warmup": False,
-              "new_metric": 1.0}, step=5)
+    sink.log(
+        {
+            "kind": "train",
+            "step": 5,
+            "loss": 2.5,
+            "tokens": 640,
+            "skipped_steps": 0,
+            "warmup": False,
+            "new_metric": 1.0,
+        },
+        step=5,
+    )
     sink.log({"kind": "eval", "step": 5, "tokens": 640, "val_loss": 2.6, "eval_time_s": 0.5}, step=5)
     assert accelerator.logged == [
         # kind, step (W&B's own axis) and the warm-up flag stay out; an undeclared key keeps its name

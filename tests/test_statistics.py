@@ -38,19 +38,37 @@ from analysis.uncertainty import (
 MIB = 2**20
 
 
-def make_run(strategy: str, *, tokens_per_s: float = 1000.0, step_times: list[float] | None = None,
-             device_type: str = "cpu", step_peak: list[int] | None = None, rss_mib: float = 900.0,
-             world_size: int = 1, warmup: int = 3, name: str = "r0", **totals: Any) -> Run:
+def make_run(
+    strategy: str,
+    *,
+    tokens_per_s: float = 1000.0,
+    step_times: list[float] | None = None,
+    device_type: str = "cpu",
+    step_peak: list[int] | None = None,
+    rss_mib: float = 900.0,
+    world_size: int = 1,
+    warmup: int = 3,
+    name: str = "r0",
+    **totals: Any,
+) -> Run:
     """A run as analysis.runs reads it, built in memory: only what the statistics read."""
     summary = {
-        "strategy": strategy, "device_type": device_type, "world_size": world_size, "global_batch_tokens": 1000,
+        "strategy": strategy,
+        "device_type": device_type,
+        "world_size": world_size,
+        "global_batch_tokens": 1000,
         "memory": {"step_peak_bytes": step_peak} if step_peak is not None else None,
-        "total": {"tokens_per_s": tokens_per_s, "peak_mem_allocated_mib_max": rss_mib,
-                  "peak_mem_reserved_mib_max": rss_mib, **totals},
+        "total": {
+            "tokens_per_s": tokens_per_s,
+            "peak_mem_allocated_mib_max": rss_mib,
+            "peak_mem_reserved_mib_max": rss_mib,
+            **totals,
+        },
         "step_times_s": step_times if step_times is not None else [],
     }
-    return Run(path=Path(strategy) / name, summary=summary, config={"run": {"perf_warmup_steps": warmup}},
-               label=strategy)
+    return Run(
+        path=Path(strategy) / name, summary=summary, config={"run": {"perf_warmup_steps": warmup}}, label=strategy
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -179,8 +197,10 @@ def test_warmup_steps_are_left_out_of_the_step_rates() -> None:
 
 def test_one_run_each_throughput_interval_comes_from_its_steps() -> None:
     jitter = [1 + 0.05 * math.sin(i) for i in range(60)]
-    runs = [make_run("single", tokens_per_s=2000.0, step_times=[0.5 * j for j in jitter]),
-            make_run("ddp", tokens_per_s=2500.0, step_times=[0.4 * j for j in jitter])]
+    runs = [
+        make_run("single", tokens_per_s=2000.0, step_times=[0.5 * j for j in jitter]),
+        make_run("ddp", tokens_per_s=2500.0, step_times=[0.4 * j for j in jitter]),
+    ]
     stats = build_statistics(runs)
     single = stats.figures[THROUGHPUT]["single"]
     assert single.method == STEP_BOOTSTRAP and single.ci95[0] < 2000.0 < single.ci95[1]
@@ -198,15 +218,19 @@ def test_runs_of_one_strategy_are_its_repeats() -> None:
 
 def test_on_cpu_the_step_peak_is_ranked_and_the_resident_set_is_not() -> None:
     # The resident set sizes point the other way; the live-tensor peak (max over ranks) decides.
-    runs = [make_run("single", step_peak=[300 * MIB], rss_mib=800.0),
-            make_run("fsdp", step_peak=[150 * MIB, 200 * MIB], rss_mib=900.0, world_size=2)]
+    runs = [
+        make_run("single", step_peak=[300 * MIB], rss_mib=800.0),
+        make_run("fsdp", step_peak=[150 * MIB, 200 * MIB], rss_mib=900.0, world_size=2),
+    ]
     stats = build_statistics(runs)
     assert stats.figures[STEP_PEAK]["fsdp"].median == 200 * MIB
     assert stats.comparison(STEP_PEAK, "fsdp", "single").verdict == LOWER
     assert stats.comparison(RESIDENT, "fsdp", "single").verdict == TOO_FEW
     peak, beside = memory_reading(runs, stats)
-    assert peak.startswith("Peak memory (live tensors at the step peak, per process, max over processes): "
-                           "**fsdp** uses least, 200 MiB: 33% less than single")
+    assert peak.startswith(
+        "Peak memory (live tensors at the step peak, per process, max over processes): "
+        "**fsdp** uses least, 200 MiB: 33% less than single"
+    )
     assert "resident set size" in beside and "not ranked" in beside and "**" not in beside
 
 
@@ -271,8 +295,10 @@ def test_epoch_series_is_the_median_with_min_max_and_marks_partial_epochs() -> N
     runs = []
     for i, (rate, partial) in enumerate(((100.0, False), (110.0, False), (130.0, True))):
         run = make_run("single", name=f"r{i}")
-        run.summary["epochs"] = [{"epoch": 1, "tokens_per_s": rate}, {"epoch": 2, "tokens_per_s": rate * 2,
-                                                                      "partial": partial}]
+        run.summary["epochs"] = [
+            {"epoch": 1, "tokens_per_s": rate},
+            {"epoch": 2, "tokens_per_s": rate * 2, "partial": partial},
+        ]
         runs.append(run)
     series = epoch_series(runs, "tokens_per_s")
     assert series.epochs == [1, 2] and series.runs == 3

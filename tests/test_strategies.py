@@ -117,16 +117,29 @@ def accumulation_runs(workdir: Path, common_args: list[str]) -> dict[str, Path]:
     out = {}
     for strategy in ("ddp", "fsdp"):
         out[strategy] = workdir / f"{strategy}-accumulation"
-        train(STRATEGY_CONFIGS[strategy], out[strategy],
-              [*common_args, "--strategy", strategy, "--micro_batch_size", "4", "--stop_after_steps",
-               str(ACCUMULATION_STEPS), "--checkpoint_interval", "0", "--no-export_hf"])
+        train(
+            STRATEGY_CONFIGS[strategy],
+            out[strategy],
+            [
+                *common_args,
+                "--strategy",
+                strategy,
+                "--micro_batch_size",
+                "4",
+                "--stop_after_steps",
+                str(ACCUMULATION_STEPS),
+                "--checkpoint_interval",
+                "0",
+                "--no-export_hf",
+            ],
+        )
     return out
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_accumulating_over_two_processes_matches_one_process_step_by_step(accumulation_runs: dict[str, Path],
-                                                                          runs: dict[str, Path],
-                                                                          strategy: str) -> None:
+def test_accumulating_over_two_processes_matches_one_process_step_by_step(
+    accumulation_runs: dict[str, Path], runs: dict[str, Path], strategy: str
+) -> None:
     assert summary(runs["single"])["grad_accum_steps"] == summary(accumulation_runs[strategy])["grad_accum_steps"] == 2
     assert summary(accumulation_runs[strategy])["steps"] == ACCUMULATION_STEPS
     assert not summary(accumulation_runs[strategy])["complete"]  # stopped where --stop_after_steps said
@@ -135,8 +148,7 @@ def test_accumulating_over_two_processes_matches_one_process_step_by_step(accumu
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
-def test_accumulating_runs_hold_the_memory_their_plan_counts(accumulation_runs: dict[str, Path],
-                                                              strategy: str) -> None:
+def test_accumulating_runs_hold_the_memory_their_plan_counts(accumulation_runs: dict[str, Path], strategy: str) -> None:
     assert_planned_exactly(accumulation_runs[strategy])
 
 
@@ -153,10 +165,25 @@ def bf16_runs(workdir: Path, common_args: list[str]) -> dict[str, Path]:
     out = {}
     for strategy in ("single", "fsdp"):
         out[strategy] = workdir / f"{strategy}-bf16"
-        run(accelerate_command(CONFIGS / STRATEGY_CONFIGS[strategy], "train.py",
-                               [*common_args, "--max_steps", str(BF16_STEPS), "--strategy", strategy,
-                                "--checkpoint_interval", "0", "--no-export_hf", "--output_dir", str(out[strategy])],
-                               launch_args=["--mixed_precision", "bf16"]))
+        run(
+            accelerate_command(
+                CONFIGS / STRATEGY_CONFIGS[strategy],
+                "train.py",
+                [
+                    *common_args,
+                    "--max_steps",
+                    str(BF16_STEPS),
+                    "--strategy",
+                    strategy,
+                    "--checkpoint_interval",
+                    "0",
+                    "--no-export_hf",
+                    "--output_dir",
+                    str(out[strategy]),
+                ],
+                launch_args=["--mixed_precision", "bf16"],
+            )
+        )
     return out
 
 
@@ -181,7 +208,11 @@ def test_each_config_runs_the_strategy_it_names(runs: dict[str, Path]) -> None:
     single, ddp, fsdp = (summary(runs[s]) for s in ("single", "ddp", "fsdp"))
     assert (single["strategy"], single["world_size"], single["wrapper"]) == ("single", 1, "GPT2")
     assert (ddp["strategy"], ddp["world_size"], ddp["wrapper"], ddp["backend"]) == (
-        "ddp", 2, "DistributedDataParallel", "gloo")
+        "ddp",
+        2,
+        "DistributedDataParallel",
+        "gloo",
+    )
     assert (fsdp["strategy"], fsdp["world_size"], fsdp["wrapper"], fsdp["backend"]) == ("fsdp", 2, "FSDPModule", "gloo")
     for s in (single, ddp, fsdp):
         assert s["precision"] == "fp32" and s["requested_precision"] == "fp16"  # the CPU fallback, recorded
@@ -213,9 +244,25 @@ def test_fsdp_checkpoint_loads_into_one_process(runs: dict[str, Path]) -> None:
     tokens = torch.randint(0, 50257, (2, 16), generator=torch.Generator().manual_seed(0))
     sharded.eval(), exported.eval()
     torch.testing.assert_close(sharded(tokens)[0], exported(tokens)[0])
-    sample = subprocess.run([sys.executable, "-m", "training.sample", "--model", str(runs["fsdp"] / "checkpoints"
-                             / "step_0000012"), "--prompt", "The council", "--max_new_tokens", "4",
-                             "--temperature", "0"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    sample = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "training.sample",
+            "--model",
+            str(runs["fsdp"] / "checkpoints" / "step_0000012"),
+            "--prompt",
+            "The council",
+            "--max_new_tokens",
+            "4",
+            "--temperature",
+            "0",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert sample.returncode == 0, sample.stderr
     assert sample.stdout == "The council" + _greedy(exported, "The council", 4) + "\n"
 
@@ -229,7 +276,7 @@ def _greedy(model, prompt: str, new_tokens: int) -> str:
     with torch.no_grad():
         for _ in range(new_tokens):
             ids.append(int(model(torch.tensor([ids]))[0][0, -1].argmax()))
-    continuation = tokenizer.decode(ids[len(tokenizer(prompt).input_ids):])
+    continuation = tokenizer.decode(ids[len(tokenizer(prompt).input_ids) :])
     assert continuation  # something was generated
     return continuation
 
@@ -240,15 +287,25 @@ def test_fsdp_checkpoint_exports_to_a_hugging_face_folder(runs: dict[str, Path],
     from model.hf import from_hf
 
     checkpoint = runs["fsdp"] / "checkpoints" / "step_0000012"
-    result = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(checkpoint), "--out",
-                             str(tmp_path / "hf")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-m", "training.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     hf_model = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf").eval()
     ours = from_hf(runs["fsdp"] / "hf").eval()
     tokens = torch.randint(0, 50257, (1, 12), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(hf_model(tokens).logits, ours(tokens)[0])
-    missing = subprocess.run([sys.executable, "-m", "training.export", "--checkpoint", str(tmp_path / "none"),
-                              "--out", str(tmp_path / "x")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    missing = subprocess.run(
+        [sys.executable, "-m", "training.export", "--checkpoint", str(tmp_path / "none"), "--out", str(tmp_path / "x")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert missing.returncode == 2 and missing.stderr.startswith("error:") and len(missing.stderr.splitlines()) == 1
 
 
@@ -258,15 +315,37 @@ KILL_TIMEOUT_S = 60
 
 def _two_machines(args: list[str], port: int) -> list[psutil.Popen]:
     """The README's two-machine DDP command on loopback, one process per "machine", one rendezvous port."""
-    return [psutil.Popen(accelerate_command(CONFIGS / "ddp_multinode.yaml", "train.py", args,
-                                                ["--num_processes", "2", "--num_machines", "2", "--machine_rank",
-                                                 str(rank), "--main_process_ip", "127.0.0.1"], port=port),
-                             cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-            for rank in (0, 1)]
+    return [
+        psutil.Popen(
+            accelerate_command(
+                CONFIGS / "ddp_multinode.yaml",
+                "train.py",
+                args,
+                [
+                    "--num_processes",
+                    "2",
+                    "--num_machines",
+                    "2",
+                    "--machine_rank",
+                    str(rank),
+                    "--main_process_ip",
+                    "127.0.0.1",
+                ],
+                port=port,
+            ),
+            cwd=REPO,
+            env=launch_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in (0, 1)
+    ]
 
 
 def test_two_machines_on_loopback_match_one_machine_through_a_killed_rank_and_a_resume(
-        runs: dict[str, Path], workdir: Path, base_args: list[str]) -> None:
+    runs: dict[str, Path], workdir: Path, base_args: list[str]
+) -> None:
     """At the README's defaults (W&B on): kill -9 of the second machine's rank ends both machines' launches
     within the collective timeout; --resume on both continues, every step equal to the one-machine run."""
     out = workdir / "ddp-two-machines"
@@ -302,16 +381,18 @@ def test_guard_stops_fsdp_that_accelerate_turned_into_ddp() -> None:
 
 
 def test_guard_stops_unconnected_processes() -> None:
-    result = run(accelerate_command(CONFIGS / "ddp.yaml", "tests/strategy_fallback_probe.py", ["default"]),
-                 check=False)
+    result = run(accelerate_command(CONFIGS / "ddp.yaml", "tests/strategy_fallback_probe.py", ["default"]), check=False)
     assert result.returncode != 0, result.stderr[-2000:]
     assert "GUARD: requested ddp with 2 process(es), but in effect: strategy single" in result.stdout
     assert "1 connected process" in result.stdout
 
 
 def test_guard_stops_a_multi_cpu_config_that_started_one_process(workdir: Path, common_args: list[str]) -> None:
-    command = accelerate_command(REPO / "tests" / "configs" / "multi_cpu_no_mpi.yaml", "train.py",
-                                 [*common_args, "--output_dir", str(workdir / "multi-cpu")])
+    command = accelerate_command(
+        REPO / "tests" / "configs" / "multi_cpu_no_mpi.yaml",
+        "train.py",
+        [*common_args, "--output_dir", str(workdir / "multi-cpu")],
+    )
     result = run(command, check=False)
     assert result.returncode != 0, result.stderr[-2000:]
     assert "returned non-zero exit status 3" in result.stderr

@@ -24,8 +24,16 @@ MULTI_CPU_ONE_PROCESS = {"ACCELERATE_USE_CPU": "True", "MASTER_ADDR": "127.0.0.1
 
 def _effective(strategy: str, world_size: int, wrapper: str, sharded: bool = False) -> EffectiveRecord:
     return EffectiveRecord(
-        strategy=strategy, world_size=world_size, num_machines=1, backend="gloo", distributed_type="MULTI_CPU",
-        wrapper=wrapper, params_sharded=sharded, local_param_numel=1, global_param_numel=2, precision="fp32",
+        strategy=strategy,
+        world_size=world_size,
+        num_machines=1,
+        backend="gloo",
+        distributed_type="MULTI_CPU",
+        wrapper=wrapper,
+        params_sharded=sharded,
+        local_param_numel=1,
+        global_param_numel=2,
+        precision="fp32",
         device_type="cpu",
     )
 
@@ -38,11 +46,14 @@ def test_launch_variables_name_the_requested_strategy() -> None:
     assert requested_from_env(MULTI_CPU_ONE_PROCESS).world_size is None
 
 
-@pytest.mark.parametrize("launch, effective", [
-    (FSDP_LAUNCH, _effective("fsdp", 2, "FSDPModule", sharded=True)),
-    (DDP_LAUNCH, _effective("ddp", 2, "DistributedDataParallel")),
-    ({}, _effective("single", 1, "GPT2")),
-])
+@pytest.mark.parametrize(
+    "launch, effective",
+    [
+        (FSDP_LAUNCH, _effective("fsdp", 2, "FSDPModule", sharded=True)),
+        (DDP_LAUNCH, _effective("ddp", 2, "DistributedDataParallel")),
+        ({}, _effective("single", 1, "GPT2")),
+    ],
+)
 def test_matching_strategies_pass(launch: dict[str, str], effective: EffectiveRecord) -> None:
     requested = requested_from_env(launch)
     assert check_strategy(requested, effective) is None  # no StrategyMismatch

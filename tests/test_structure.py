@@ -43,8 +43,11 @@ def _project_files() -> tuple[Path, ...]:
     folders = [REPO / top for top in LAYER_OF if top != "train"] + [REPO / "tests"]
     files = [REPO / "train.py"]
     for folder in folders:
-        files += [p for p in folder.rglob("*.py")
-                  if not any(part.startswith((".", "__pycache__")) for part in p.relative_to(REPO).parts)]
+        files += [
+            p
+            for p in folder.rglob("*.py")
+            if not any(part.startswith((".", "__pycache__")) for part in p.relative_to(REPO).parts)
+        ]
     return tuple(sorted(files))
 
 
@@ -90,8 +93,9 @@ def _imports() -> list[Import]:
                     anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
                     base = ".".join([*anchor, *([base] if base else [])])
                 # `from pkg import sub` names the submodule when there is one, else something of pkg's.
-                names = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in _modules() else base
-                         for alias in node.names]
+                names = [
+                    f"{base}.{alias.name}" if f"{base}.{alias.name}" in _modules() else base for alias in node.names
+                ]
             for name in names:
                 target = _resolve(name)
                 if target is not None and target != module:
@@ -144,7 +148,11 @@ def _docstrings(tree: ast.Module) -> set[int]:
     for node in ast.walk(tree):
         if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
             first = node.body[0]
-            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
                 ids.add(id(first.value))
     return ids
 
@@ -160,19 +168,24 @@ def test_no_import_circle() -> None:
     lines = []
     for component in _cycles(edges):
         members = set(component)
-        inside = {f"{imp.where} {imp.source} -> {imp.target}" for imp in imports
-                  if imp.source in members and imp.target in members}
+        inside = {
+            f"{imp.where} {imp.source} -> {imp.target}"
+            for imp in imports
+            if imp.source in members and imp.target in members
+        }
         lines.append(f"circle among {', '.join(component)}:\n    " + "\n    ".join(sorted(inside)))
     assert not lines, "import circles (break each by moving what both sides need below them):\n" + "\n".join(lines)
 
 
 def test_no_import_up_a_layer() -> None:
-    offenders = sorted({
-        f"{imp.where} {imp.source} (layer {LAYER_OF[_top(imp.source)]}) imports {imp.target} "
-        f"(layer {LAYER_OF[_top(imp.target)]})"
-        for imp in _imports()
-        if LAYER_OF[_top(imp.target)] > LAYER_OF[_top(imp.source)]
-    })
+    offenders = sorted(
+        {
+            f"{imp.where} {imp.source} (layer {LAYER_OF[_top(imp.source)]}) imports {imp.target} "
+            f"(layer {LAYER_OF[_top(imp.target)]})"
+            for imp in _imports()
+            if LAYER_OF[_top(imp.target)] > LAYER_OF[_top(imp.source)]
+        }
+    )
     assert not offenders, "imports up a layer (data <- model <- training <- the rest):\n" + "\n".join(offenders)
 
 
@@ -199,11 +212,17 @@ def test_strategy_names_are_spelled_only_in_the_registry() -> None:
         tree = _tree(path)
         docstrings = _docstrings(tree)
         for node in ast.walk(tree):  # reaches the constant parts of f-strings too
-            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
-                    and id(node) not in docstrings):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and node.value in names
+                and id(node) not in docstrings
+            ):
                 offenders.append(f"{_rel(path)}:{node.lineno} {node.value!r}")
-    assert not offenders, ("strategy names as string literals outside training/registry.py (ask the registry):\n"
-                           + "\n".join(sorted(offenders)))
+    assert not offenders, (
+        "strategy names as string literals outside training/registry.py (ask the registry):\n"
+        + "\n".join(sorted(offenders))
+    )
 
 
 def test_one_write_atomic() -> None:

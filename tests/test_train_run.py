@@ -12,13 +12,33 @@ import pytest
 
 from tests.launch import REPO, launch_env, summary, train_lines
 
-RUN_ARGS = ["--preset", "tiny", "--max_steps", "12", "--log_interval", "3", "--eval_interval", "6",
-            "--checkpoint_interval", "6", "--experiment", "test-exp", "--seed", "11"]
+RUN_ARGS = [
+    "--preset",
+    "tiny",
+    "--max_steps",
+    "12",
+    "--log_interval",
+    "3",
+    "--eval_interval",
+    "6",
+    "--checkpoint_interval",
+    "6",
+    "--experiment",
+    "test-exp",
+    "--seed",
+    "11",
+]
 
 
 def _train(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "train.py", *args], cwd=REPO, env=env or launch_env(),
-                          capture_output=True, text=True, timeout=600)  # a hang guard; a run takes seconds
+    return subprocess.run(
+        [sys.executable, "train.py", *args],
+        cwd=REPO,
+        env=env or launch_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # a hang guard; a run takes seconds
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +57,13 @@ def run_dir(tmp_path_factory: pytest.TempPathFactory, cache_dir: Path) -> Path:
 
 def _wandb_records(run_dir: Path) -> list[dict[str, Any]]:
     (log,) = run_dir.glob("wandb/offline-run-*/run-*.wandb")
-    out = subprocess.run([str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(log)],
-                         capture_output=True, text=True, timeout=120, check=True).stdout
+    out = subprocess.run(
+        [str(Path(sys.executable).with_name("wandb")), "leet", "inspect", "--json", str(log)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
@@ -57,13 +82,24 @@ def test_run_writes_every_output(run_dir: Path) -> None:
 
 def test_every_lever_is_recorded_as_asked_and_as_in_effect(run_dir: Path) -> None:
     config = json.loads((run_dir / "config.json").read_text())
-    asked = {"compile": "auto", "activation_checkpointing": False, "fused_adamw": "auto", "tf32": "auto",
-             "pin_memory": True}
+    asked = {
+        "compile": "auto",
+        "activation_checkpointing": False,
+        "fused_adamw": "auto",
+        "tf32": "auto",
+        "pin_memory": True,
+    }
     assert config["speed"] == asked
     in_effect = config["launch"]["levers"]
     assert in_effect == summary(run_dir)["levers"]
-    assert (in_effect["compile"], in_effect["activation_checkpointing"], in_effect["fused_adamw"], in_effect["tf32"],
-            in_effect["pin_memory"], in_effect["dataloader_workers"]) == (False, "off", False, False, False, 0)
+    assert (
+        in_effect["compile"],
+        in_effect["activation_checkpointing"],
+        in_effect["fused_adamw"],
+        in_effect["tf32"],
+        in_effect["pin_memory"],
+        in_effect["dataloader_workers"],
+    ) == (False, "off", False, False, False, 0)
     assert "slower than eager" in in_effect["compile_reason"]  # the CPU default, with its reason
     (wandb_config,) = [r["config"]["update"] for r in _wandb_records(run_dir) if r["type"] == "config"]
     assert wandb_config["speed"] == asked and wandb_config["launch"]["levers"] == in_effect
@@ -73,8 +109,9 @@ def test_wandb_offline_run_holds_the_same_losses_as_metrics_jsonl(run_dir: Path)
     records = _wandb_records(run_dir)
     history = {r["history"]["item"]["_step"]: r["history"]["item"] for r in records if r["type"] == "history"}
     lines = train_lines(run_dir)
-    epoch_ends = [sum(e["steps"] for e in summary(run_dir)["epochs"][: i + 1])
-                  for i in range(len(summary(run_dir)["epochs"]))]
+    epoch_ends = [
+        sum(e["steps"] for e in summary(run_dir)["epochs"][: i + 1]) for i in range(len(summary(run_dir)["epochs"]))
+    ]
     assert sorted(lines) == sorted({3, 6, 9, 12, *epoch_ends})  # every log_interval, and each epoch's end
     for step, line in lines.items():
         assert history[step]["train/loss"] == line["loss"]
@@ -159,15 +196,29 @@ def _one_error_line(result: subprocess.CompletedProcess[str]) -> str:
 
 
 def test_missing_data_path_is_one_line_error(tmp_path: Path, cache_dir: Path) -> None:
-    result = _train(["--preset", "tiny", "--data", str(tmp_path / "nope.csv"), "--output_dir", str(tmp_path / "o"),
-                     "--cache_dir", str(cache_dir), "--wandb_mode", "disabled"])
+    result = _train(
+        [
+            "--preset",
+            "tiny",
+            "--data",
+            str(tmp_path / "nope.csv"),
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--cache_dir",
+            str(cache_dir),
+            "--wandb_mode",
+            "disabled",
+        ]
+    )
     assert result.returncode == 2
     assert "nope.csv" in _one_error_line(result)
 
 
 def test_an_existing_run_is_never_overwritten_by_accident(run_dir: Path, cache_dir: Path) -> None:
     before = {p: p.read_bytes() for p in (run_dir / "metrics.jsonl", run_dir / "summary.json")}
-    result = _train([*RUN_ARGS, "--output_dir", str(run_dir), "--cache_dir", str(cache_dir), "--wandb_mode", "disabled"])
+    result = _train(
+        [*RUN_ARGS, "--output_dir", str(run_dir), "--cache_dir", str(cache_dir), "--wandb_mode", "disabled"]
+    )
     assert result.returncode == 2
     assert "--resume" in _one_error_line(result)
     assert {p: p.read_bytes() for p in before} == before
@@ -183,8 +234,19 @@ def test_an_existing_run_is_never_overwritten_by_accident(run_dir: Path, cache_d
     ],
 )
 def test_bad_settings_are_one_line_errors(tmp_path: Path, cache_dir: Path, args: list[str], message: str) -> None:
-    result = _train(["--preset", "tiny", "--output_dir", str(tmp_path / "o"), "--cache_dir", str(cache_dir),
-                     "--wandb_mode", "disabled", *args])
+    result = _train(
+        [
+            "--preset",
+            "tiny",
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--cache_dir",
+            str(cache_dir),
+            "--wandb_mode",
+            "disabled",
+            *args,
+        ]
+    )
     assert result.returncode in (2, 3)
     assert message in _one_error_line(result)
     assert not (tmp_path / "o" / "metrics.jsonl").exists()
@@ -198,12 +260,24 @@ def test_bad_settings_are_one_line_errors(tmp_path: Path, cache_dir: Path, args:
         (["--wandb_finish_timeout_s", "-1"], "--wandb_finish_timeout_s must be >= 0"),
     ],
 )
-def test_bad_command_line_values_are_one_line_errors(tmp_path: Path, cache_dir: Path, args: list[str], message: str,
-                                                     capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_command_line_values_are_one_line_errors(
+    tmp_path: Path, cache_dir: Path, args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     import train
 
-    status = train.main(["--preset", "tiny", "--output_dir", str(tmp_path / "o"), "--cache_dir", str(cache_dir),
-                         "--wandb_mode", "disabled", *args])
+    status = train.main(
+        [
+            "--preset",
+            "tiny",
+            "--output_dir",
+            str(tmp_path / "o"),
+            "--cache_dir",
+            str(cache_dir),
+            "--wandb_mode",
+            "disabled",
+            *args,
+        ]
+    )
     err = capsys.readouterr().err
     assert status == 2
     lines = [line for line in err.splitlines() if line.startswith("error:")]
@@ -218,19 +292,46 @@ def test_help_lists_every_config_section(capsys: pytest.CaptureFixture[str]) -> 
         train.main(["--help"])
     assert exited.value.code in (0, None)
     stdout = capsys.readouterr().out
-    for flag in ("--preset", "--data", "--max_steps", "--epochs", "--output_dir", "--seed", "--resume",
-                 "--global_batch_tokens", "--micro_batch_size", "--block_size", "--experiment"):
+    for flag in (
+        "--preset",
+        "--data",
+        "--max_steps",
+        "--epochs",
+        "--output_dir",
+        "--seed",
+        "--resume",
+        "--global_batch_tokens",
+        "--micro_batch_size",
+        "--block_size",
+        "--experiment",
+    ):
         assert flag in stdout
 
 
 def test_no_secret_from_the_environment_reaches_the_run_files_or_the_output(tmp_path: Path, cache_dir: Path) -> None:
-    secrets = {"WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567", "HF_TOKEN": "hf_notarealtokenXYZ123",
-               "GITHUB_TOKEN": "ghp_notarealtokenXYZ123456"}
+    secrets = {
+        "WANDB_API_KEY": "0123456789abcdef0123456789abcdef01234567",
+        "HF_TOKEN": "hf_notarealtokenXYZ123",
+        "GITHUB_TOKEN": "ghp_notarealtokenXYZ123456",
+    }
     # Offline: with a key W&B's auto mode would go online, and this machine has no network.
     env = {**launch_env(), **secrets, "WANDB_MODE": "offline"}
     out = tmp_path / "run"
-    result = _train(["--preset", "tiny", "--max_steps", "3", "--output_dir", str(out), "--cache_dir", str(cache_dir),
-                     "--checkpoint_interval", "1"], env)
+    result = _train(
+        [
+            "--preset",
+            "tiny",
+            "--max_steps",
+            "3",
+            "--output_dir",
+            str(out),
+            "--cache_dir",
+            str(cache_dir),
+            "--checkpoint_interval",
+            "1",
+        ],
+        env,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     files = [p for p in out.rglob("*") if p.is_file()]
     assert any(p.name.endswith(".wandb") for p in files) and any(p.name == "config.json" for p in files)
@@ -256,7 +357,9 @@ def test_the_export_is_as_readable_as_the_rest_of_the_run_directory(run_dir: Pat
     assert (run_dir / "hf").stat().st_mode & 0o777 == 0o777 & ~umask
     for path in (run_dir / "hf").iterdir():
         assert path.stat().st_mode & 0o777 == 0o666 & ~umask, path.name
-    assert (run_dir / "hf" / "model.safetensors").stat().st_mode & 0o777 == (run_dir / "summary.json").stat().st_mode & 0o777
+    assert (run_dir / "hf" / "model.safetensors").stat().st_mode & 0o777 == (
+        run_dir / "summary.json"
+    ).stat().st_mode & 0o777
 
 
 def test_train_py_ends_as_the_interpreter_would_but_without_its_teardown(tmp_path: Path) -> None:
@@ -274,8 +377,9 @@ atexit.register(lambda: print("exit handler ran", end=""))  # no newline: lost u
 train.exit_without_teardown(7)
 print("never printed")
 """
-    result = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=60,
-                            stdin=subprocess.DEVNULL)
+    result = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+    )
     assert result.returncode == 7, result.stderr
     assert result.stdout.splitlines() == ["thread finished", "exit handler ran"]
     assert (tmp_path / ".lock").read_text() == ""  # released by its exit handler: no holder named

@@ -114,17 +114,42 @@ def failed_run(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     # W&B at its default, with nothing that could make it online or change where it writes.
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     env.update(
-        NETRC=str(root / "no-netrc"), PYTHONUNBUFFERED="1", TOKENIZERS_PARALLELISM="false",
+        NETRC=str(root / "no-netrc"),
+        PYTHONUNBUFFERED="1",
+        TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=os.pathsep.join([str(root / "site"), *filter(None, [os.environ.get("PYTHONPATH")])]),
-        TEST_WANDB_FAIL=what, TEST_WANDB_CALLS=str(root / "calls"),
+        TEST_WANDB_FAIL=what,
+        TEST_WANDB_CALLS=str(root / "calls"),
     )
     out = root / "run"
     # Small batches and no export: what is tested is the W&B path, not the training cost.
     done = subprocess.run(
-        [sys.executable, "train.py", "--preset", "tiny", "--max_steps", str(STEPS), "--log_interval", "1",
-         "--output_dir", str(out), "--cache_dir", str(cache_dir),
-         "--block_size", "32", "--micro_batch_size", "4", "--global_batch_tokens", "128", "--no-export_hf"],
-        cwd=REPO, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "train.py",
+            "--preset",
+            "tiny",
+            "--max_steps",
+            str(STEPS),
+            "--log_interval",
+            "1",
+            "--output_dir",
+            str(out),
+            "--cache_dir",
+            str(cache_dir),
+            "--block_size",
+            "32",
+            "--micro_batch_size",
+            "4",
+            "--global_batch_tokens",
+            "128",
+            "--no-export_hf",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     calls = (root / "calls").read_text().split() if (root / "calls").exists() else []
     return FailedRun(what, out, done, calls)

@@ -87,8 +87,14 @@ def _sync(closing_line: str, env: dict[str, str]) -> subprocess.CompletedProcess
     _, found, command = closing_line.partition("upload the rest with: ")
     if not found or not command.startswith("wandb sync "):
         return None
-    return subprocess.run([sys.executable, "-m", "wandb", *shlex.split(command)[1:]], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "wandb", *shlex.split(command)[1:]],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -99,11 +105,34 @@ def dropped_run(tmp_path_factory: pytest.TempPathFactory) -> DroppedRun:
     sync_server = FakeWandbServer().start()
     try:
         done = subprocess.run(
-            [sys.executable, "train.py", "--preset", "tiny", "--max_steps", str(STEPS), "--log_interval", "1",
-             "--output_dir", str(out), "--cache_dir", str(root / "cache"),
-             "--block_size", "32", "--micro_batch_size", "4", "--global_batch_tokens", "128", "--no-export_hf",
-             "--wandb_finish_timeout_s", str(FINISH_TIMEOUT_S)],
-            cwd=REPO, env=_wandb_env(server.base_url), capture_output=True, text=True, timeout=RUN_LIMIT_S,
+            [
+                sys.executable,
+                "train.py",
+                "--preset",
+                "tiny",
+                "--max_steps",
+                str(STEPS),
+                "--log_interval",
+                "1",
+                "--output_dir",
+                str(out),
+                "--cache_dir",
+                str(root / "cache"),
+                "--block_size",
+                "32",
+                "--micro_batch_size",
+                "4",
+                "--global_batch_tokens",
+                "128",
+                "--no-export_hf",
+                "--wandb_finish_timeout_s",
+                str(FINISH_TIMEOUT_S),
+            ],
+            cwd=REPO,
+            env=_wandb_env(server.base_url),
+            capture_output=True,
+            text=True,
+            timeout=RUN_LIMIT_S,
         )
         ended = time.time()
         summary_written = (out / "summary.json").stat().st_mtime if (out / "summary.json").exists() else ended
@@ -162,13 +191,16 @@ def test_summary_json_is_complete(dropped_run: DroppedRun) -> None:
 def test_wandb_sync_from_the_closing_line_uploads_every_step(dropped_run: DroppedRun) -> None:
     last = dropped_run.stdout_lines()[-1]
     run_dir = next((dropped_run.out / "wandb").glob("run-*"))
-    assert last == (f"W&B: the upload did not finish; the run is kept in {run_dir}; "
-                    f"upload the rest with: wandb sync --include-online {run_dir}")
+    assert last == (
+        f"W&B: the upload did not finish; the run is kept in {run_dir}; "
+        f"upload the rest with: wandb sync --include-online {run_dir}"
+    )
     assert dropped_run.sync is not None and dropped_run.sync.returncode == 0, dropped_run.sync
     rows = _history(dropped_run.sync_server.requests)
     lines = dropped_run.lines()
     assert {row["_step"]: row["train/loss"] for row in rows} == {
-        line["step"]: line["loss"] for line in lines if line["kind"] == "train"}
+        line["step"]: line["loss"] for line in lines if line["kind"] == "train"
+    }
     assert [row["val/loss"] for row in rows if "val/loss" in row] == [lines[-1]["val_loss"]]
 
 

@@ -81,19 +81,40 @@ def _graphql_data(operation: str, variables: dict[str, Any], server: _Server) ->
     if operation in _REPORT_OPERATIONS:
         return _REPORT_OPERATIONS[operation](variables, server)
     if operation == "UpsertBucket":
-        return {"upsertBucket": {"inserted": True, "bucket": {
-            "id": "UnVuOjE=", "name": variables.get("name"), "displayName": variables.get("displayName"),
-            "description": None, "config": "{}", "sweepName": None, "historyLineCount": 0,
-            "project": {"id": "UHJvamVjdDox", "name": variables.get("project") or "uncategorized",
-                        "entity": {"id": "RW50aXR5OjE=", "name": variables.get("entity") or ENTITY}}}}}
+        return {
+            "upsertBucket": {
+                "inserted": True,
+                "bucket": {
+                    "id": "UnVuOjE=",
+                    "name": variables.get("name"),
+                    "displayName": variables.get("displayName"),
+                    "description": None,
+                    "config": "{}",
+                    "sweepName": None,
+                    "historyLineCount": 0,
+                    "project": {
+                        "id": "UHJvamVjdDox",
+                        "name": variables.get("project") or "uncategorized",
+                        "entity": {"id": "RW50aXR5OjE=", "name": variables.get("entity") or ENTITY},
+                    },
+                },
+            }
+        }
     if operation == "ServerFeaturesQuery":
         return {"serverInfo": {"features": []}}
     if operation == "OrganizationCoreWeaveOrganizationID":
         return {"entity": {"organization": None}}
     if operation == "CreateRunFiles":
         # wandb-core 0.31 dereferences every file's upload URL: leaving them out makes it panic.
-        return {"createRunFiles": {"runID": "UnVuOjE=", "uploadHeaders": [], "files": [
-            {"name": name, "uploadUrl": f"{base_url}/upload/{name}"} for name in variables.get("files", [])]}}
+        return {
+            "createRunFiles": {
+                "runID": "UnVuOjE=",
+                "uploadHeaders": [],
+                "files": [
+                    {"name": name, "uploadUrl": f"{base_url}/upload/{name}"} for name in variables.get("files", [])
+                ],
+            }
+        }
     if operation == "RunResumeStatus":
         return {"model": None}  # no such run yet, so the run is created
     raise UnknownOperation(operation)
@@ -104,20 +125,41 @@ def _graphql_data(operation: str, variables: dict[str, Any], server: _Server) ->
 
 
 def _viewer(variables: dict[str, Any], server: _Server) -> dict[str, Any]:
-    return {"viewer": {"id": "VXNlcjox", "entity": ENTITY, "username": ENTITY, "email": None, "flags": "{}",
-                       "teams": {"edges": []}}}
+    return {
+        "viewer": {
+            "id": "VXNlcjox",
+            "entity": ENTITY,
+            "username": ENTITY,
+            "email": None,
+            "flags": "{}",
+            "teams": {"edges": []},
+        }
+    }
 
 
 def _project(entity: str, name: str) -> dict[str, Any]:
-    return {"__typename": "Project", "id": PROJECT_ID, "name": name, "entityName": entity,
-            "createdAt": "2026-01-01T00:00:00", "isBenchmark": False, "user": None, "description": None,
-            "access": "PRIVATE", "views": "{}"}
+    return {
+        "__typename": "Project",
+        "id": PROJECT_ID,
+        "name": name,
+        "entityName": entity,
+        "createdAt": "2026-01-01T00:00:00",
+        "isBenchmark": False,
+        "user": None,
+        "description": None,
+        "access": "PRIVATE",
+        "views": "{}",
+    }
 
 
 def _get_projects(variables: dict[str, Any], server: _Server) -> dict[str, Any]:
     names = sorted(name for entity, name in server.projects if entity == variables.get("entity"))
-    return {"models": {"pageInfo": {"__typename": "PageInfo", "endCursor": None, "hasNextPage": False},
-                       "edges": [{"node": _project(variables["entity"], name)} for name in names]}}
+    return {
+        "models": {
+            "pageInfo": {"__typename": "PageInfo", "endCursor": None, "hasNextPage": False},
+            "edges": [{"node": _project(variables["entity"], name)} for name in names],
+        }
+    }
 
 
 def _create_project(variables: dict[str, Any], server: _Server) -> dict[str, Any]:
@@ -137,24 +179,53 @@ def _upsert_view(variables: dict[str, Any], server: _Server) -> dict[str, Any]:
     if server.refuse:
         raise Refused(server.refuse)
     server.views.append(dict(variables))
-    return {"upsertView": {"inserted": True, "view": {
-        "id": VIEW_ID, "type": variables.get("type"), "name": variables.get("name"),
-        "displayName": variables.get("displayName"), "description": variables.get("description"),
-        "project": {"id": PROJECT_ID, "name": variables.get("projectName"), "entityName": variables.get("entityName")},
-        "spec": variables.get("spec"), "updatedAt": "2026-01-01T00:00:00"}}}
+    return {
+        "upsertView": {
+            "inserted": True,
+            "view": {
+                "id": VIEW_ID,
+                "type": variables.get("type"),
+                "name": variables.get("name"),
+                "displayName": variables.get("displayName"),
+                "description": variables.get("description"),
+                "project": {
+                    "id": PROJECT_ID,
+                    "name": variables.get("projectName"),
+                    "entityName": variables.get("entityName"),
+                },
+                "spec": variables.get("spec"),
+                "updatedAt": "2026-01-01T00:00:00",
+            },
+        }
+    }
 
 
 # What `wandb.Api().runs(path, filters={"group": ...})` asks, then each run's config, summary and history.
 
 
 def _run_node(run: RemoteRun) -> dict[str, Any]:
-    return {"id": f"UnVuOi{run.id}", "name": run.id, "displayName": run.name or run.id, "projectId": 1,
-            "tags": [], "sweepName": None, "state": "finished", "group": run.group, "jobType": None,
-            "commit": None, "readOnly": False, "createdAt": "2026-01-01T00:00:00",
-            "heartbeatAt": "2026-01-01T00:00:00", "description": None, "notes": None,
-            "historyLineCount": len(run.history), "user": {"name": ENTITY, "username": ENTITY},
-            "config": json.dumps({k: {"value": v} for k, v in run.config.items()}),
-            "summaryMetrics": json.dumps(run.summary), "systemMetrics": "{}"}
+    return {
+        "id": f"UnVuOi{run.id}",
+        "name": run.id,
+        "displayName": run.name or run.id,
+        "projectId": 1,
+        "tags": [],
+        "sweepName": None,
+        "state": "finished",
+        "group": run.group,
+        "jobType": None,
+        "commit": None,
+        "readOnly": False,
+        "createdAt": "2026-01-01T00:00:00",
+        "heartbeatAt": "2026-01-01T00:00:00",
+        "description": None,
+        "notes": None,
+        "historyLineCount": len(run.history),
+        "user": {"name": ENTITY, "username": ENTITY},
+        "config": json.dumps({k: {"value": v} for k, v in run.config.items()}),
+        "summaryMetrics": json.dumps(run.summary),
+        "systemMetrics": "{}",
+    }
 
 
 def _runs(variables: dict[str, Any], server: _Server) -> dict[str, Any]:
@@ -163,11 +234,23 @@ def _runs(variables: dict[str, Any], server: _Server) -> dict[str, Any]:
         raise UnknownOperation(f"Runs with filters {sorted(filters)}")  # only the group filter is implemented
     if (variables["entity"], variables["project"]) not in server.projects:
         return {"project": None}
-    found = [run for run in server.runs if (run.entity, run.project) == (variables["entity"], variables["project"])
-             and run.group == filters.get("group", run.group)]
-    return {"project": {"internalId": PROJECT_INTERNAL_ID, "runCount": len(found), "readOnly": False, "runs": {
-        "edges": [{"node": _run_node(run), "cursor": run.id} for run in found],
-        "pageInfo": {"endCursor": found[-1].id if found else None, "hasNextPage": False}}}}
+    found = [
+        run
+        for run in server.runs
+        if (run.entity, run.project) == (variables["entity"], variables["project"])
+        and run.group == filters.get("group", run.group)
+    ]
+    return {
+        "project": {
+            "internalId": PROJECT_INTERNAL_ID,
+            "runCount": len(found),
+            "readOnly": False,
+            "runs": {
+                "edges": [{"node": _run_node(run), "cursor": run.id} for run in found],
+                "pageInfo": {"endCursor": found[-1].id if found else None, "hasNextPage": False},
+            },
+        }
+    }
 
 
 def _named_run(variables: dict[str, Any], server: _Server) -> RemoteRun:
@@ -180,8 +263,10 @@ def _named_run(variables: dict[str, Any], server: _Server) -> RemoteRun:
 def _run_history_keys(variables: dict[str, Any], server: _Server) -> dict[str, Any]:
     run = _named_run(variables, server)
     keys = {key for row in run.history for key in row}
-    counts = {key: {"typeCounts": [{"type": "number", "count": sum(key in row for row in run.history)}]}
-              for key in sorted(keys)}
+    counts = {
+        key: {"typeCounts": [{"type": "number", "count": sum(key in row for row in run.history)}]}
+        for key in sorted(keys)
+    }
     last = max((row["_step"] for row in run.history), default=0)
     return {"project": {"run": {"historyKeys": {"lastStep": last, "keys": counts}}}}
 
@@ -195,13 +280,19 @@ def _run_parquet_history(variables: dict[str, Any], server: _Server) -> dict[str
 def _history_page(variables: dict[str, Any], server: _Server) -> dict[str, Any]:
     run = _named_run({**variables, "name": variables["run"]}, server)
     rows = [row for row in run.history if variables["minStep"] <= row["_step"] < variables["maxStep"]]
-    return {"project": {"run": {"history": [json.dumps(row) for row in rows[:variables["pageSize"]]]}}}
+    return {"project": {"run": {"history": [json.dumps(row) for row in rows[: variables["pageSize"]]]}}}
 
 
 _REPORT_OPERATIONS: dict[str, Callable[[dict[str, Any], _Server], dict[str, Any]]] = {
-    "Viewer": _viewer, "GetDefaultEntity": _viewer, "GetProjects": _get_projects, "CreateProject": _create_project,
-    "ProjectInternalId": _project_internal_id, "upsertView": _upsert_view, "Runs": _runs,
-    "RunHistoryKeys": _run_history_keys, "RunParquetHistory": _run_parquet_history,
+    "Viewer": _viewer,
+    "GetDefaultEntity": _viewer,
+    "GetProjects": _get_projects,
+    "CreateProject": _create_project,
+    "ProjectInternalId": _project_internal_id,
+    "upsertView": _upsert_view,
+    "Runs": _runs,
+    "RunHistoryKeys": _run_history_keys,
+    "RunParquetHistory": _run_parquet_history,
     "HistoryPage": _history_page,
 }
 
@@ -313,8 +404,12 @@ class _Server(ThreadingHTTPServer):
 class FakeWandbServer:
     """Serves in a thread from start() until drop() or stop()."""
 
-    def __init__(self, drop_when: Callable[[Request], bool] = lambda request: False,
-                 projects: tuple[tuple[str, str], ...] = (), runs: tuple[RemoteRun, ...] = ()) -> None:
+    def __init__(
+        self,
+        drop_when: Callable[[Request], bool] = lambda request: False,
+        projects: tuple[tuple[str, str], ...] = (),
+        runs: tuple[RemoteRun, ...] = (),
+    ) -> None:
         self._drop_when = drop_when
         self.projects: set[tuple[str, str]] = set(projects)  # (entity, project) that exist on the server
         self.runs: list[RemoteRun] = list(runs)  # the runs the server holds, for Api().runs
@@ -358,8 +453,9 @@ class FakeWandbServer:
     def start(self) -> FakeWandbServer:
         self._server = _Server(self._on_request)
         self._server.projects, self._server.runs = self.projects, self.runs  # shared: a test may add more
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        name="fake-wandb-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, name="fake-wandb-server", daemon=True
+        )
         self._thread.start()
         return self
 

@@ -36,11 +36,20 @@ class StubBackend:
         if "ProjectInternalId" in query:
             return {"project": {"id": "UHJvamVjdDox", "internalId": "internal-1"}}
         if "upsertView" in query:
-            view = {"id": VIEW_ID, "type": variables["type"], "name": variables["name"],
-                    "displayName": variables["displayName"], "description": variables["description"],
-                    "project": {"id": "UHJvamVjdDox", "name": variables["projectName"],
-                                "entityName": variables["entityName"]},
-                    "spec": variables["spec"], "updatedAt": "2026-01-01T00:00:00"}
+            view = {
+                "id": VIEW_ID,
+                "type": variables["type"],
+                "name": variables["name"],
+                "displayName": variables["displayName"],
+                "description": variables["description"],
+                "project": {
+                    "id": "UHJvamVjdDox",
+                    "name": variables["projectName"],
+                    "entityName": variables["entityName"],
+                },
+                "spec": variables["spec"],
+                "updatedAt": "2026-01-01T00:00:00",
+            }
             return {"upsertView": {"view": view, "inserted": True}}
         raise AssertionError(f"the stub does not know this request: {query.split('(')[0].strip()}")
 

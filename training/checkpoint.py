@@ -45,8 +45,14 @@ class TrainState:
     times: dict[str, float] = field(default_factory=dict)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"step": self.step, "epoch": self.epoch, "steps_in_epoch": self.steps_in_epoch,
-                "records": self.records, "epochs": self.epochs, "times": self.times}
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "steps_in_epoch": self.steps_in_epoch,
+            "records": self.records,
+            "epochs": self.epochs,
+            "times": self.times,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key, value in state.items():
@@ -87,8 +93,14 @@ def _quiet_tied_weight_notice() -> None:
         emitter.addFilter(_drop_tied_weight_notice)
 
 
-def save_checkpoint(accelerator: Accelerator, output_dir: Path, step: int, model_config: dict[str, Any],
-                    keep: int, train_state: dict[str, Any] | None = None) -> Path:
+def save_checkpoint(
+    accelerator: Accelerator,
+    output_dir: Path,
+    step: int,
+    model_config: dict[str, Any],
+    keep: int,
+    train_state: dict[str, Any] | None = None,
+) -> Path:
     """Write a checkpoint on every rank, mark it complete, keep the newest `keep` complete ones.
 
     `train_state`: what the loop needs besides accelerate's states (position, measurements, schedule),
@@ -121,8 +133,11 @@ def checkpoint_step(path: Path) -> int:
 
 
 def _manifest(folder: Path) -> dict[str, list[int]]:
-    return {str(p.relative_to(folder)): [p.stat().st_size, _crc32(p)]
-            for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER}
+    return {
+        str(p.relative_to(folder)): [p.stat().st_size, _crc32(p)]
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != COMPLETE_MARKER
+    }
 
 
 def _crc32(path: Path) -> int:
@@ -166,8 +181,10 @@ def newest_good_checkpoint(output_dir: Path) -> Path:
         if os.environ.get("RANK", "0") == "0":  # every rank checks; one says so
             print(f"warning: skipping checkpoint {path.name}: {problem}", file=sys.stderr, flush=True)
     if found:
-        raise RunError(f"--resume: no intact checkpoint in {output_dir / CHECKPOINTS_DIR} "
-                       f"({len(found)} complete, all damaged); run without --resume or with --overwrite")
+        raise RunError(
+            f"--resume: no intact checkpoint in {output_dir / CHECKPOINTS_DIR} "
+            f"({len(found)} complete, all damaged); run without --resume or with --overwrite"
+        )
     raise RunError(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS_DIR}; run without --resume")
 
 

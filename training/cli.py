@@ -72,8 +72,12 @@ def _add_fields(group: argparse._ArgumentGroup, cls: type, preset_values: dict[s
         if f.name in preset_values:
             shown = f"{preset_values[f.name]}, from --preset {preset}"
         else:
-            shown = f.default if f.default is not dataclasses.MISSING else (
-                f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+            shown = (
+                f.default
+                if f.default is not dataclasses.MISSING
+                else (
+                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+                )
             )
         if shown is None or shown == []:
             # Help texts of optional fields say what "none" means; a "(default: none)" would repeat it.
@@ -108,7 +112,9 @@ DEFAULT_PRESET = "tiny"
 
 def _add_preset(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--preset", default=DEFAULT_PRESET, choices=sorted(PRESETS),
+        "--preset",
+        default=DEFAULT_PRESET,
+        choices=sorted(PRESETS),
         help="named set of defaults, shown below for the preset given (default: %(default)s): "
         + "; ".join(f"{k}: {v.description}" for k, v in sorted(PRESETS.items())),
     )

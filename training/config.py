@@ -23,11 +23,14 @@ def _help(text: str, **kwargs: Any) -> Any:
 class ModelChoice:
     """Which GPT-2 to train; sizes come from the model preset (see model.GPT2Config.from_preset)."""
 
-    model_preset: str = _help("model size preset: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, mini, tiny",
-                              default="gpt2")
+    model_preset: str = _help(
+        "model size preset: gpt2 (124M), gpt2-medium, gpt2-large, gpt2-xl, mini, tiny", default="gpt2"
+    )
     n_layer: int | None = _help(
         "transformer blocks instead of the model preset's (none: the preset's); a shallow model of a large "
-        "preset's width runs the same command quickly on CPU", default=None)
+        "preset's width runs the same command quickly on CPU",
+        default=None,
+    )
     dropout: float = _help("dropout for embeddings, attention and residuals (0 = off)", default=0.0)
     attn_impl: str = _help("attention kernel: sdpa (fused) or math (explicit softmax)", default="sdpa")
 
@@ -62,8 +65,9 @@ class OptimConfig:
         "optimizer steps to train (beats --epochs; --epochs alone on the command line beats a preset's max_steps)",
         default=None,
     )
-    epochs: int | None = _help("passes over the training blocks (none: 1 epoch, unless --max_steps is set)",
-                               default=None)
+    epochs: int | None = _help(
+        "passes over the training blocks (none: 1 epoch, unless --max_steps is set)", default=None
+    )
 
     def __post_init__(self) -> None:
         _positive("lr", self.lr)
@@ -89,10 +93,13 @@ class RunConfig:
     output_dir: str = _help("run directory (metrics.jsonl, summary.json, checkpoints/, hf/)", default="runs/latest")
     seed: int = _help("seed for initialisation, dropout and data order (same seed = same data order)", default=1337)
     resume: bool = _help("continue from the newest complete checkpoint in --output_dir", default=False)
-    overwrite: bool = _help("start afresh in an --output_dir that already holds a run (its files are replaced)", default=False)
+    overwrite: bool = _help(
+        "start afresh in an --output_dir that already holds a run (its files are replaced)", default=False
+    )
     strategy: str = _help(
         "strategy this run must use: auto (whatever the launch config gives) or one of "
-        + ", ".join(registry.names()) + " (see accelerate_configs/); a mismatch with what is in effect stops the "
+        + ", ".join(registry.names())
+        + " (see accelerate_configs/); a mismatch with what is in effect stops the "
         "run at start-up",
         default=registry.AUTO,
     )
@@ -136,9 +143,7 @@ class RunConfig:
     )
     wandb_project: str = _help("W&B project", default="gpt2-strategies")
     wandb_entity: str | None = _help("W&B entity (team or user; none: yours)", default=None)
-    wandb_mode: str = _help(
-        "auto (online when logged in, else offline), online, offline or disabled", default="auto"
-    )
+    wandb_mode: str = _help("auto (online when logged in, else offline), online, offline or disabled", default="auto")
     wandb_finish_timeout_s: float = _help(
         "seconds the end of an online run waits for W&B to finish uploading; then the run ends anyway and "
         "`wandb sync` uploads the rest later (0 = wait as long as the upload takes)",
@@ -151,8 +156,14 @@ class RunConfig:
         if self.wandb_mode not in WANDB_MODES:
             raise ValueError(f"--wandb_mode must be one of {', '.join(WANDB_MODES)}, got {self.wandb_mode!r}")
         _positive("log_interval", self.log_interval)
-        for name in ("eval_interval", "eval_blocks", "checkpoint_interval", "perf_warmup_steps",
-                     "dataloader_workers", "max_nonfinite_steps"):
+        for name in (
+            "eval_interval",
+            "eval_blocks",
+            "checkpoint_interval",
+            "perf_warmup_steps",
+            "dataloader_workers",
+            "max_nonfinite_steps",
+        ):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{name} must be >= 0, got {getattr(self, name)}")
         _positive("keep_checkpoints", self.keep_checkpoints)
@@ -188,8 +199,9 @@ class SpeedConfig:
         "fp32 matmuls on TF32 tensor cores: auto (on for compute capability 8.0+, Ampere and newer), on, off",
         default="auto",
     )
-    pin_memory: bool = _help("pinned host memory for the DataLoader's batches (CUDA only; no effect on CPU)",
-                             default=True)
+    pin_memory: bool = _help(
+        "pinned host memory for the DataLoader's batches (CUDA only; no effect on CPU)", default=True
+    )
 
     def __post_init__(self) -> None:
         for name in ("compile", "fused_adamw", "tf32"):

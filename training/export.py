@@ -25,8 +25,12 @@ def export_checkpoint(checkpoint: Path, out: Path, tokenizer_name: str | None = 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.export", description=__doc__.strip().splitlines()[0])
-    parser.add_argument("--checkpoint", required=True, type=Path,
-                        help="a checkpoint folder (checkpoints/step_N) or a run directory (its newest checkpoint)")
+    parser.add_argument(
+        "--checkpoint",
+        required=True,
+        type=Path,
+        help="a checkpoint folder (checkpoints/step_N) or a run directory (its newest checkpoint)",
+    )
     parser.add_argument("--out", required=True, type=Path, help="the Hugging Face folder to write")
     parser.add_argument("--tokenizer", default=None, help="tokenizer to save beside the model (default: GPT-2's)")
     args = parser.parse_args(argv)

@@ -47,8 +47,13 @@ def nearest_multiples(tokens: int, unit: int) -> str:
     return f"{lower} or {upper}" if lower else f"{upper}"
 
 
-def divide(global_batch_tokens: int | None, micro_batch_size: int, block_size: int, world_size: int,
-           processes: str = "processes") -> BatchGeometry:
+def divide(
+    global_batch_tokens: int | None,
+    micro_batch_size: int,
+    block_size: int,
+    world_size: int,
+    processes: str = "processes",
+) -> BatchGeometry:
     """Gradient accumulation from the global batch; None means one micro-batch per process (no accumulation).
 
     `processes` names what `world_size` counts in the error ("devices of ddp", "lcm(world sizes 1, 2)").
@@ -58,7 +63,8 @@ def divide(global_batch_tokens: int | None, micro_batch_size: int, block_size: i
     if tokens % unit:
         raise BatchError(
             f"--global_batch_tokens {tokens} is not a multiple of micro_batch_size x block_size x {processes} "
-            f"= {micro_batch_size} x {block_size} x {world_size} = {unit}; use {nearest_multiples(tokens, unit)}")
+            f"= {micro_batch_size} x {block_size} x {world_size} = {unit}; use {nearest_multiples(tokens, unit)}"
+        )
     return BatchGeometry(micro_batch_size, tokens // unit, world_size, block_size)
 
 

@@ -56,8 +56,12 @@ class PeakFlops:
     def launch_fields(self) -> dict[str, Any]:
         """The run record's peak fields (training.record.LaunchRecord): the figure, its source, when it was
         measured and its trials' relative spread, so a report can tell runs divided by different peaks."""
-        return {"peak_flops_per_device": self.flops_per_s, "peak_flops_source": self.source,
-                "peak_flops_measured_at": self.measured_at, "peak_flops_relative_spread": self.relative_spread}
+        return {
+            "peak_flops_per_device": self.flops_per_s,
+            "peak_flops_source": self.source,
+            "peak_flops_measured_at": self.measured_at,
+            "peak_flops_relative_spread": self.relative_spread,
+        }
 
     @property
     def spread_wide(self) -> bool:
@@ -93,8 +97,10 @@ def gpu_peak_flops(device_name: str, precision: str) -> PeakFlops:
     """Datasheet peak FLOP/s of the GPU named exactly device_name (up to case and surrounding spaces)."""
     entry = datasheet_entry(device_name)
     if entry is None or precision not in entry[2]:
-        return PeakFlops(float("nan"), f"no peak-FLOP/s entry for {device_name!r} at {precision}: "
-                                       "MFU not computed (add it to training/gpus.py)")
+        return PeakFlops(
+            float("nan"),
+            f"no peak-FLOP/s entry for {device_name!r} at {precision}: MFU not computed (add it to training/gpus.py)",
+        )
     name, datasheet, figures = entry
     tflops = figures[precision]
     return PeakFlops(tflops * 1e12, f"table: {name} {precision} {tflops:g} TFLOP/s dense ({datasheet})")
@@ -130,8 +136,9 @@ def spread_is_wide(relative_spread: float) -> bool:
     return relative_spread > CPU_SPREAD_LIMIT
 
 
-def measure_cpu_matmul_rates(n: int = CPU_MATMUL_SIZE, trials: int = CPU_TRIALS, trial_s: float = CPU_TRIAL_S,
-                             warmup_s: float = CPU_WARMUP_S) -> list[float]:
+def measure_cpu_matmul_rates(
+    n: int = CPU_MATMUL_SIZE, trials: int = CPU_TRIALS, trial_s: float = CPU_TRIAL_S, warmup_s: float = CPU_WARMUP_S
+) -> list[float]:
     """FLOP/s of each of `trials` timed trials of n x n fp32 matmuls, with this process's torch threads.
 
     Each trial repeats the product until trial_s has passed (at least once) and counts 2 n^3 FLOPs per
@@ -178,8 +185,13 @@ def cpu_cache_key(threads: int) -> dict[str, Any]:
         "torch_threads": threads,
         "torch_version": torch.__version__,
         "dtype": "fp32",
-        "method": {"matmul_size": CPU_MATMUL_SIZE, "trials": CPU_TRIALS, "trial_s": CPU_TRIAL_S,
-                   "warmup_s": CPU_WARMUP_S, "figure": "median"},
+        "method": {
+            "matmul_size": CPU_MATMUL_SIZE,
+            "trials": CPU_TRIALS,
+            "trial_s": CPU_TRIAL_S,
+            "warmup_s": CPU_WARMUP_S,
+            "figure": "median",
+        },
     }
 
 
@@ -246,8 +258,14 @@ def _measure_while_wide(threads: int, current: int) -> list[dict[str, Any]]:
 
 
 # The fields of one measurement, as the cache file's top level holds the kept one.
-MEASUREMENT_FIELDS = ("flops_per_s", "min_flops_per_s", "max_flops_per_s", "relative_spread", "trial_flops_per_s",
-                      "measured_at")
+MEASUREMENT_FIELDS = (
+    "flops_per_s",
+    "min_flops_per_s",
+    "max_flops_per_s",
+    "relative_spread",
+    "trial_flops_per_s",
+    "measured_at",
+)
 
 
 def _measurement(rates: list[float]) -> dict[str, Any]:
@@ -273,9 +291,13 @@ def _kept_entry(key: dict[str, Any], cached: dict[str, Any] | None, taken: list[
     kept["relative_spread"] = _relative_spread(best)
     seen_before = 0 if cached is None else int(cached.get("measurements", 1))
     latest = taken[-1]
-    return {"key": key, **kept, "spread_wide": spread_is_wide(kept["relative_spread"]),
-            "measurements": seen_before + len(taken),
-            "latest": {name: latest[name] for name in ("flops_per_s", "relative_spread", "measured_at")}}
+    return {
+        "key": key,
+        **kept,
+        "spread_wide": spread_is_wide(kept["relative_spread"]),
+        "measurements": seen_before + len(taken),
+        "latest": {name: latest[name] for name in ("flops_per_s", "relative_spread", "measured_at")},
+    }
 
 
 def _save_entry(path: Path, entry: dict[str, Any]) -> str:
@@ -300,12 +322,16 @@ def _read_cpu_entry(path: Path, key: dict[str, Any]) -> dict[str, Any] | None:
         seen = entry.get("measurements", 1)
         valid = (
             entry["key"] == key
-            and all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
-                    for x in figures)
+            and all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in figures
+            )
             and len(rates) >= 1
-            and entry["min_flops_per_s"] == min(rates) and entry["max_flops_per_s"] == max(rates)
+            and entry["min_flops_per_s"] == min(rates)
+            and entry["max_flops_per_s"] == max(rates)
             and entry["flops_per_s"] == statistics.median(rates)
-            and isinstance(seen, int) and not isinstance(seen, bool) and seen >= 1
+            and isinstance(seen, int)
+            and not isinstance(seen, bool)
+            and seen >= 1
         )
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return None
@@ -318,13 +344,24 @@ def _cpu_peak(entry: dict[str, Any], where: str, cached: bool, taken: int = 0) -
     n, threads = key["method"]["matmul_size"], key["torch_threads"]
     seen = entry.get("measurements", 1)
     best_of = f", best of {seen} measurements" if seen > 1 else ""
-    wide = (f", trials spread over {CPU_SPREAD_LIMIT:.0%} (likely disturbed: measured again by the next run)"
-            if spread_is_wide(_relative_spread(entry)) else "")
-    source = (f"measured: fp32 {n}x{n} matmul, {threads} thread{'s' if threads != 1 else ''}, median of "
-              f"{len(entry['trial_flops_per_s'])} trials {rate / 1e9:.1f} GFLOP/s "
-              f"(spread {low / 1e9:.1f}-{high / 1e9:.1f}){best_of}{wide}, {where}")
-    return PeakFlops(float(rate), source, spread=(float(low), float(high)), cached=cached,
-                     measured_at=entry.get("measured_at"), measurements=taken)
+    wide = (
+        f", trials spread over {CPU_SPREAD_LIMIT:.0%} (likely disturbed: measured again by the next run)"
+        if spread_is_wide(_relative_spread(entry))
+        else ""
+    )
+    source = (
+        f"measured: fp32 {n}x{n} matmul, {threads} thread{'s' if threads != 1 else ''}, median of "
+        f"{len(entry['trial_flops_per_s'])} trials {rate / 1e9:.1f} GFLOP/s "
+        f"(spread {low / 1e9:.1f}-{high / 1e9:.1f}){best_of}{wide}, {where}"
+    )
+    return PeakFlops(
+        float(rate),
+        source,
+        spread=(float(low), float(high)),
+        cached=cached,
+        measured_at=entry.get("measured_at"),
+        measurements=taken,
+    )
 
 
 @contextlib.contextmanager
@@ -377,20 +414,29 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m training.hardware",
         description="This machine's CPU peak FLOP/s for MFU at the current torch thread count "
-                    "(OMP_NUM_THREADS): the best measurement seen, cached; measured again while its trials "
-                    f"spread more than {CPU_SPREAD_LIMIT:.0%}.")
-    parser.add_argument("--cache_dir", type=Path, default=None,
-                        help="cache folder; the figure goes under DIR/hardware (default: $GPT2S_CACHE or "
-                             "~/.cache/gpt2-strategies, as the data cache)")
-    parser.add_argument("--remeasure", action="store_true",
-                        help="measure again now; the cached figure is replaced when the new one is higher "
-                             "(a busy machine only lowers a measurement; delete the file to start over)")
+        "(OMP_NUM_THREADS): the best measurement seen, cached; measured again while its trials "
+        f"spread more than {CPU_SPREAD_LIMIT:.0%}.",
+    )
+    parser.add_argument(
+        "--cache_dir",
+        type=Path,
+        default=None,
+        help="cache folder; the figure goes under DIR/hardware (default: $GPT2S_CACHE or "
+        "~/.cache/gpt2-strategies, as the data cache)",
+    )
+    parser.add_argument(
+        "--remeasure",
+        action="store_true",
+        help="measure again now; the cached figure is replaced when the new one is higher "
+        "(a busy machine only lowers a measurement; delete the file to start over)",
+    )
     args = parser.parse_args(argv)
-    peak = cpu_peak_flops(default_cache_dir() if args.cache_dir is None else args.cache_dir,
-                          remeasure=args.remeasure)
-    print(f"{peak.flops_per_s / 1e9:.1f} GFLOP/s per process, relative spread {peak.relative_spread:.1%}"
-          f"{' (wide)' if peak.spread_wide else ''}, measured {peak.measured_at}"
-          + (f"; {peak.measurements} measurement(s) taken now" if peak.measurements else ""))
+    peak = cpu_peak_flops(default_cache_dir() if args.cache_dir is None else args.cache_dir, remeasure=args.remeasure)
+    print(
+        f"{peak.flops_per_s / 1e9:.1f} GFLOP/s per process, relative spread {peak.relative_spread:.1%}"
+        f"{' (wide)' if peak.spread_wide else ''}, measured {peak.measured_at}"
+        + (f"; {peak.measurements} measurement(s) taken now" if peak.measurements else "")
+    )
     print(peak.source)
     return 0
 

@@ -69,8 +69,9 @@ def decide_compile(value: str, device: DeviceInfo) -> tuple[bool, str]:
     if device.type == "cpu":
         return False, "auto: off on CPU, where the compiled step measured slower than eager"
     if not device.at_least(COMPILE_MIN_CAPABILITY):
-        return False, (f"auto: off below compute capability 8.0 (this device: {device.capability}), "
-                       "slower or failing there")
+        return False, (
+            f"auto: off below compute capability 8.0 (this device: {device.capability}), slower or failing there"
+        )
     return True, f"auto: on for compute capability {device.capability}"
 
 
@@ -94,8 +95,10 @@ def decide_fused_adamw(value: str, device: DeviceInfo) -> tuple[bool, str]:
 def decide_tf32(value: str, device: DeviceInfo) -> tuple[bool, str]:
     if _auto_on_off(value, "tf32") == "on":
         if not device.at_least(TF32_MIN_CAPABILITY):
-            raise ValueError(f"--tf32 on needs a CUDA GPU of compute capability 8.0 or newer; this is {device.type}"
-                             + (f" {device.capability}" if device.capability else ""))
+            raise ValueError(
+                f"--tf32 on needs a CUDA GPU of compute capability 8.0 or newer; this is {device.type}"
+                + (f" {device.capability}" if device.capability else "")
+            )
         return True, "--tf32 on"
     if value == "off":
         return False, "--tf32 off"
@@ -112,9 +115,17 @@ def decide_levers(speed: Any, dataloader_workers: int, device: DeviceInfo, strat
     checkpointing = "off"
     if speed.activation_checkpointing:
         checkpointing = registry.activation_checkpointing(strategy)
-    return Levers(compile=compile_on, compile_reason=compile_reason, activation_checkpointing=checkpointing,
-                  fused_adamw=fused, fused_adamw_reason=fused_reason, tf32=tf32, tf32_reason=tf32_reason,
-                  pin_memory=speed.pin_memory and device.type == "cuda", dataloader_workers=dataloader_workers)
+    return Levers(
+        compile=compile_on,
+        compile_reason=compile_reason,
+        activation_checkpointing=checkpointing,
+        fused_adamw=fused,
+        fused_adamw_reason=fused_reason,
+        tf32=tf32,
+        tf32_reason=tf32_reason,
+        pin_memory=speed.pin_memory and device.type == "cuda",
+        dataloader_workers=dataloader_workers,
+    )
 
 
 def apply_tf32(enabled: bool) -> None:

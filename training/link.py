@@ -44,8 +44,9 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_link(device: torch.device, gradient_numel: int, dtype: torch.dtype,
-                 iterations: int = TIMED_ALL_REDUCES) -> LinkRecord | None:
+def measure_link(
+    device: torch.device, gradient_numel: int, dtype: torch.dtype, iterations: int = TIMED_ALL_REDUCES
+) -> LinkRecord | None:
     """Every rank calls it at the same point; None when the run is one process (no link to measure)."""
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return None
@@ -66,7 +67,13 @@ def measure_link(device: torch.device, gradient_numel: int, dtype: torch.dtype,
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     seconds = float(slowest.item())
     del buffer
-    return LinkRecord(backend=str(dist.get_backend()), world_size=world_size, message_bytes=nbytes,
-                      dtype=str(dtype).removeprefix("torch."), iterations=iterations, seconds_per_all_reduce=seconds,
-                      algorithm_gb_s=nbytes / seconds / 1e9,
-                      bus_gb_s=bus_bandwidth_gb_s(nbytes, seconds, world_size))
+    return LinkRecord(
+        backend=str(dist.get_backend()),
+        world_size=world_size,
+        message_bytes=nbytes,
+        dtype=str(dtype).removeprefix("torch."),
+        iterations=iterations,
+        seconds_per_all_reduce=seconds,
+        algorithm_gb_s=nbytes / seconds / 1e9,
+        bus_gb_s=bus_bandwidth_gb_s(nbytes, seconds, world_size),
+    )

@@ -92,15 +92,24 @@ def _optimizer_step(s: Session, micro_batches: list[Any], clock: _StepClock) -> 
     state = s.state
     lr = s.scheduler.get_last_lr()[0]
     with s.memory.around(state.step + 1) as after_backward:
-        result = train_step(s.accelerator, s.model, s.optimizer, s.scheduler, micro_batches, s.tracker,
-                            s.cfg.optim.grad_clip, after_backward)
+        result = train_step(
+            s.accelerator,
+            s.model,
+            s.optimizer,
+            s.scheduler,
+            micro_batches,
+            s.tracker,
+            s.cfg.optim.grad_clip,
+            after_backward,
+        )
     health = step_health(s.accelerator, s.signals, s.tracker.step_loss_sum, result.grad_norm, result.skipped)
     seconds = clock.lap()
     s.times.train_s += seconds
     state.step += 1
     state.steps_in_epoch += 1
-    s.tracker.end_step(state.step, state.epoch, state.step * s.geometry.tokens_per_step, result.grad_norm, lr,
-                       seconds, result.skipped)
+    s.tracker.end_step(
+        state.step, state.epoch, state.step * s.geometry.tokens_per_step, result.grad_norm, lr, seconds, result.skipped
+    )
     return health
 
 
@@ -169,12 +178,16 @@ def decide(state: LoopState) -> Actions:
     stopping = state.step >= c.stop_at or state.signal != 0
     final_eval_follows = stopping and state.step >= c.total_steps
     due = bool(c.checkpoint_interval) and state.step % c.checkpoint_interval == 0
-    diverged = since is not None and bool(c.max_nonfinite_steps) and \
-        state.step - since + 1 >= c.max_nonfinite_steps
+    diverged = since is not None and bool(c.max_nonfinite_steps) and state.step - since + 1 >= c.max_nonfinite_steps
     return Actions(
         log=state.step % c.log_interval == 0 or epoch_done or stopping or state.nonfinite,
-        evaluate=(bool(c.eval_interval) and state.step % c.eval_interval == 0 and not epoch_done
-                  and not final_eval_follows and not state.signal),
+        evaluate=(
+            bool(c.eval_interval)
+            and state.step % c.eval_interval == 0
+            and not epoch_done
+            and not final_eval_follows
+            and not state.signal
+        ),
         close_epoch=epoch_done,
         checkpoint=(due or stopping) and since is None,
         write_summary=epoch_done or stopping,
@@ -185,10 +198,16 @@ def decide(state: LoopState) -> Actions:
 
 def _loop_state(s: Session, health: StepHealth) -> LoopState:
     run_cfg, schedule = s.cfg.run, s.schedule
-    cadence = Cadence(run_cfg.log_interval, run_cfg.eval_interval, run_cfg.checkpoint_interval,
-                      run_cfg.max_nonfinite_steps, schedule.steps_per_epoch, schedule.stop_at, schedule.total_steps)
-    return LoopState(cadence, s.state.step, s.state.steps_in_epoch, health.nonfinite, s.nonfinite_since,
-                     health.signal)
+    cadence = Cadence(
+        run_cfg.log_interval,
+        run_cfg.eval_interval,
+        run_cfg.checkpoint_interval,
+        run_cfg.max_nonfinite_steps,
+        schedule.steps_per_epoch,
+        schedule.stop_at,
+        schedule.total_steps,
+    )
+    return LoopState(cadence, s.state.step, s.state.steps_in_epoch, health.nonfinite, s.nonfinite_since, health.signal)
 
 
 def _after_step(s: Session, progress: Any, health: StepHealth) -> bool:
@@ -217,8 +236,10 @@ def _after_step(s: Session, progress: Any, health: StepHealth) -> bool:
 def _warn_nonfinite(s: Session) -> None:
     streak = s.state.step - s.nonfinite_since + 1
     limit = s.cfg.run.max_nonfinite_steps
-    s.log(f"warning: step {s.state.step}: non-finite loss or grad norm ({streak} in a row"
-          f"{f' of {limit} allowed' if limit else ''}); no checkpoint until a finite step")
+    s.log(
+        f"warning: step {s.state.step}: non-finite loss or grad norm ({streak} in a row"
+        f"{f' of {limit} allowed' if limit else ''}); no checkpoint until a finite step"
+    )
 
 
 def _log_interval(s: Session, progress: Any) -> None:
@@ -248,8 +269,16 @@ def evaluate_now(s: Session) -> dict[str, float]:
     synchronize(s.accelerator.device)
     seconds = time.perf_counter() - start
     s.times.eval_s += seconds
-    s.emit({"kind": "eval", "step": s.state.step, "epoch": s.state.epoch,
-            "tokens": s.state.step * s.geometry.tokens_per_step, **result, "eval_time_s": seconds})
+    s.emit(
+        {
+            "kind": "eval",
+            "step": s.state.step,
+            "epoch": s.state.epoch,
+            "tokens": s.state.step * s.geometry.tokens_per_step,
+            **result,
+            "eval_time_s": seconds,
+        }
+    )
     s.last_val = result
     return result
 
@@ -260,8 +289,7 @@ def checkpoint_now(s: Session) -> None:
     state.records = [vars(r) for r in s.tracker.records]
     state.times = {"train_s": s.times.train_s, "eval_s": s.times.eval_s, "checkpoint_s": s.times.checkpoint_s}
     train_state = {"state": state.state_dict(), "scheduler": s.scheduler.state_dict()}
-    save_checkpoint(s.accelerator, s.out, state.step, s.model_config.to_dict(), s.cfg.run.keep_checkpoints,
-                    train_state)
+    save_checkpoint(s.accelerator, s.out, state.step, s.model_config.to_dict(), s.cfg.run.keep_checkpoints, train_state)
     s.times.checkpoint_s += time.perf_counter() - start
     s.last_checkpoint = state.step
 
@@ -300,10 +328,12 @@ def _write_summary(s: Session, complete: bool, stop: RunStopped | None = None) -
 def _closing_line(s: Session, summary: RunSummary) -> str:
     t = summary.total
     skipped = f", {t.skipped_steps} skipped (fp16 overflow)" if t.skipped_steps else ""
-    return (f"{'done' if summary.complete else 'stopped'}: {s.state.step} of {s.schedule.total_steps} steps"
-            f"{skipped}, loss {_shown(t.final_loss, '.4f')}, val loss {_shown(t.final_val_loss, '.4f')}, "
-            f"{_shown(t.tokens_per_s, ',.0f')} tokens/s, peak allocated {_shown(t.peak_mem_allocated_mib_max, '.0f')} "
-            f"MiB, train time {t.train_time_s:.1f} s -> {s.out}")
+    return (
+        f"{'done' if summary.complete else 'stopped'}: {s.state.step} of {s.schedule.total_steps} steps"
+        f"{skipped}, loss {_shown(t.final_loss, '.4f')}, val loss {_shown(t.final_val_loss, '.4f')}, "
+        f"{_shown(t.tokens_per_s, ',.0f')} tokens/s, peak allocated {_shown(t.peak_mem_allocated_mib_max, '.0f')} "
+        f"MiB, train time {t.train_time_s:.1f} s -> {s.out}"
+    )
 
 
 def _shown(value: float | None, spec: str) -> str:
@@ -314,16 +344,33 @@ def _shown(value: float | None, spec: str) -> str:
 def _summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunSummary:
     """The run's summary: its launch record and how far it got."""
     geometry, state, records = s.geometry, s.state, s.tracker.records
-    total = total_summary(s.tracker, state.epochs, s.times, time.perf_counter() - s.wall_start, s.last_val,
-                          open_epoch=state.steps_in_epoch > 0)
-    return run_summary(s.launch, RunFacts(
-        experiment=s.cfg.run.experiment, preset=s.cfg.preset, seed=s.cfg.run.seed, block_size=geometry.block_size,
-        sharding_observed=s.sharding_observed, memory=s.memory.result, steps=state.step,
-        tokens_trained=state.step * geometry.tokens_per_step, complete=complete,
-        epochs=[EpochFigures.from_dict(e) for e in state.epochs], total=RunTotals(**total),
-        step_times_s=[r.step_time_s for r in records], skipped_step_numbers=[r.step for r in records if r.skipped],
-        stop=None if stop is None else StopRecord(stop.reason, stop.exit_status, str(stop)),
-    ))
+    total = total_summary(
+        s.tracker,
+        state.epochs,
+        s.times,
+        time.perf_counter() - s.wall_start,
+        s.last_val,
+        open_epoch=state.steps_in_epoch > 0,
+    )
+    return run_summary(
+        s.launch,
+        RunFacts(
+            experiment=s.cfg.run.experiment,
+            preset=s.cfg.preset,
+            seed=s.cfg.run.seed,
+            block_size=geometry.block_size,
+            sharding_observed=s.sharding_observed,
+            memory=s.memory.result,
+            steps=state.step,
+            tokens_trained=state.step * geometry.tokens_per_step,
+            complete=complete,
+            epochs=[EpochFigures.from_dict(e) for e in state.epochs],
+            total=RunTotals(**total),
+            step_times_s=[r.step_time_s for r in records],
+            skipped_step_numbers=[r.step for r in records if r.skipped],
+            stop=None if stop is None else StopRecord(stop.reason, stop.exit_status, str(stop)),
+        ),
+    )
 
 
 def _export_hf(s: Session) -> None:

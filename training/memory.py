@@ -116,15 +116,17 @@ class MemoryProbe:
             own["step_peak_bytes"] = tracked + unseen
             own["step_peak_tracked_bytes"] = tracked
             own["step_peak_unseen_ddp_bucket_bytes"] = unseen
-            own["step_peak_by_kind"] = {str(kind).split(".")[-1].lower(): int(n) for kind, n in peak.items()
-                                        if str(kind) != "Total"}
+            own["step_peak_by_kind"] = {
+                str(kind).split(".")[-1].lower(): int(n) for kind, n in peak.items() if str(kind) != "Total"
+            }
             source = f"torch.distributed._tools.MemTracker, step {step}"
         else:
             yield None
             return
         ranks = _gather(own)
-        self.result.update({"probe_step": step, "step_peak_source": source,
-                            **{key: [r.get(key) for r in ranks] for key in own}})
+        self.result.update(
+            {"probe_step": step, "step_peak_source": source, **{key: [r.get(key) for r in ranks] for key in own}}
+        )
 
 
 def _gather(value: dict[str, Any]) -> list[dict[str, Any]]:

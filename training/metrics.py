@@ -92,11 +92,20 @@ class MetricsTracker:
         self._step_loss_sum += mean_loss.detach().double() * num_tokens
         self._step_tokens += num_tokens
 
-    def end_step(self, step: int, epoch: int, tokens: int, grad_norm: torch.Tensor, lr: float,
-                 step_time_s: float, skipped: bool = False) -> None:
+    def end_step(
+        self,
+        step: int,
+        epoch: int,
+        tokens: int,
+        grad_norm: torch.Tensor,
+        lr: float,
+        step_time_s: float,
+        skipped: bool = False,
+    ) -> None:
         local = torch.stack([self._step_loss_sum, self._step_tokens])
-        self._pending.append(_PendingStep(step, epoch, tokens, local, grad_norm.detach().double().reshape(()), lr,
-                                          step_time_s, skipped))
+        self._pending.append(
+            _PendingStep(step, epoch, tokens, local, grad_norm.detach().double().reshape(()), lr, step_time_s, skipped)
+        )
         self._step_loss_sum = torch.zeros_like(self._step_loss_sum)
         self._step_tokens = torch.zeros_like(self._step_tokens)
 
@@ -110,8 +119,17 @@ class MetricsTracker:
         losses = (summed[:, 0] / summed[:, 1]).tolist()
         norms = grad_norms.tolist()  # already the global norm on every rank
         new = [
-            StepRecord(step=p.step, epoch=p.epoch, tokens=p.tokens, loss=loss, grad_norm=norm, lr=p.lr,
-                       step_time_s=p.step_time_s, warmup=p.step <= self.perf_warmup_steps, skipped=p.skipped)
+            StepRecord(
+                step=p.step,
+                epoch=p.epoch,
+                tokens=p.tokens,
+                loss=loss,
+                grad_norm=norm,
+                lr=p.lr,
+                step_time_s=p.step_time_s,
+                warmup=p.step <= self.perf_warmup_steps,
+                skipped=p.skipped,
+            )
             for p, loss, norm in zip(self._pending, losses, norms, strict=True)
         ]
         self._pending.clear()
@@ -220,14 +238,27 @@ class RunTimes:
     checkpoint_s: float = 0.0
 
 
-def total_summary(tracker: MetricsTracker, epochs: list[dict[str, Any]], times: RunTimes, wall_time_s: float,
-                  final_val: dict[str, float] | None, open_epoch: bool) -> dict[str, Any]:
+def total_summary(
+    tracker: MetricsTracker,
+    epochs: list[dict[str, Any]],
+    times: RunTimes,
+    wall_time_s: float,
+    final_val: dict[str, float] | None,
+    open_epoch: bool,
+) -> dict[str, Any]:
     """Whole-run figures; `open_epoch`: the run stopped inside an epoch that has no epoch summary yet."""
     records = tracker.records
     m = tracker.memory
     if open_epoch:  # its memory readings count too
-        epochs = [*epochs, {"peak_mem_allocated_mib_max": m.allocated_max, "peak_mem_allocated_mib_mean": m.allocated_mean,
-                            "peak_mem_reserved_mib_max": m.reserved_max, "peak_mem_reserved_mib_mean": m.reserved_mean}]
+        epochs = [
+            *epochs,
+            {
+                "peak_mem_allocated_mib_max": m.allocated_max,
+                "peak_mem_allocated_mib_mean": m.allocated_mean,
+                "peak_mem_reserved_mib_max": m.reserved_max,
+                "peak_mem_reserved_mib_mean": m.reserved_mean,
+            },
+        ]
     step_times = [r.step_time_s for r in records]
     steady = [r for r in records if not r.warmup]
     warmup_time = sum(r.step_time_s for r in records if r.warmup)

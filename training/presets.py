@@ -62,20 +62,42 @@ PRESETS: dict[str, Preset] = {
     "gpt2-medium": Preset(
         "GPT-2 355M (24 layers, 1024 wide) on 1024-token blocks; sized for 2x T4, fp16, by the planner: fsdp, "
         "micro-batch 4 (single fits too; ddp does not)",
-        {"model_preset": "gpt2-medium", "block_size": 1024, "micro_batch_size": 4, "global_batch_tokens": 16 * 1024,
-         "lr": 3e-4, "warmup_steps": 100, "log_interval": 10},
+        {
+            "model_preset": "gpt2-medium",
+            "block_size": 1024,
+            "micro_batch_size": 4,
+            "global_batch_tokens": 16 * 1024,
+            "lr": 3e-4,
+            "warmup_steps": 100,
+            "log_interval": 10,
+        },
     ),
     "gpt2-large": Preset(
         "GPT-2 774M (36 layers, 1280 wide) on 1024-token blocks; sized for 2x T4, fp16, by the planner: fsdp, "
         "micro-batch 2 (single and ddp do not fit)",
-        {"model_preset": "gpt2-large", "block_size": 1024, "micro_batch_size": 2, "global_batch_tokens": 16 * 1024,
-         "lr": 2.5e-4, "warmup_steps": 100, "log_interval": 10},
+        {
+            "model_preset": "gpt2-large",
+            "block_size": 1024,
+            "micro_batch_size": 2,
+            "global_batch_tokens": 16 * 1024,
+            "lr": 2.5e-4,
+            "warmup_steps": 100,
+            "log_interval": 10,
+        },
     ),
     "gpt2-xl": Preset(
         "GPT-2 1.5B (48 layers, 1600 wide) on 1024-token blocks; sized for 2x T4, fp16, by the planner: fsdp, "
         "micro-batch 1 with activation checkpointing (only fsdp and fsdp_offload fit)",
-        {"model_preset": "gpt2-xl", "block_size": 1024, "micro_batch_size": 1, "global_batch_tokens": 16 * 1024,
-         "activation_checkpointing": True, "lr": 2e-4, "warmup_steps": 100, "log_interval": 10},
+        {
+            "model_preset": "gpt2-xl",
+            "block_size": 1024,
+            "micro_batch_size": 1,
+            "global_batch_tokens": 16 * 1024,
+            "activation_checkpointing": True,
+            "lr": 2e-4,
+            "warmup_steps": 100,
+            "log_interval": 10,
+        },
     ),
 }
 

@@ -33,8 +33,11 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON object, keys in field order; non-finite numbers become None (null), as JSON has none."""
-        return {f.name: _to_json(getattr(self, f.name)) for f in fields(self)  # type: ignore[arg-type]
-                if not (f.name in self._omitted_when_none and getattr(self, f.name) is None)}
+        return {
+            f.name: _to_json(getattr(self, f.name))
+            for f in fields(self)  # type: ignore[arg-type]
+            if not (f.name in self._omitted_when_none and getattr(self, f.name) is None)
+        }
 
     @classmethod
     def from_dict(cls: type[R], data: Mapping[str, Any]) -> R:
@@ -113,7 +116,8 @@ class EffectiveRecord(Record):
 
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"dp_replicate_size", "dp_shard_size", "shard_groups", "shard_groups_within_machines"})
+        {"dp_replicate_size", "dp_shard_size", "shard_groups", "shard_groups_within_machines"}
+    )
 
 
 @dataclass(frozen=True)
@@ -182,12 +186,16 @@ class LaunchRecord(Record):
     link: LinkRecord | None = None  # the measured link; None for one process
 
     _nested: ClassVar[dict[str, type[Record]]] = {
-        "requested": RequestedRecord, "effective": EffectiveRecord, "batch": BatchRecord, "schedule": ScheduleRecord,
+        "requested": RequestedRecord,
+        "effective": EffectiveRecord,
+        "batch": BatchRecord,
+        "schedule": ScheduleRecord,
         "link": LinkRecord,
     }
     # Absent rather than null when None, so a run folder written before them reads back as it was written.
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link"})
+        {"peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link"}
+    )
 
     @property
     def data_key(self) -> str | None:
@@ -325,13 +333,26 @@ class RunSummary(Record):
     skipped_step_numbers: list[int] | None
     stop: StopRecord | None = None  # only when the run stopped early on purpose
 
-    _nested: ClassVar[dict[str, type[Record]]] = {"epochs": EpochFigures, "total": RunTotals, "stop": StopRecord,
-                                                  "link": LinkRecord}
+    _nested: ClassVar[dict[str, type[Record]]] = {
+        "epochs": EpochFigures,
+        "total": RunTotals,
+        "stop": StopRecord,
+        "link": LinkRecord,
+    }
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
     # Absent rather than null when None: older run folders read back as they were written.
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"stop", "peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link", "dp_replicate_size",
-         "dp_shard_size", "shard_groups"})
+        {
+            "stop",
+            "peak_flops_measured_at",
+            "peak_flops_relative_spread",
+            "repeat",
+            "link",
+            "dp_replicate_size",
+            "dp_shard_size",
+            "shard_groups",
+        }
+    )
 
 
 @dataclass(frozen=True)
@@ -365,26 +386,54 @@ def run_summary(launch: LaunchRecord, facts: RunFacts) -> RunSummary:
     requested = launch.requested or RequestedRecord.from_dict({})
     batch = launch.batch or BatchRecord.from_dict({})
     return RunSummary(
-        run_name=launch.run_name, experiment=facts.experiment, strategy=effective.strategy,
-        requested_strategy=requested.strategy, world_size=effective.world_size, num_machines=effective.num_machines,
-        precision=effective.precision, requested_precision=recorded_precision(requested.mixed_precision),
-        device_type=effective.device_type, device_name=launch.device_name,
-        threads_per_process=launch.threads_per_process, backend=effective.backend, wrapper=effective.wrapper,
-        params_sharded=effective.params_sharded, local_param_numel=effective.local_param_numel,
+        run_name=launch.run_name,
+        experiment=facts.experiment,
+        strategy=effective.strategy,
+        requested_strategy=requested.strategy,
+        world_size=effective.world_size,
+        num_machines=effective.num_machines,
+        precision=effective.precision,
+        requested_precision=recorded_precision(requested.mixed_precision),
+        device_type=effective.device_type,
+        device_name=launch.device_name,
+        threads_per_process=launch.threads_per_process,
+        backend=effective.backend,
+        wrapper=effective.wrapper,
+        params_sharded=effective.params_sharded,
+        local_param_numel=effective.local_param_numel,
         block_shard_fractions=effective.block_shard_fractions,
         fsdp_reshard_after_forward=effective.fsdp_reshard_after_forward,
-        fsdp_offload_params=effective.fsdp_offload_params, param_devices=effective.param_devices,
+        fsdp_offload_params=effective.fsdp_offload_params,
+        param_devices=effective.param_devices,
         checkpoint_wrapped_blocks=effective.checkpoint_wrapped_blocks,
-        dp_replicate_size=effective.dp_replicate_size, dp_shard_size=effective.dp_shard_size,
+        dp_replicate_size=effective.dp_replicate_size,
+        dp_shard_size=effective.dp_shard_size,
         shard_groups=[list(g) for g in effective.shard_groups] if effective.shard_groups else None,
         sharding_observed=facts.sharding_observed,
-        memory=facts.memory, levers=launch.levers, peak_flops_per_device=launch.peak_flops_per_device,
-        peak_flops_source=launch.peak_flops_source, peak_flops_measured_at=launch.peak_flops_measured_at,
-        peak_flops_relative_spread=launch.peak_flops_relative_spread, preset=facts.preset, n_params=launch.n_params,
-        n_params_non_embedding=launch.n_params_non_embedding, seed=facts.seed, repeat=launch.repeat,
-        link=launch.link, data_key=launch.data_key,
-        eval_blocks=launch.eval_blocks, block_size=facts.block_size, micro_batch_size=batch.micro_batch_size,
-        grad_accum_steps=batch.grad_accum_steps, global_batch_tokens=batch.global_batch_tokens, steps=facts.steps,
-        tokens_trained=facts.tokens_trained, complete=facts.complete, epochs=facts.epochs, total=facts.total,
-        step_times_s=facts.step_times_s, skipped_step_numbers=facts.skipped_step_numbers, stop=facts.stop,
+        memory=facts.memory,
+        levers=launch.levers,
+        peak_flops_per_device=launch.peak_flops_per_device,
+        peak_flops_source=launch.peak_flops_source,
+        peak_flops_measured_at=launch.peak_flops_measured_at,
+        peak_flops_relative_spread=launch.peak_flops_relative_spread,
+        preset=facts.preset,
+        n_params=launch.n_params,
+        n_params_non_embedding=launch.n_params_non_embedding,
+        seed=facts.seed,
+        repeat=launch.repeat,
+        link=launch.link,
+        data_key=launch.data_key,
+        eval_blocks=launch.eval_blocks,
+        block_size=facts.block_size,
+        micro_batch_size=batch.micro_batch_size,
+        grad_accum_steps=batch.grad_accum_steps,
+        global_batch_tokens=batch.global_batch_tokens,
+        steps=facts.steps,
+        tokens_trained=facts.tokens_trained,
+        complete=facts.complete,
+        epochs=facts.epochs,
+        total=facts.total,
+        step_times_s=facts.step_times_s,
+        skipped_step_numbers=facts.skipped_step_numbers,
+        stop=facts.stop,
     )

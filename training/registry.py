@@ -90,37 +90,84 @@ class Strategy:
 
 # The registry. Order is the order of tables, legends and plans: the reference's baseline first.
 STRATEGIES: tuple[Strategy, ...] = (
-    Strategy("single", "single_gpu.yaml", "single GPU",
-             "the whole model, gradients and optimizer state on one device",
-             multi_process=False, wrapper=Wrapper.NONE, communication=Communication.NONE,
-             reference=True, colour="#1f77b4", marker="o"),
-    Strategy("ddp", "ddp.yaml", "DDP",
-             "a full replica per device, gradients all-reduced",
-             multi_process=True, wrapper=Wrapper.DDP, communication=Communication.ALL_REDUCE,
-             reference=True, colour="#ff7f0e", marker="s"),
-    Strategy("fsdp", "fsdp.yaml", "FSDP",
-             "FSDP2 full sharding (ZeRO-3): parameters, gradients and optimizer state sharded; each block a "
-             "unit, resharded after forward",
-             multi_process=True, wrapper=Wrapper.FSDP, communication=Communication.GATHER_SCATTER,
-             fsdp=FsdpMode(reshard_after_forward=True, offload_params=False),
-             reference=True, colour="#2ca02c", marker="^"),
-    Strategy("fsdp_zero2", "fsdp_zero2.yaml", "FSDP, ZeRO-2-like",
-             "as FSDP, but a block's parameters stay whole from its forward to its backward: one all-gather "
-             "per step instead of two, for more memory",
-             multi_process=True, wrapper=Wrapper.FSDP, communication=Communication.GATHER_SCATTER,
-             fsdp=FsdpMode(reshard_after_forward=False, offload_params=False), colour="#9467bd", marker="v"),
-    Strategy("fsdp_offload", "fsdp_offload.yaml", "FSDP, CPU offload",
-             "as FSDP, with parameter shards, gradients and the optimizer step on the CPU: least GPU memory, "
-             "slowest",
-             multi_process=True, wrapper=Wrapper.FSDP, communication=Communication.GATHER_SCATTER,
-             fsdp=FsdpMode(reshard_after_forward=True, offload_params=True), colour="#8c564b", marker="P"),
-    Strategy("hsdp", "hsdp.yaml", "HSDP",
-             "FSDP2 hybrid sharding on a 2-D mesh (accelerate's parallelism_config): parameters, gradients and "
-             "optimizer state sharded over a machine's devices and replicated across machines, so only the "
-             "gradient shards' all-reduce crosses the link between machines",
-             multi_process=True, multi_machine=True, wrapper=Wrapper.FSDP, communication=Communication.HYBRID,
-             fsdp=FsdpMode(reshard_after_forward=True, offload_params=False, hybrid=True),
-             colour="#17becf", marker="X"),
+    Strategy(
+        "single",
+        "single_gpu.yaml",
+        "single GPU",
+        "the whole model, gradients and optimizer state on one device",
+        multi_process=False,
+        wrapper=Wrapper.NONE,
+        communication=Communication.NONE,
+        reference=True,
+        colour="#1f77b4",
+        marker="o",
+    ),
+    Strategy(
+        "ddp",
+        "ddp.yaml",
+        "DDP",
+        "a full replica per device, gradients all-reduced",
+        multi_process=True,
+        wrapper=Wrapper.DDP,
+        communication=Communication.ALL_REDUCE,
+        reference=True,
+        colour="#ff7f0e",
+        marker="s",
+    ),
+    Strategy(
+        "fsdp",
+        "fsdp.yaml",
+        "FSDP",
+        "FSDP2 full sharding (ZeRO-3): parameters, gradients and optimizer state sharded; each block a "
+        "unit, resharded after forward",
+        multi_process=True,
+        wrapper=Wrapper.FSDP,
+        communication=Communication.GATHER_SCATTER,
+        fsdp=FsdpMode(reshard_after_forward=True, offload_params=False),
+        reference=True,
+        colour="#2ca02c",
+        marker="^",
+    ),
+    Strategy(
+        "fsdp_zero2",
+        "fsdp_zero2.yaml",
+        "FSDP, ZeRO-2-like",
+        "as FSDP, but a block's parameters stay whole from its forward to its backward: one all-gather "
+        "per step instead of two, for more memory",
+        multi_process=True,
+        wrapper=Wrapper.FSDP,
+        communication=Communication.GATHER_SCATTER,
+        fsdp=FsdpMode(reshard_after_forward=False, offload_params=False),
+        colour="#9467bd",
+        marker="v",
+    ),
+    Strategy(
+        "fsdp_offload",
+        "fsdp_offload.yaml",
+        "FSDP, CPU offload",
+        "as FSDP, with parameter shards, gradients and the optimizer step on the CPU: least GPU memory, slowest",
+        multi_process=True,
+        wrapper=Wrapper.FSDP,
+        communication=Communication.GATHER_SCATTER,
+        fsdp=FsdpMode(reshard_after_forward=True, offload_params=True),
+        colour="#8c564b",
+        marker="P",
+    ),
+    Strategy(
+        "hsdp",
+        "hsdp.yaml",
+        "HSDP",
+        "FSDP2 hybrid sharding on a 2-D mesh (accelerate's parallelism_config): parameters, gradients and "
+        "optimizer state sharded over a machine's devices and replicated across machines, so only the "
+        "gradient shards' all-reduce crosses the link between machines",
+        multi_process=True,
+        multi_machine=True,
+        wrapper=Wrapper.FSDP,
+        communication=Communication.HYBRID,
+        fsdp=FsdpMode(reshard_after_forward=True, offload_params=False, hybrid=True),
+        colour="#17becf",
+        marker="X",
+    ),
 )
 
 AUTO = "auto"  # train.py's --strategy default: whatever the launch config gives
@@ -171,8 +218,11 @@ def fsdp_mode_name(mode: FsdpMode | None) -> str:
     found = next((s for s in STRATEGIES if s.fsdp == mode), None)
     if found is not None:
         return found.name
-    return (_HYBRID_PREFIX if mode.hybrid else _FSDP_PREFIX) + ("" if mode.reshard_after_forward else "_zero2") + (
-        "_offload" if mode.offload_params else "")
+    return (
+        (_HYBRID_PREFIX if mode.hybrid else _FSDP_PREFIX)
+        + ("" if mode.reshard_after_forward else "_zero2")
+        + ("_offload" if mode.offload_params else "")
+    )
 
 
 # Where activation checkpointing is applied (the levers' recorded value): through accelerate's FSDP option for a

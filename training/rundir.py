@@ -40,8 +40,9 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     """After a resume, drop metric lines of steps that will be trained again."""
     if not path.exists():
         return
-    kept = [line for line in path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= last_step]
+    kept = [
+        line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step
+    ]
     write_atomic(path, "".join(line + "\n" for line in kept))
 
 
@@ -124,8 +125,9 @@ def acquire_run_lock(out: Path) -> tuple[RunLock, str | None]:
         stream.seek(0)
         holder = stream.read().strip() or "another process"
         stream.close()
-        raise RunError(f"{out} is in use by a running training run ({holder}); wait for it to end or choose "
-                       f"another --output_dir") from None
+        raise RunError(
+            f"{out} is in use by a running training run ({holder}); wait for it to end or choose another --output_dir"
+        ) from None
     stream.seek(0)
     left = stream.read().strip() or None
     stream.seek(0)

@@ -144,8 +144,12 @@ def set_up(cfg: TrainConfig) -> Session:
     _start_wandb(session, resolved, record)
     if resume_from is not None:
         _resume(session, resume_from)  # last: nothing after it draws from the random state it restores
-    session.memory = MemoryProbe(processes.accelerator.device, _probe_step(cfg, session.state.step, data.schedule),
-                                 session.model, getattr(session.optimizer, "optimizer", session.optimizer))
+    session.memory = MemoryProbe(
+        processes.accelerator.device,
+        _probe_step(cfg, session.state.step, data.schedule),
+        session.model,
+        getattr(session.optimizer, "optimizer", session.optimizer),
+    )
     return session
 
 
@@ -200,8 +204,11 @@ def _model_config(cfg: TrainConfig) -> Any:
     from model import GPT2Config
 
     model_config = GPT2Config.from_preset(
-        cfg.model.model_preset, embd_pdrop=cfg.model.dropout, attn_pdrop=cfg.model.dropout,
-        resid_pdrop=cfg.model.dropout, attn_impl=cfg.model.attn_impl,
+        cfg.model.model_preset,
+        embd_pdrop=cfg.model.dropout,
+        attn_pdrop=cfg.model.dropout,
+        resid_pdrop=cfg.model.dropout,
+        attn_impl=cfg.model.attn_impl,
         **({} if cfg.model.n_layer is None else {"n_layer": cfg.model.n_layer}),
     )
     if cfg.data.block_size > model_config.n_positions:
@@ -229,8 +236,11 @@ def _data(cfg: TrainConfig, processes: _Processes) -> _Data:
     accelerator = processes.accelerator
     # First: it fails alike in every process, before the data's collectives, so none waits for another.
     geometry = batch_geometry(cfg.optim, cfg.data.block_size, accelerator.num_processes)
-    packed = build_datasets(cfg.data, main_process_first=functools.partial(_main_process_first, accelerator),
-                            log=functools.partial(log_on_main, accelerator))
+    packed = build_datasets(
+        cfg.data,
+        main_process_first=functools.partial(_main_process_first, accelerator),
+        log=functools.partial(log_on_main, accelerator),
+    )
     accelerator.gradient_accumulation_steps = geometry.grad_accum_steps
     return _Data(packed, geometry, _schedule(cfg, len(packed.train), geometry))
 
@@ -245,34 +255,56 @@ def _trainable(cfg: TrainConfig, model_config: Any, processes: _Processes, sched
     effective = effective_strategy(processes.accelerator, model)
     check_strategy(processes.requested, effective)
     observer = ShardingObserver(model, getattr(optimizer, "optimizer", optimizer))
-    return _Trainable(model, model_config, optimizer, scheduler, effective, observer.result, n_params, n_params_non_embedding,
-                      flops_per_token)
+    return _Trainable(
+        model,
+        model_config,
+        optimizer,
+        scheduler,
+        effective,
+        observer.result,
+        n_params,
+        n_params_non_embedding,
+        flops_per_token,
+    )
 
 
 def _loaders(cfg: TrainConfig, accelerator: Accelerator, data: _Data, levers: Levers) -> _Loaders:
     geometry, schedule = data.geometry, data.schedule
-    sampler = EpochOrderSampler(len(data.packed.train), schedule.steps_per_epoch * geometry.samples_per_step,
-                                cfg.run.seed)
-    train = accelerator.prepare_data_loader(DataLoader(
-        data.packed.train, batch_size=geometry.micro_batch_size, sampler=sampler, drop_last=True,
-        num_workers=cfg.run.dataloader_workers, pin_memory=levers.pin_memory,
-        # Its own generator: starting an iterator (every epoch, and after a resume) would otherwise draw
-        # from the global RNG that dropout uses, and a resumed run would draw at a step the
-        # uninterrupted one did not.
-        generator=torch.Generator().manual_seed(cfg.run.seed),
-    ))
-    val = accelerator.prepare_data_loader(DataLoader(
-        eval_subset(data.packed.val, cfg.run.eval_blocks), batch_size=geometry.micro_batch_size, shuffle=False,
-        num_workers=cfg.run.dataloader_workers, pin_memory=levers.pin_memory,
-        # Its own generator too: every validation starts an iterator, which would otherwise draw a seed from
-        # the global RNG, so a validation that a pre-empted run skipped would shift every later dropout mask.
-        generator=torch.Generator().manual_seed(cfg.run.seed),
-    ))
+    sampler = EpochOrderSampler(
+        len(data.packed.train), schedule.steps_per_epoch * geometry.samples_per_step, cfg.run.seed
+    )
+    train = accelerator.prepare_data_loader(
+        DataLoader(
+            data.packed.train,
+            batch_size=geometry.micro_batch_size,
+            sampler=sampler,
+            drop_last=True,
+            num_workers=cfg.run.dataloader_workers,
+            pin_memory=levers.pin_memory,
+            # Its own generator: starting an iterator (every epoch, and after a resume) would otherwise draw
+            # from the global RNG that dropout uses, and a resumed run would draw at a step the
+            # uninterrupted one did not.
+            generator=torch.Generator().manual_seed(cfg.run.seed),
+        )
+    )
+    val = accelerator.prepare_data_loader(
+        DataLoader(
+            eval_subset(data.packed.val, cfg.run.eval_blocks),
+            batch_size=geometry.micro_batch_size,
+            shuffle=False,
+            num_workers=cfg.run.dataloader_workers,
+            pin_memory=levers.pin_memory,
+            # Its own generator too: every validation starts an iterator, which would otherwise draw a seed from
+            # the global RNG, so a validation that a pre-empted run skipped would shift every later dropout mask.
+            generator=torch.Generator().manual_seed(cfg.run.seed),
+        )
+    )
     return _Loaders(sampler, train, val)
 
 
-def _launch_record(cfg: TrainConfig, processes: _Processes, data: _Data, trainable: _Trainable, eval_blocks: int,
-                   peak: PeakFlops) -> LaunchRecord:
+def _launch_record(
+    cfg: TrainConfig, processes: _Processes, data: _Data, trainable: _Trainable, eval_blocks: int, peak: PeakFlops
+) -> LaunchRecord:
     """config.json's "launch": what was requested and is in effect, and the run's sizes and settings."""
     requested, effective, geometry, schedule = processes.requested, trainable.effective, data.geometry, data.schedule
     return LaunchRecord(
@@ -281,13 +313,23 @@ def _launch_record(cfg: TrainConfig, processes: _Processes, data: _Data, trainab
         run_name=cfg.run.run_name or f"{effective.strategy}-{effective.world_size}x-{effective.precision}",
         device_name=_device_name(processes.accelerator.device),
         threads_per_process=torch.get_num_threads(),
-        batch=BatchRecord(geometry.micro_batch_size, geometry.grad_accum_steps, geometry.world_size,
-                          geometry.tokens_per_step, geometry.samples_per_step),
+        batch=BatchRecord(
+            geometry.micro_batch_size,
+            geometry.grad_accum_steps,
+            geometry.world_size,
+            geometry.tokens_per_step,
+            geometry.samples_per_step,
+        ),
         schedule=ScheduleRecord(schedule.total_steps, schedule.steps_per_epoch, schedule.epochs),
-        eval_blocks=eval_blocks, model_config=trainable.model_config.to_dict(), n_params=trainable.n_params,
-        n_params_non_embedding=trainable.n_params_non_embedding, flops_per_token=trainable.flops_per_token,
+        eval_blocks=eval_blocks,
+        model_config=trainable.model_config.to_dict(),
+        n_params=trainable.n_params,
+        n_params_non_embedding=trainable.n_params_non_embedding,
+        flops_per_token=trainable.flops_per_token,
         **peak.launch_fields(),
-        data_stats=data.packed.stats.to_dict(), wandb_mode=processes.wandb_mode, levers=processes.levers.to_dict(),
+        data_stats=data.packed.stats.to_dict(),
+        wandb_mode=processes.wandb_mode,
+        levers=processes.levers.to_dict(),
     )
 
 
@@ -299,36 +341,72 @@ def _write_config(cfg: TrainConfig, accelerator: Accelerator, out: Path, record:
     return resolved
 
 
-def _session(cfg: TrainConfig, out: Path, processes: _Processes, data: _Data, trainable: _Trainable, loaders: _Loaders,
-             record: LaunchRecord, peak_flops_per_s: float, wall_start: float) -> Session:
+def _session(
+    cfg: TrainConfig,
+    out: Path,
+    processes: _Processes,
+    data: _Data,
+    trainable: _Trainable,
+    loaders: _Loaders,
+    record: LaunchRecord,
+    peak_flops_per_s: float,
+    wall_start: float,
+) -> Session:
     accelerator, geometry = processes.accelerator, data.geometry
-    facts = ThroughputFacts(geometry.tokens_per_step, geometry.samples_per_step, accelerator.num_processes,
-                            trainable.flops_per_token, peak_flops_per_s)
+    facts = ThroughputFacts(
+        geometry.tokens_per_step,
+        geometry.samples_per_step,
+        accelerator.num_processes,
+        trainable.flops_per_token,
+        peak_flops_per_s,
+    )
     return Session(
-        cfg=cfg, out=out, accelerator=accelerator, model=trainable.model, model_config=trainable.model_config,
-        optimizer=trainable.optimizer, scheduler=trainable.scheduler, sampler=loaders.sampler,
-        train_loader=loaders.train, val_loader=loaders.val, geometry=geometry, schedule=data.schedule,
-        state=TrainState(), tracker=MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps), times=RunTimes(),
-        launch=record, jsonl=JsonlSink(out / "metrics.jsonl"),
+        cfg=cfg,
+        out=out,
+        accelerator=accelerator,
+        model=trainable.model,
+        model_config=trainable.model_config,
+        optimizer=trainable.optimizer,
+        scheduler=trainable.scheduler,
+        sampler=loaders.sampler,
+        train_loader=loaders.train,
+        val_loader=loaders.val,
+        geometry=geometry,
+        schedule=data.schedule,
+        state=TrainState(),
+        tracker=MetricsTracker(accelerator, facts, cfg.run.perf_warmup_steps),
+        times=RunTimes(),
+        launch=record,
+        jsonl=JsonlSink(out / "metrics.jsonl"),
         # Only the main process has a W&B run: on other ranks accelerate's tracker is an empty stand-in
         # (no .dir, no .summary), so using it there would fail with a misleading warning.
         wandb=WandbSink(accelerator, enabled=processes.wandb_mode != "disabled" and accelerator.is_main_process),
         signals=processes.signals,
-        wall_start=wall_start, sharding_observed=trainable.sharding_observed,
+        wall_start=wall_start,
+        sharding_observed=trainable.sharding_observed,
     )
 
 
 def _start_wandb(s: Session, resolved: dict[str, Any], record: LaunchRecord) -> None:
     effective = record.effective
-    s.wandb.start(s.cfg.run.wandb_project, resolved, {
-        "name": record.run_name, "group": s.cfg.run.experiment, "job_type": effective.strategy,
-        "mode": record.wandb_mode, "dir": str(s.out), "entity": s.cfg.run.wandb_entity,
-        "tags": [effective.strategy, effective.precision],
-        "id": wandb_run_id(s.out) if s.is_main else None, "resume": "allow",
-        # W&B's console summary at the end would bury the run's own closing lines; W&B still gets
-        # everything, and the closing line says where the offline run is.
-        "settings": {"quiet": True, **wandb_finish_settings(s.cfg.run.wandb_finish_timeout_s)},
-    })
+    s.wandb.start(
+        s.cfg.run.wandb_project,
+        resolved,
+        {
+            "name": record.run_name,
+            "group": s.cfg.run.experiment,
+            "job_type": effective.strategy,
+            "mode": record.wandb_mode,
+            "dir": str(s.out),
+            "entity": s.cfg.run.wandb_entity,
+            "tags": [effective.strategy, effective.precision],
+            "id": wandb_run_id(s.out) if s.is_main else None,
+            "resume": "allow",
+            # W&B's console summary at the end would bury the run's own closing lines; W&B still gets
+            # everything, and the closing line says where the offline run is.
+            "settings": {"quiet": True, **wandb_finish_settings(s.cfg.run.wandb_finish_timeout_s)},
+        },
+    )
 
 
 def _probe_step(cfg: TrainConfig, resumed_at: int, schedule: Schedule) -> int:
@@ -360,7 +438,9 @@ def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path, t
     import datetime
 
     accelerator, precision_warning = create_accelerator(
-        requested, log_with="wandb" if wandb_mode != "disabled" else None, project_dir=str(out),
+        requested,
+        log_with="wandb" if wandb_mode != "disabled" else None,
+        project_dir=str(out),
         # A rank that died or hangs makes the others fail after this long instead of waiting for ever.
         kwargs_handlers=[InitProcessGroupKwargs(timeout=datetime.timedelta(seconds=timeout_s))],
         # Steps are whole groups of micro-batches (every epoch is cut to whole steps), and a step's
@@ -446,8 +526,12 @@ def _schedule(cfg: TrainConfig, train_blocks: int, geometry: BatchGeometry) -> S
             f"batch ({geometry.samples_per_step} blocks): use more data or a smaller --global_batch_tokens/--block_size"
         )
     total_steps = cfg.optim.max_steps or (cfg.optim.epochs or 1) * steps_per_epoch
-    return Schedule(steps_per_epoch, total_steps, min(total_steps, cfg.run.stop_after_steps or total_steps),
-                    math.ceil(total_steps / steps_per_epoch))
+    return Schedule(
+        steps_per_epoch,
+        total_steps,
+        min(total_steps, cfg.run.stop_after_steps or total_steps),
+        math.ceil(total_steps / steps_per_epoch),
+    )
 
 
 def _levers(cfg: TrainConfig, accelerator: Accelerator, strategy: str) -> Levers:
@@ -460,22 +544,25 @@ def _levers(cfg: TrainConfig, accelerator: Accelerator, strategy: str) -> Levers
         if cfg.model.dropout > 0:
             # accelerate's FSDP checkpoint wrapper does not restore the RNG state for the recompute, so the
             # recomputed dropout masks would differ from the forward's and the gradients would be wrong.
-            raise RunError("--activation_checkpointing under FSDP needs --dropout 0: accelerate's FSDP checkpoint "
-                           "wrapper recomputes with other dropout masks")
+            raise RunError(
+                "--activation_checkpointing under FSDP needs --dropout 0: accelerate's FSDP checkpoint "
+                "wrapper recomputes with other dropout masks"
+            )
         accelerator.state.fsdp_plugin.activation_checkpointing = True
     apply_tf32(levers.tf32)
     return levers
 
 
 def _levers_line(levers: Levers) -> str:
-    return (f"levers: compile {'on' if levers.compile else 'off'} ({levers.compile_reason}); activation "
-            f"checkpointing {levers.activation_checkpointing}; fused AdamW {'on' if levers.fused_adamw else 'off'}; "
-            f"TF32 {'on' if levers.tf32 else 'off'}; pinned memory {'on' if levers.pin_memory else 'off'}; "
-            f"{levers.dataloader_workers} DataLoader worker(s)")
+    return (
+        f"levers: compile {'on' if levers.compile else 'off'} ({levers.compile_reason}); activation "
+        f"checkpointing {levers.activation_checkpointing}; fused AdamW {'on' if levers.fused_adamw else 'off'}; "
+        f"TF32 {'on' if levers.tf32 else 'off'}; pinned memory {'on' if levers.pin_memory else 'off'}; "
+        f"{levers.dataloader_workers} DataLoader worker(s)"
+    )
 
 
-def _model_and_optimizer(cfg: TrainConfig, model_config: Any, total_steps: int,
-                         levers: Levers) -> tuple[Any, Any, Any]:
+def _model_and_optimizer(cfg: TrainConfig, model_config: Any, total_steps: int, levers: Levers) -> tuple[Any, Any, Any]:
     from model import GPT2
 
     model = GPT2(model_config)  # same seed on every rank: identical initial weights
@@ -497,9 +584,11 @@ def _device_name(device: torch.device) -> str:
 
 def _start_line(record: LaunchRecord, geometry: BatchGeometry) -> str:
     effective = record.effective
-    return (f"run {record.run_name}: strategy {effective.strategy} ({effective.wrapper}, "
-            f"{effective.world_size} process(es), {effective.backend}), precision {effective.precision}, global batch "
-            f"{geometry.tokens_per_step} tokens = {geometry.micro_batch_size} x {geometry.block_size} x "
-            f"{geometry.world_size} x {geometry.grad_accum_steps} accumulation, {record.schedule.total_steps} steps, "
-            f"{record.n_params:,} parameters, validation on {record.eval_blocks} blocks; MFU peak: "
-            f"{record.peak_flops_source}")
+    return (
+        f"run {record.run_name}: strategy {effective.strategy} ({effective.wrapper}, "
+        f"{effective.world_size} process(es), {effective.backend}), precision {effective.precision}, global batch "
+        f"{geometry.tokens_per_step} tokens = {geometry.micro_batch_size} x {geometry.block_size} x "
+        f"{geometry.world_size} x {geometry.grad_accum_steps} accumulation, {record.schedule.total_steps} steps, "
+        f"{record.n_params:,} parameters, validation on {record.eval_blocks} blocks; MFU peak: "
+        f"{record.peak_flops_source}"
+    )

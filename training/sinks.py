@@ -27,8 +27,16 @@ from training.metric_table import (
 if TYPE_CHECKING:  # only annotations need it: the report tools import the key names without torch
     from accelerate import Accelerator
 
-__all__ = ["WANDB_KEYS", "WANDB_SUMMARY_PREFIX", "JsonlSink", "WandbSink", "resolve_wandb_mode",
-           "wandb_finish_settings", "wandb_logged_in", "wandb_summary_key"]
+__all__ = [
+    "WANDB_KEYS",
+    "WANDB_SUMMARY_PREFIX",
+    "JsonlSink",
+    "WandbSink",
+    "resolve_wandb_mode",
+    "wandb_finish_settings",
+    "wandb_logged_in",
+    "wandb_summary_key",
+]
 
 # The W&B names come from the metrics table (training/metric_table.py): metrics.jsonl key -> W&B
 # history key, and the prefix of the whole-run figures in the W&B run summary. Kept here as names
@@ -119,16 +127,21 @@ class WandbSink:
             return f"W&B: offline run in {self.run_dir}; upload it with: wandb sync {self.run_dir}"
         if self.finish_failed:
             # `wandb sync` skips runs started online unless told otherwise.
-            return (f"W&B: the upload did not finish; the run is kept in {self.run_dir}; "
-                    f"upload the rest with: wandb sync --include-online {self.run_dir}")
+            return (
+                f"W&B: the upload did not finish; the run is kept in {self.run_dir}; "
+                f"upload the rest with: wandb sync --include-online {self.run_dir}"
+            )
         return None
 
     def log(self, record: dict[str, Any], step: int) -> None:
         if not self.enabled:
             return
         # A key missing from the table still reaches W&B, under its own name, rather than being lost.
-        values = {WANDB_KEYS.get(k, k): v for k, v in record.items()
-                  if k not in NOT_LOGGED and isinstance(v, (int, float)) and not isinstance(v, bool)}
+        values = {
+            WANDB_KEYS.get(k, k): v
+            for k, v in record.items()
+            if k not in NOT_LOGGED and isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         try:
             self.accelerator.log(values, step=step)
         except Exception as exc:  # noqa: BLE001
@@ -157,6 +170,9 @@ class WandbSink:
 
     def _fail(self, what: str, exc: Exception) -> None:
         first_line = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        print(f"warning: W&B {what} failed ({type(exc).__name__}: {first_line}); "
-              "training continues, metrics.jsonl has every value", file=sys.stderr)
+        print(
+            f"warning: W&B {what} failed ({type(exc).__name__}: {first_line}); "
+            "training continues, metrics.jsonl has every value",
+            file=sys.stderr,
+        )
         self.enabled = False

@@ -29,8 +29,9 @@ def make_optimizer(model: nn.Module, optim: OptimConfig, fused: bool = False) ->
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": optim.weight_decay},
         {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps,
-                             fused=True if fused else None)
+    return torch.optim.AdamW(
+        groups, lr=optim.lr, betas=(optim.beta1, optim.beta2), eps=optim.eps, fused=True if fused else None
+    )
 
 
 def lr_factor(step: int, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
@@ -111,10 +112,16 @@ class StepResult:
     skipped: bool  # the fp16 grad scaler found inf/nan gradients and did not update the weights
 
 
-def train_step(accelerator: Accelerator, model: nn.Module, optimizer: torch.optim.Optimizer,
-               scheduler: LRScheduler | None, micro_batches: list[dict[str, torch.Tensor]],
-               tracker: MetricsTracker | None, grad_clip: float,
-               after_backward: Callable[[], None] | None = None) -> StepResult:
+def train_step(
+    accelerator: Accelerator,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scheduler: LRScheduler | None,
+    micro_batches: list[dict[str, torch.Tensor]],
+    tracker: MetricsTracker | None,
+    grad_clip: float,
+    after_backward: Callable[[], None] | None = None,
+) -> StepResult:
     """One optimizer step over `micro_batches` (one per accumulation micro-step), then one schedule step.
 
     A step that the fp16 grad scaler skips (inf/nan gradients) did not train, so the schedule waits

@@ -35,8 +35,12 @@ class SignalFlag:
         if self.received and signum == signal.SIGINT:
             raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the checkpoint
         self.received = self.received or signum
-        print(f"warning: {signal.Signals(signum).name} received: stopping after this step with a checkpoint "
-              "(resume with --resume)", file=sys.stderr, flush=True)
+        print(
+            f"warning: {signal.Signals(signum).name} received: stopping after this step with a checkpoint "
+            "(resume with --resume)",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 @dataclass(frozen=True)
@@ -45,8 +49,9 @@ class StepHealth:
     nonfinite: bool  # this step's loss (on any rank) or grad norm is not finite and the weights took it
 
 
-def step_health(accelerator: Accelerator, flag: SignalFlag, step_loss_sum: torch.Tensor, grad_norm: torch.Tensor,
-                skipped: bool) -> StepHealth:
+def step_health(
+    accelerator: Accelerator, flag: SignalFlag, step_loss_sum: torch.Tensor, grad_norm: torch.Tensor, skipped: bool
+) -> StepHealth:
     """The step's health as every rank sees it: one small all-reduce (max) and one host read.
 
     A step the fp16 grad scaler skipped is not unhealthy: its inf gradients never reached the weights.
@@ -71,13 +76,22 @@ class RunStopped(Exception):
 
 def preempted(signum: int, step: int) -> RunStopped:
     name = signal.Signals(signum).name
-    return RunStopped(f"stopped by {name} after step {step}; its checkpoint is written: continue with --resume",
-                      128 + signum, "signal")
+    return RunStopped(
+        f"stopped by {name} after step {step}; its checkpoint is written: continue with --resume",
+        128 + signum,
+        "signal",
+    )
 
 
 def diverged(first_bad: int, step: int, good_checkpoint: int | None) -> RunStopped:
-    where = (f"the newest checkpoint, step {good_checkpoint}, is the last good one" if good_checkpoint is not None
-             else "no checkpoint was written before")
-    return RunStopped(f"{step - first_bad + 1} steps in a row (steps {first_bad}-{step}) had a non-finite loss or "
-                      f"grad norm: stopping; {where} (lower --lr, or raise --max_nonfinite_steps)",
-                      EXIT_NONFINITE, "nonfinite")
+    where = (
+        f"the newest checkpoint, step {good_checkpoint}, is the last good one"
+        if good_checkpoint is not None
+        else "no checkpoint was written before"
+    )
+    return RunStopped(
+        f"{step - first_bad + 1} steps in a row (steps {first_bad}-{step}) had a non-finite loss or "
+        f"grad norm: stopping; {where} (lower --lr, or raise --max_nonfinite_steps)",
+        EXIT_NONFINITE,
+        "nonfinite",
+    )

@@ -29,6 +29,7 @@ from training.registry import FsdpMode, Wrapper
 # accelerate versions with which `_enable_fsdp_on_cpu` was verified to take effect.
 _FSDP_ON_CPU_TESTED_ACCELERATE = ("1.16.",)
 
+
 def _env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
     # accelerate writes these as str(bool).lower(); FSDP1 spellings of the sharding strategy are accepted too.
     value = env.get(name)
@@ -86,9 +87,13 @@ def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> Reques
     # file accelerate starts a single process and no WORLD_SIZE: the config asked for several.
     multi_cpu_config = env.get("ACCELERATE_USE_CPU", "").lower() == "true" and "MASTER_ADDR" in env
     if use_fsdp:
-        launched = registry.fsdp_mode_name(FsdpMode(_env_flag(env, "FSDP_RESHARD_AFTER_FORWARD", True),
-                                                    _env_flag(env, "FSDP_OFFLOAD_PARAMS", False),
-                                                    hybrid=mesh is not None and mesh.dp_replicate_size > 1))
+        launched = registry.fsdp_mode_name(
+            FsdpMode(
+                _env_flag(env, "FSDP_RESHARD_AFTER_FORWARD", True),
+                _env_flag(env, "FSDP_OFFLOAD_PARAMS", False),
+                hybrid=mesh is not None and mesh.dp_replicate_size > 1,
+            )
+        )
     else:
         launched = registry.unsharded(multi_process=world_size > 1 or multi_cpu_config).name
     if expected != registry.AUTO and expected != launched:
@@ -114,8 +119,9 @@ def _requested_mesh(env: Mapping[str, str]) -> MeshLayout | None:
     """The data-parallel sizes of the launch's parallelism_config, as `accelerate launch` passes them on."""
     if env.get("ACCELERATE_USE_PARALLELISM_CONFIG", "false").lower() != "true":
         return None
-    return MeshLayout(int(env.get("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "1")),
-                      int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE", "1")))
+    return MeshLayout(
+        int(env.get("PARALLELISM_CONFIG_DP_REPLICATE_SIZE", "1")), int(env.get("PARALLELISM_CONFIG_DP_SHARD_SIZE", "1"))
+    )
 
 
 def choose_precision(requested: str, device_type: str, device_name: str) -> tuple[str, str | None]:
@@ -123,8 +129,10 @@ def choose_precision(requested: str, device_type: str, device_name: str) -> tupl
     if device_type != "cuda":
         if requested == "fp16":
             # The precision is accelerate's flag, not train.py's: name where it goes.
-            return "no", ("fp16 is not available on CPU: training in fp32 "
-                          "(for bf16: accelerate launch --mixed_precision bf16 ... train.py)")
+            return "no", (
+                "fp16 is not available on CPU: training in fp32 "
+                "(for bf16: accelerate launch --mixed_precision bf16 ... train.py)"
+            )
         return requested, None
     if requested == "bf16" and "T4" in device_name:
         # torch.cuda.is_bf16_supported() says True on a T4, but it has no bf16 tensor cores: bf16 is emulated.
@@ -153,7 +161,8 @@ def create_accelerator(requested: RequestedLaunch, **accelerator_kwargs: Any) ->
         from accelerate.parallelism_config import ParallelismConfig
 
         accelerator_kwargs["parallelism_config"] = ParallelismConfig(
-            dp_replicate_size=1, dp_shard_size=1, tp_size=1, cp_size=1, sp_size=1)
+            dp_replicate_size=1, dp_shard_size=1, tp_size=1, cp_size=1, sp_size=1
+        )
     # Without cpu=True on a GPU-less machine accelerate leaves every process unconnected (type NO).
     accelerator = Accelerator(cpu=not has_gpu, mixed_precision=mixed_precision, **accelerator_kwargs)
     if registry.shards(requested.strategy) and not has_gpu:
@@ -266,8 +275,11 @@ def block_units(model: nn.Module) -> list[nn.Module]:
     """The FSDP units of the transformer blocks (`transformer.h.N`, with or without a checkpoint wrapper)."""
     from torch.distributed.fsdp import FSDPModule
 
-    return [m for name, m in model.named_modules()
-            if isinstance(m, FSDPModule) and name.split(".")[-2:-1] == ["h"] and name.split(".")[-1].isdigit()]
+    return [
+        m
+        for name, m in model.named_modules()
+        if isinstance(m, FSDPModule) and name.split(".")[-2:-1] == ["h"] and name.split(".")[-1].isdigit()
+    ]
 
 
 def fsdp_mode(model: nn.Module) -> tuple[bool | None, bool | None]:
@@ -300,15 +312,19 @@ def hybrid_mesh(model: nn.Module) -> HybridMesh | None:
     Read from FSDP2's parameter groups: under hybrid sharding their mesh info has a replicate dimension
     (HSDPMeshInfo) besides the shard one, and the mesh tensor lists every rank, row by row.
     """
-    meshes = {(info.mesh, info.replicate_mesh_dim, info.shard_mesh_dim)
-              for info in (unit._get_fsdp_state()._fsdp_param_group.mesh_info for unit in block_units(model))
-              if getattr(info, "replicate_mesh_dim", None) is not None}
+    meshes = {
+        (info.mesh, info.replicate_mesh_dim, info.shard_mesh_dim)
+        for info in (unit._get_fsdp_state()._fsdp_param_group.mesh_info for unit in block_units(model))
+        if getattr(info, "replicate_mesh_dim", None) is not None
+    }
     if len(meshes) != 1:
         return None
     mesh, replicate_dim, shard_dim = meshes.pop()
     ranks = mesh.mesh.transpose(replicate_dim, shard_dim) if replicate_dim > shard_dim else mesh.mesh
-    return HybridMesh(MeshLayout(mesh.size(replicate_dim), mesh.size(shard_dim)),
-                      tuple(tuple(int(r) for r in row) for row in ranks.reshape(mesh.size(replicate_dim), -1)))
+    return HybridMesh(
+        MeshLayout(mesh.size(replicate_dim), mesh.size(shard_dim)),
+        tuple(tuple(int(r) for r in row) for row in ranks.reshape(mesh.size(replicate_dim), -1)),
+    )
 
 
 def machine_of_each_rank() -> tuple[int, ...]:
@@ -362,8 +378,9 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
     )
 
 
-def _strategy_in_effect(wrapper: str, sharded: bool, reshard: bool | None, offload: bool | None, hybrid: bool,
-                        num_processes: int) -> str:
+def _strategy_in_effect(
+    wrapper: str, sharded: bool, reshard: bool | None, offload: bool | None, hybrid: bool, num_processes: int
+) -> str:
     """The registry name of what is running, read from the wrapper and FSDP's units; a description when none fits."""
     if wrapper == Wrapper.FSDP.value and sharded:
         known = reshard is not None and offload is not None
@@ -426,8 +443,10 @@ class ShardingObserver:
         self.result: dict[str, Any] = {}
         units = block_units(model)
         self._block = units[0] if units else _first_block(model)
-        self._handles = [model.register_forward_hook(self._after_forward),
-                         optimizer.register_step_post_hook(self._after_optimizer_step)]
+        self._handles = [
+            model.register_forward_hook(self._after_forward),
+            optimizer.register_step_post_hook(self._after_optimizer_step),
+        ]
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if not (module.training and torch.is_grad_enabled()) or self._block is None:
@@ -436,7 +455,8 @@ class ShardingObserver:
         whole_numel = sum(_global_numel(p) for p in params)
         held = sum(local_tensor(p).numel() for p in params)
         self.result["block_params_between_forward_and_backward"] = (
-            "sharded" if all(_is_dtensor(p) for p in params) else "whole")
+            "sharded" if all(_is_dtensor(p) for p in params) else "whole"
+        )
         self.result["block_param_fraction_held_between_forward_and_backward"] = held / whole_numel
         self._handles[0].remove()
 
@@ -453,8 +473,9 @@ class ShardingObserver:
         self.result["param_devices_after_step"] = sorted({local_tensor(p).device.type for p in params})
 
 
-def optimizer_tensors(optimizer: torch.optim.Optimizer) -> tuple[list[torch.Tensor], list[torch.Tensor],
-                                                                   list[torch.Tensor]]:
+def optimizer_tensors(
+    optimizer: torch.optim.Optimizer,
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
     """The live tensors an optimizer holds: its parameters, their gradients (those set) and its state tensors."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
     grads = [p.grad for p in params if p.grad is not None]

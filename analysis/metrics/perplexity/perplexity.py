@@ -55,12 +55,23 @@ class Perplexity(evaluate.Metric):
             ],
         )
 
-    def _compute(self, predictions: list[list[int]] | list[str], model_path: str | None = None, batch_size: int = 8, device: str = "cpu",
-                 dtype: str = "float32") -> dict[str, Any]:
+    def _compute(
+        self,
+        predictions: list[list[int]] | list[str],
+        model_path: str | None = None,
+        batch_size: int = 8,
+        device: str = "cpu",
+        dtype: str = "float32",
+    ) -> dict[str, Any]:
         if model_path is None:
             raise ValueError("perplexity needs model_path, a Hugging Face causal LM folder")
-        model = transformers.AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=getattr(torch, dtype), local_files_only=True).to(device).eval()
+        model = (
+            transformers.AutoModelForCausalLM.from_pretrained(
+                model_path, dtype=getattr(torch, dtype), local_files_only=True
+            )
+            .to(device)
+            .eval()
+        )
         sequences = list(predictions)
         if sequences and isinstance(sequences[0], str):
             tokenizer = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)
@@ -80,7 +91,7 @@ def _windows(sequences: list[list[int]], context: int) -> list[list[int]]:
     for seq in sequences:
         seq = list(seq)
         for start in range(0, max(len(seq) - 1, 0), context):
-            windows.append(seq[start:start + context + 1])
+            windows.append(seq[start : start + context + 1])
     return [w for w in windows if len(w) > 1]
 
 
@@ -96,7 +107,7 @@ def _score(model: torch.nn.Module, windows: list[list[int]], batch_size: int, de
     total, tokens = 0.0, 0
     for group in by_length.values():
         for i in range(0, len(group), batch_size):
-            batch = torch.tensor(group[i:i + batch_size], dtype=torch.long, device=device)
+            batch = torch.tensor(group[i : i + batch_size], dtype=torch.long, device=device)
             logits = model(batch[:, :-1]).logits
             losses = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none")
             total += losses.double().sum().item()
