@@ -258,8 +258,8 @@ def planned_misfits(
 ) -> dict[str, str]:
     """The strategies the planner says will not fit `gpu` (or `memory_gib` per device) at the experiment's
     batch, each with the line the report shows: "does not fit (planned X GiB of Y)"."""
-    from analysis.plan import DEFAULT_MFU, GIB, hardware, plan_args, plan_strategy, workload_for  # when asked
-    from analysis.plan_error import PlanError
+    from planner.errors import PlanError
+    from planner.plan import DEFAULT_MFU, GIB, hardware, plan_args, plan_strategy, workload_for  # when asked
 
     extra = set(spec.extra)  # a lever passed on to train.py is planned too; else the preset's
     checkpointing = (
@@ -630,10 +630,8 @@ def _add_launch_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PRICE",
         help="price of one device for one hour, any currency: the report adds cost per million tokens",
     )
-    fit = parser.add_argument_group(
-        "fit", "skip the strategies the planner says will not fit (python -m analysis.plan)"
-    )
-    fit.add_argument("--gpu", help="the GPUs the runs will have (python -m analysis.plan --gpu)")
+    fit = parser.add_argument_group("fit", "skip the strategies the planner says will not fit (python -m planner)")
+    fit.add_argument("--gpu", help="the GPUs the runs will have (python -m planner --gpu)")
     fit.add_argument("--gpu_memory_gib", type=float, help="memory per GPU, instead of (or overriding) --gpu's")
     fit.add_argument(
         "--precision",
@@ -756,7 +754,7 @@ def _skip_misfits(
     kept = tuple(s for s in spec.strategies if s not in misfits)
     if not kept:
         raise SetupError(
-            f"no strategy fits {spec.preset} at this batch; python -m analysis.plan --preset "
+            f"no strategy fits {spec.preset} at this batch; python -m planner --preset "
             f"{spec.preset} --launch shows the micro-batch and levers that would"
         )
     return replace(spec, strategies=kept), list(misfits.values())

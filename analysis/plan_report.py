@@ -1,4 +1,4 @@
-"""The report's "Plan beside measurement": rank 0's predicted memory (analysis.plan.compare_run) beside what
+"""The report's "Plan beside measurement": rank 0's predicted memory (planner.plan.compare_run) beside what
 each run measured (summary.json "memory"), and the gaps between strategies in words, from those figures.
 """
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from analysis.plan_error import PlanError, error_pct
 from analysis.runs import Run
 from analysis.scaling import comparable_single
 from analysis.table import Cell, Table
+from planner.errors import PlanError, error_pct
 from training import registry
 from training.registry import Communication
 
@@ -37,7 +37,7 @@ HEADERS = [
     "step peak error (%)",
     "predicted peak phase",
 ]
-# What each kind of the predicted peak (analysis/plan_model.py StepMemory) holds, in the gap sentences.
+# What each kind of the predicted peak (planner/cost_model.py StepMemory) holds, in the gap sentences.
 KIND_NAMES = {
     "parameters": "parameters",
     "gradients": "gradients",
@@ -59,7 +59,7 @@ class Compared:
     predicted_peak: int
     measured_peak: int | None
     phase: str
-    peak: dict[str, Any]  # analysis.plan_model.StepMemory.to_dict() of rank 0
+    peak: dict[str, Any]  # planner.cost_model.StepMemory.to_dict() of rank 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -78,7 +78,7 @@ class PlanSection:
 
 
 def compared(run: Run, entry: dict[str, Any]) -> Compared:
-    """`entry` is analysis.plan.compare_run's answer for `run`."""
+    """`entry` is planner.plan.compare_run's answer for `run`."""
     predicted, measured = entry["predicted"], entry["measured"]
     state = sum(measured[k] for k in STATE_KINDS) if all(measured.get(k) is not None for k in STATE_KINDS) else None
     return Compared(
@@ -97,7 +97,7 @@ def _read(run: Run) -> Compared | str:
     """The run beside its plan, or the one line that says why not."""
     if not run.fact("memory"):
         return NOT_MEASURED
-    from analysis.plan import compare_run  # the planner imports torch (model.config's package)
+    from planner.plan import compare_run  # the planner imports torch (model.config's package)
 
     try:
         return compared(run, compare_run(run.path))

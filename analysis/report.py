@@ -565,7 +565,7 @@ SECTION_METHOD = [
     "process) x 100; 100% is perfect scaling. n/a when there is no such single run.",
     "Cost per million tokens = price per device-hour (--gpu_hour_price, in its currency) x devices / 3600 / "
     "tokens/s x 10^6.",
-    "Plan beside measurement: rank 0's bytes as analysis/plan_model.py predicts them (`python -m analysis.plan "
+    "Plan beside measurement: rank 0's bytes as planner/cost_model.py predicts them (`python -m planner "
     "--run`) beside summary.json's `memory`; model state = parameters + gradients + AdamW state after an "
     f"optimizer step; error = (predicted - measured) / measured, flagged above {FLAG_PCT:g}%; MiB = 2^20 bytes. "
     "The predicted peak phase is the moment of the step the plan puts the peak at: loss (start of backward: "

@@ -2,7 +2,7 @@
 
     python -m benchmarks.offload_update [--preset mini] [--tries 3] [--repeats 9]
 
-analysis/plan_model.py counts fsdp_offload's host update pass by pass (torch's per-tensor AdamW: 72 bytes
+planner/cost_model.py counts fsdp_offload's host update pass by pass (torch's per-tensor AdamW: 72 bytes
 per element, 80 for decayed matrices) at one core's rate, because accelerate starts each process with
 OMP_NUM_THREADS=1. This measures that rate on one matrix the size of the largest tensor of the preset's
 rank-0 shard (2 processes), predicts the whole shard's update from its bytes, and times it, on one thread.
@@ -18,12 +18,12 @@ import time
 
 import torch
 
-from analysis.plan_model import Workload, host_update_bytes, parameter_shapes
 from model.config import GPT2Config
+from planner.cost_model import Workload, host_update_bytes, parameter_shapes
 from training import registry
 
 # What torch's per-tensor AdamW moves per element of a decayed matrix: the 72 bytes of its passes plus the
-# decoupled decay's multiply (analysis/plan_model.py ADAMW_HOST_PASSES).
+# decoupled decay's multiply (planner/cost_model.py ADAMW_HOST_PASSES).
 DECAYED_BYTES_PER_ELEMENT = 72 + 8
 
 

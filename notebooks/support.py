@@ -429,14 +429,14 @@ def wandb_group_url(experiment: str, out: Path) -> str | None:
 # ---------------------------------------------------------------------------------------------
 # Expected time, from arithmetic
 
-ESTIMATE_GPU = "T4"  # the reference experiment's GPU, as the planner knows it (training/gpus.py)
+ESTIMATE_GPU = "T4"  # the reference experiment's GPU, as the planner knows it (planner/gpus.py)
 STARTUP_S = 60  # per strategy: start-up, evaluation, checkpoint and export
 
 
 def _planner_args(preset: str, processes: int, global_batch_tokens: int | None = None) -> argparse.Namespace:
     """The planner's command line for `processes` T4s: every other setting (precision, MFU, link, overlap)
-    is the planner's default, so the notebook's estimate and `python -m analysis.plan` agree."""
-    from analysis.plan import parse_args
+    is the planner's default, so the notebook's estimate and `python -m planner` agree."""
+    from planner.plan import parse_args
 
     argv = ["--preset", preset, "--gpu", ESTIMATE_GPU, "--num_gpus", str(processes)]
     if global_batch_tokens is not None:
@@ -445,11 +445,11 @@ def _planner_args(preset: str, processes: int, global_batch_tokens: int | None =
 
 
 def estimate_minutes(preset: str, max_steps: int, strategies: list[str], processes: int) -> dict[str, float]:
-    """Minutes per strategy on T4s: the planner's predicted step time (analysis/plan_model.step_time at the
+    """Minutes per strategy on T4s: the planner's predicted step time (planner/cost_model.step_time at the
     planner's default MFU, the T4's datasheet peak and assumed link, communication overlap as the planner
     assumes by default) for the global batch the driver chooses, times the steps, plus STARTUP_S."""
     from analysis.experiment import ExperimentSpec, choose_batch, preset_defaults
-    from analysis.plan import hardware, plan_strategy, workload_for
+    from planner.plan import hardware, plan_strategy, workload_for
 
     sizes = [processes if registry.get(s).multi_process else 1 for s in strategies]
     batch = choose_batch(ExperimentSpec(preset, Path("."), max_steps=max_steps), sizes, preset_defaults(preset))
@@ -464,12 +464,12 @@ def estimate_minutes(preset: str, max_steps: int, strategies: list[str], process
 
 def estimate_assumptions() -> str:
     """The estimate's assumptions in one line, read from the planner that makes them."""
-    from analysis.plan import hardware
+    from planner.plan import hardware
 
     args = _planner_args("gpt2", 2)
     hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
     return (
-        f"assumed (the planner's defaults, python -m analysis.plan): {args.mfu:.0%} MFU of the {hw.name}'s "
+        f"assumed (the planner's defaults, python -m planner): {args.mfu:.0%} MFU of the {hw.name}'s "
         f"{hw.peak_flops / 1e12:.0f} TFLOP/s {args.precision}, {hw.link.gb_s:g} GB/s between the GPUs, "
         f"{hw.link_name}; communication overlap: {args.overlap}; {STARTUP_S} s per strategy to start, "
         "evaluate and save"

@@ -9,7 +9,7 @@
 #      step 1 measures compiled speed;
 #   3. the planner against the measured memory of every run of step 2 (2 micro-batches of 4 x 1024 tokens per
 #      step; with 3 warm-up steps the memory probe measures step 2, the first to start with AdamW's state):
-#      `python -m analysis.plan --run` puts the predicted peak beside torch.cuda.max_memory_allocated and says
+#      `python -m planner --run` puts the predicted peak beside torch.cuda.max_memory_allocated and says
 #      whether the error is within 10% (the target); scripts/gpu_terms.py puts the planner's GPU-only terms
 #      beside it: this GPU's torch.cuda.get_device_properties(0).total_memory against the planner's usable
 #      memory, and how much of each prediction is CUDA autocast's fp32 LayerNorm inputs (the error with and
@@ -88,7 +88,7 @@ for strategy in $strategies; do
     echo "== $strategy $precision: $((SECONDS - start)) s"
   done
 done
-# 3. The planner's memory model (analysis/plan_model.py) against this GPU, on step 2's runs. Nothing here
+# 3. The planner's memory model (planner/cost_model.py) against this GPU, on step 2's runs. Nothing here
 # changes the exit status: it records.
 if [ "${GPU_CHECK_PLANNER:-1}" != 0 ] && [ ${#runs[@]} -gt 0 ]; then
   echo "== planner: predicted vs measured step peak, GPT-2 124M (target: within 10%), and its GPU-only terms"
@@ -97,7 +97,7 @@ if [ "${GPU_CHECK_PLANNER:-1}" != 0 ] && [ ${#runs[@]} -gt 0 ]; then
   : > "$out/planner/check.txt"
   for dir in "${runs[@]}"; do
     name=$(basename "$dir")
-    if python -m analysis.plan --run "$dir" --json > "$out/planner/$name.plan.json"; then
+    if python -m planner --run "$dir" --json > "$out/planner/$name.plan.json"; then
       python - "$dir" "$out/planner/$name.plan.json" <<'EOF' | tee -a "$out/planner/check.txt" || echo "gpu_check: planner $name: no comparison" >&2
 import json, sys
 from pathlib import Path

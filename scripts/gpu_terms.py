@@ -3,7 +3,7 @@
   python scripts/gpu_terms.py RUN_DIR...
 
 For this GPU: torch.cuda.get_device_properties(0).total_memory beside the usable memory the planner's
-table gives it (training/gpus.py). For each finished run: the predicted step peak beside
+table gives it (planner/gpus.py). For each finished run: the predicted step peak beside
 torch.cuda.max_memory_allocated (summary.json's step peak), and how much of the prediction is CUDA
 autocast's fp32 LayerNorm inputs (the same workload planned for the CPU, where autocast leaves layer_norm
 in half precision, is that much smaller), with the error with and without that term. Prints; exit 0.
@@ -19,9 +19,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run as a scri
 
 import torch  # noqa: E402
 
-from analysis.plan import _read_json, compare_run, run_workload  # noqa: E402
-from analysis.plan_model import activations  # noqa: E402
-from training.gpus import PLANNER_GPUS  # noqa: E402
+from planner.cost_model import activations  # noqa: E402
+from planner.gpus import PLANNER_GPUS  # noqa: E402
+from planner.plan import _read_json, compare_run, run_workload  # noqa: E402
 
 MIB = 2**20
 
@@ -33,7 +33,7 @@ def usable_memory_line() -> str:
     planned = next((g for g in PLANNER_GPUS.values() if g.device_name == name), None)
     line = f"usable memory: {name} total_memory {total:,} bytes ({total / 2**30:.2f} GiB)"
     if planned is None:
-        return line + "; not in the planner's table (training/gpus.py)"
+        return line + "; not in the planner's table (planner/gpus.py)"
     error = (planned.memory_gib * 2**30 - total) / total * 100
     return (
         line + f"; the planner's {planned.key}: {planned.memory_gib:.2f} GiB ({planned.memory_source}), {error:+.2f}%"

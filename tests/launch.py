@@ -249,8 +249,8 @@ def write_news_csv(path: Path, articles: int, words: int) -> None:
 
 
 def plan_errors(output_dir: Path) -> list[dict[str, float]]:
-    """Per rank: the planner's error in percent on each figure the run measured (analysis.plan --run)."""
-    from analysis.plan import compare_run
+    """Per rank: the planner's error in percent on each figure the run measured (planner.plan --run)."""
+    from planner.plan import compare_run
 
     entry = compare_run(output_dir)
     assert len(entry["ranks"]) == summary(output_dir)["world_size"]
@@ -263,7 +263,7 @@ STEP_PEAK_PCT = 0.05  # docs/planning.md measures 0.003%; FSDP and its ZeRO-2 mo
 
 def assert_planned_exactly(output_dir: Path) -> None:
     """Every rank holds exactly the model-state bytes the planner counts; its step peak is within 0.05%."""
-    from analysis.plan import compare_run
+    from planner.plan import compare_run
 
     entry = compare_run(output_dir)
     assert len(entry["ranks"]) == summary(output_dir)["world_size"]

@@ -9,7 +9,7 @@ from analysis.experiment import main
 from tests.test_analysis_experiment import configs, fake_launcher  # noqa: F401 (fixtures)
 
 # tiny's batch (8 x 64 tokens) on a GPU of 0.86 GiB: the planned peaks are 0.35 GiB for single and DDP and
-# 0.31 for FSDP, and 0.86 GiB leaves (0.86 - 0.5) / 1.1 = 0.33 GiB for a peak (analysis/plan.py's margin).
+# 0.31 for FSDP, and 0.86 GiB leaves (0.86 - 0.5) / 1.1 = 0.33 GiB for a peak (planner/plan.py's margin).
 ONLY_FSDP_FITS = ["--gpu_memory_gib", "0.86"]
 
 

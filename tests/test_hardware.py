@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import gpus, hardware
+from training import gpu_peaks, hardware
 from training.hardware import PeakFlops, cpu_peak_flops, gpu_peak_flops, peak_flops
 
 # --- GPUs -------------------------------------------------------------------------------------------
@@ -73,7 +73,7 @@ def test_unknown_name_or_precision_gives_nan_and_says_so(name: str, precision: s
     peak = gpu_peak_flops(name, precision)
     assert math.isnan(peak.flops_per_s)
     assert peak.source == (
-        f"no peak-FLOP/s entry for {name!r} at {precision}: MFU not computed (add it to training/gpus.py)"
+        f"no peak-FLOP/s entry for {name!r} at {precision}: MFU not computed (add it to training/gpu_peaks.py)"
     )
     assert "\n" not in peak.source
 
@@ -86,8 +86,8 @@ def test_names_are_normalised_for_case_and_surrounding_whitespace(spelling: str)
 
 
 def test_every_table_entry_is_complete_and_plausible() -> None:
-    names = [name for _, parts in gpus._GPU_FAMILIES for name in parts]
-    assert len(names) == len(set(n.strip().casefold() for n in names)) == len(gpus._GPU_PEAK_TFLOPS)
+    names = [name for _, parts in gpu_peaks._GPU_FAMILIES for name in parts]
+    assert len(names) == len(set(n.strip().casefold() for n in names)) == len(gpu_peaks._GPU_PEAK_TFLOPS)
     for name in names:
         figures = {p: gpu_peak_flops(name, p).flops_per_s for p in ("fp32", "fp16", "bf16")}
         assert all(math.isfinite(v) and v > 0 for v in figures.values()), name

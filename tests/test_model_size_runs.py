@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.plan import compare_run
+from planner.plan import compare_run
 from tests.launch import MODEL_STATE, STEP_PEAK_PCT, assert_planned_exactly, free_port, run, summary, train
 from tests.test_plan import _plan
 from training import registry

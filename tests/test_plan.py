@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from analysis.plan_model import (
+from model import GPT2, GPT2Config
+from planner.cost_model import (
     Link,
     Workload,
     activations,
@@ -30,7 +31,6 @@ from analysis.plan_model import (
     step_memory,
     step_time,
 )
-from model import GPT2, GPT2Config
 from training.registry import STRATEGIES as ENTRIES
 from training.registry import names
 
@@ -243,11 +243,11 @@ def test_predicted_step_peak_matches_memtracker_in_one_process(
 
 
 def _plan(*args: str) -> subprocess.CompletedProcess[str]:
-    """`python -m analysis.plan ARGS` as its main(argv) in this process: exit status, stdout and stderr."""
+    """`python -m planner ARGS` as its main(argv) in this process: exit status, stdout and stderr."""
     import contextlib
     import io
 
-    from analysis.plan import main
+    from planner.plan import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -255,13 +255,13 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
             status = main(list(args))
         except SystemExit as exc:  # argparse's own refusals
             status = exc.code if isinstance(exc.code, int) else 1
-    return subprocess.CompletedProcess(["analysis.plan", *args], status, out.getvalue(), err.getvalue())
+    return subprocess.CompletedProcess(["planner", *args], status, out.getvalue(), err.getvalue())
 
 
 def test_plan_json_has_every_strategy_with_its_bytes_fit_and_speed() -> None:
-    # The one real command of this section: `python -m analysis.plan` as typed (120 s: a hang guard).
+    # The one real command of this section: `python -m planner` as typed (120 s: a hang guard).
     result = subprocess.run(
-        [sys.executable, "-m", "analysis.plan", "--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--json"],
+        [sys.executable, "-m", "planner", "--preset", "gpt2", "--gpu", "T4", "--num_gpus", "2", "--json"],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -449,7 +449,7 @@ def test_the_machines_link_decides_and_one_machine_plans_no_hybrid_sharding() ->
 
 
 def test_planning_without_a_command_line_takes_the_flags_defaults() -> None:
-    from analysis.plan import parse_args, plan_args
+    from planner.plan import parse_args, plan_args
 
     args = plan_args(preset="gpt2-medium", num_gpus=2)
     assert (args.preset, args.num_gpus) == ("gpt2-medium", 2)

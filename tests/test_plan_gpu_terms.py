@@ -1,13 +1,13 @@
-"""The planner's terms that only a GPU run can confirm, against figures computed by hand (analysis/plan_model.py,
-training/gpus.py; sources in docs/planning.md): CUDA autocast's fp32 LayerNorm, each GPU's usable memory,
+"""The planner's terms that only a GPU run can confirm, against figures computed by hand (planner/cost_model.py,
+planner/gpus.py; sources in docs/planning.md): CUDA autocast's fp32 LayerNorm, each GPU's usable memory,
 and the offloaded AdamW update that runs on one host core."""
 
 from __future__ import annotations
 
 import pytest
 
-from analysis.plan import hardware, main
-from analysis.plan_model import (
+from model.config import GPT2Config
+from planner.cost_model import (
     ADAMW_HOST_PASSES,
     HOST_UPDATE_CORE_GB_S,
     Link,
@@ -17,7 +17,7 @@ from analysis.plan_model import (
     step_memory,
     step_time,
 )
-from model.config import GPT2Config
+from planner.plan import hardware, main
 
 GPT2 = GPT2Config.from_preset("gpt2")
 S = 4 * 1024 * 768  # elements of one (B, T, C) tensor at micro-batch 4 x 1024: 3,145,728

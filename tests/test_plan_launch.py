@@ -1,4 +1,4 @@
-"""The adaptive launch and the memory wall (analysis/plan_launch.py, analysis/plan_sweep.py), in this process:
+"""The adaptive launch and the memory wall (planner/launch.py, planner/sweep.py), in this process:
 arithmetic only, nothing launched (the launched command runs in tests/test_model_size_runs.py)."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from analysis.plan_model import Workload, model_state, step_memory
 from model.config import GPT2Config
+from planner.cost_model import Workload, model_state, step_memory
 from tests.test_plan import _plan
 from training import registry
 from training.presets import preset_overrides
@@ -73,7 +73,7 @@ def test_a_cpu_budget_everything_meets_lets_single_and_ddp_fit() -> None:
 
 
 def test_execute_runs_the_printed_command(monkeypatch: pytest.MonkeyPatch) -> None:
-    import analysis.plan_launch as plan_launch
+    import planner.launch as plan_launch
 
     ran = []
     monkeypatch.setattr(
@@ -157,8 +157,8 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
 
 def test_train_py_auto_on_two_t4_says_when_the_launched_strategy_is_not_the_plans() -> None:
     """The start-up check of `train.py --strategy auto`, given the device a T4 pair reports."""
-    from analysis.plan import DEFAULT_MFU, planner
-    from analysis.plan_launch import Device, startup_note
+    from planner.launch import Device, startup_note
+    from planner.plan import DEFAULT_MFU, planner
     from training.cli import parse_config
 
     t4_pair = Device("Tesla T4", 15102 / 1024, 2)

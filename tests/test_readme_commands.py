@@ -191,7 +191,7 @@ def test_launches_at_their_defaults_measure_their_memory_as_planned(readme_runs:
         memory = json.loads((run_dir / "summary.json").read_text())["memory"]
         assert memory["probe_step"] == 2, run_dir
         assert_planned_exactly(run_dir)  # model state byte for byte, the step peak within 0.05%
-    plan = next(r for r in ran if r.command.startswith("python -m analysis.plan --run"))
+    plan = next(r for r in ran if r.command.startswith("python -m planner --run"))
     assert plan.stdout.count("step_peak") == 5  # single, and two ranks each of DDP and FSDP
 
 

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from analysis.compare import load_comparison, main
-from analysis.plan_model import Workload, model_state, step_memory
 from analysis.plan_report import NOT_MEASURED, plan_section
 from analysis.report import fastest_reading
 from analysis.runs import Run
 from analysis.scaling import COST_HEADER, SCALING_HEADER, scaling_lines, table_columns
 from analysis.table import build_table
 from model import GPT2Config
+from planner.cost_model import Workload, model_state, step_memory
 
 SAMPLE = Path(__file__).resolve().parents[1] / "docs" / "sample_report" / "runs"
 MIB = 2**20

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from training.gpus import datasheet_entry
+from training.gpu_peaks import datasheet_entry
 from training.rundir import write_atomic
 
 
@@ -90,7 +90,7 @@ def default_cache_dir() -> Path:
 
 
 # ---------------------------------------------------------------------------------------------------
-# GPUs: datasheet figures by exact product name (the table is in training/gpus.py, which needs no torch)
+# GPUs: datasheet figures by exact product name (the table is in training/gpu_peaks.py, which needs no torch)
 
 
 def gpu_peak_flops(device_name: str, precision: str) -> PeakFlops:
@@ -99,7 +99,7 @@ def gpu_peak_flops(device_name: str, precision: str) -> PeakFlops:
     if entry is None or precision not in entry[2]:
         return PeakFlops(
             float("nan"),
-            f"no peak-FLOP/s entry for {device_name!r} at {precision}: MFU not computed (add it to training/gpus.py)",
+            f"no peak-FLOP/s entry for {device_name!r} at {precision}: MFU not computed (add it to training/gpu_peaks.py)",
         )
     name, datasheet, figures = entry
     tflops = figures[precision]

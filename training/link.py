@@ -2,7 +2,7 @@
 
 A multi-process run all-reduces a buffer the size of DDP's gradient buckets (25 MiB, or all the gradients
 when they are fewer) a few times and records NCCL's bus bandwidth, 2(n-1)/n x bytes / seconds: the figure
-`python -m analysis.plan --link_gb_s` takes (or reads with `--link_from RUN_DIR`), so a plan can be made
+`python -m planner --link_gb_s` takes (or reads with `--link_from RUN_DIR`), so a plan can be made
 with the link a run really had instead of an assumed one. It costs well under a second on a GPU link and
 about a second over gloo on the CPU.
 """

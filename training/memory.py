@@ -1,4 +1,4 @@
-"""What a run measures of its own memory, for analysis/plan.py to put beside its prediction.
+"""What a run measures of its own memory, for planner/plan.py to put beside its prediction.
 
 Two figures per process, both in bytes:
   * model state: the parameters, gradients and optimizer state this process holds, read from the live

@@ -57,7 +57,7 @@ PRESETS: dict[str, Preset] = {
     ),
     # The larger GPT-2s keep the 124M preset's global batch (16 x 1024 tokens); the learning rates are those
     # GPT-3's paper (Table 2.1) used at these sizes. The micro-batch and activation checkpointing are what
-    # `python -m analysis.plan --preset P --gpu T4 --num_gpus 2 --launch` picks for 2x T4 in fp16, with the
+    # `python -m planner --preset P --gpu T4 --num_gpus 2 --launch` picks for 2x T4 in fp16, with the
     # strategy it launches (tests/test_plan_launch.py keeps them equal; docs/scaling_models.md).
     "gpt2-medium": Preset(
         "GPT-2 355M (24 layers, 1024 wide) on 1024-token blocks; sized for 2x T4, fp16, by the planner: fsdp, "

@@ -140,7 +140,7 @@ class ScheduleRecord(Record):
 class LinkRecord(Record):
     """The all-reduce bus bandwidth a multi-process run measured at start (training/link.py).
 
-    `bus_gb_s` is NCCL's bus bandwidth, 2(n-1)/n x bytes / seconds, the figure `analysis.plan --link_gb_s`
+    `bus_gb_s` is NCCL's bus bandwidth, 2(n-1)/n x bytes / seconds, the figure `planner.plan --link_gb_s`
     takes; `algorithm_gb_s` is bytes / seconds. Single-process runs record none.
     """
 

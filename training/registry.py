@@ -4,7 +4,7 @@ Every other module asks this registry what a strategy is (its accelerate config 
 several processes, which wrapper it puts around the model, its FSDP settings, what it shards, how it
 communicates, how the planner counts it) instead of comparing names. Adding a strategy is one entry in
 `STRATEGIES`, its config file in accelerate_configs/, and, when it communicates or holds memory in a way
-no entry does yet, its terms in analysis/plan_model.py.
+no entry does yet, its terms in planner/cost_model.py.
 
 Pure Python (no torch), so the analysis and notebook side can import it cheaply.
 """
@@ -16,7 +16,7 @@ from enum import Enum
 
 
 class Communication(str, Enum):
-    """What crosses the link between devices in a step (analysis/plan_model.py prices each)."""
+    """What crosses the link between devices in a step (planner/cost_model.py prices each)."""
 
     NONE = "none"
     ALL_REDUCE = "all_reduce"  # every gradient, fp32, bucketed and overlapped with backward (DDP)

@@ -1,7 +1,7 @@
 """What the planner and the report's plan section share: the planner's one-line input error and its
 error against a measurement, in percent.
 
-Its own module, torch-free, so that neither imports the other for them: analysis/plan.py (which imports
+Its own module, torch-free, so that neither imports the other for them: planner/plan.py (which imports
 torch through model.config) reads finished runs, and analysis/plan_report.py puts them in the report.
 """
 

@@ -1,20 +1,20 @@
 """Plan a run before it starts, and put finished runs beside their plan.
 
-  python -m analysis.plan --preset gpt2 --gpu T4 --num_gpus 2 [--micro_batch_size N] [--block_size T]
-                          [--precision fp16|bf16|fp32] [--global_batch_tokens N] [--activation_checkpointing]
-                          [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F]
-                          [--link_gb_s X | --link_from RUN_DIR] [--overlap full|none]
-                          [--num_nodes M --inter_node_gb_s Y] [--json]
-  python -m analysis.plan --run RUN_DIR... [--json]
-  python -m analysis.plan --preset P (--gpu G | --cpu --gpu_memory_gib X) --num_gpus N --launch [--execute]
-  python -m analysis.plan --sweep --gpu G --num_gpus N [--figure PATH]
+  python -m planner --preset gpt2 --gpu T4 --num_gpus 2 [--micro_batch_size N] [--block_size T]
+                    [--precision fp16|bf16|fp32] [--global_batch_tokens N] [--activation_checkpointing]
+                    [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F]
+                    [--link_gb_s X | --link_from RUN_DIR] [--overlap full|none]
+                    [--num_nodes M --inter_node_gb_s Y] [--json]
+  python -m planner --run RUN_DIR... [--json]
+  python -m planner --preset P (--gpu G | --cpu --gpu_memory_gib X) --num_gpus N --launch [--execute]
+  python -m planner --sweep --gpu G --num_gpus N [--figure PATH]
 
 The first form prints, for every strategy, the predicted bytes per device by kind, whether the step
 fits the GPU, the largest micro-batch that fits, the predicted step time and tokens/s with the range
 its assumptions allow, and a recommendation, or "no clear winner" when the fastest are closer than
 that. The second reads finished runs and puts each prediction beside what the run measured
-(summary.json's "memory"), with the error in percent. --launch (analysis/plan_launch.py) prints the
-command of the fastest strategy that fits; --sweep (analysis/plan_sweep.py) plans every preset. The model behind both: analysis/plan_model.py;
+(summary.json's "memory"), with the error in percent. --launch (planner/launch.py) prints the
+command of the fastest strategy that fits; --sweep (planner/sweep.py) plans every preset. The model behind both: planner/cost_model.py;
 its formulas and their sources: docs/planning.md. Exit status 0, or 2 with one error line.
 """
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from analysis.plan_error import PlanError, error_pct
-from analysis.plan_model import (
+from model.config import GPT2Config
+from planner.cost_model import (
     Link,
     StepTime,
     Workload,
@@ -39,22 +39,23 @@ from analysis.plan_model import (
     step_time,
     total_parameters,
 )
-from model.config import GPT2Config
+from planner.errors import PlanError, error_pct
+from planner.gpus import PLANNER_GPUS, planner_gpu
 from training import registry
 from training.cli import OneLineParser
 from training.config import ModelChoice
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens
-from training.gpus import PLANNER_GPUS, datasheet_entry, planner_gpu
+from training.gpu_peaks import datasheet_entry
 from training.presets import PRESETS, preset_overrides
 
 if TYPE_CHECKING:
-    from analysis.plan_launch import Planner
+    from planner.launch import Planner
 
 GIB = 2**30
 # A step "fits" when its predicted peak of allocated bytes, grown by the caching allocator's slack (it
 # reserves more than is allocated, and fragments: 5-15% in PyTorch's own measurements), plus what CUDA itself
 # takes outside any tensor (the context, cuBLAS/cuDNN workspaces, NCCL's buffers: about half a GiB), is
-# within the memory CUDA reports (torch.cuda.get_device_properties().total_memory; training/gpus.py).
+# within the memory CUDA reports (torch.cuda.get_device_properties().total_memory; planner/gpus.py).
 ALLOCATOR_SLACK = 1.10
 CUDA_RESERVE_GIB = 0.5
 DEFAULT_MFU = 0.30  # an assumption: eager PyTorch GPT-2 124M reaches 25-40% of the tensor-core peak
@@ -82,7 +83,7 @@ class Hardware:
     link_name: str
     link_spread: float = LINK_SPREAD_ASSUMED
     memory_source: str = "given (--gpu_memory_gib)"
-    reserve_gib: float = CUDA_RESERVE_GIB  # 0 for CPU processes (analysis/plan_launch.py): no CUDA context
+    reserve_gib: float = CUDA_RESERVE_GIB  # 0 for CPU processes (planner/launch.py): no CUDA context
 
     @property
     def budget_bytes(self) -> float:
@@ -604,7 +605,7 @@ def runs_text(entries: list[dict[str, Any]]) -> str:
 
 def planner() -> Planner:
     """This module's planner, as the adaptive launch and the sweep take it (they must not import this module)."""
-    from analysis.plan_launch import Planner
+    from planner.launch import Planner
 
     return Planner(hardware, workload_for, plan_strategy, recommend, planned_strategies, plan_args)
 
@@ -614,7 +615,7 @@ def planner() -> Planner:
 
 
 def _add_adaptive_flags(parser: argparse.ArgumentParser) -> None:
-    adaptive = parser.add_argument_group("adaptive launch and sweep (analysis/plan_launch.py, analysis/plan_sweep.py)")
+    adaptive = parser.add_argument_group("adaptive launch and sweep (planner/launch.py, planner/sweep.py)")
     adaptive.add_argument(
         "--launch",
         action="store_true",
@@ -658,7 +659,7 @@ def _check_adaptive_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = OneLineParser(prog="python -m analysis.plan", description=__doc__.splitlines()[0])
+    parser = OneLineParser(prog="python -m planner", description=__doc__.splitlines()[0])
     parser.add_argument("--run", nargs="+", type=Path, metavar="RUN_DIR", help="finished runs to put beside their plan")
     parser.add_argument("--preset", default="gpt2", choices=sorted(PRESETS), help="training preset (default gpt2)")
     parser.add_argument("--gpu", help=f"one of {', '.join(PLANNER_GPUS)}")
@@ -748,8 +749,8 @@ def main(argv: list[str] | None = None) -> int:
             entries = [compare_run(path) for path in args.run]
             print(json.dumps({"runs": entries}, indent=2) if args.json else runs_text(entries))
         elif args.launch or args.sweep:
-            from analysis.plan_launch import launch_main
-            from analysis.plan_sweep import sweep_main
+            from planner.launch import launch_main
+            from planner.sweep import sweep_main
 
             return (launch_main if args.launch else sweep_main)(args, planner())
         else:
@@ -759,7 +760,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

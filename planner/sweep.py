@@ -1,10 +1,10 @@
 """The memory wall: every training preset x strategy on one hardware, its per-device peak and whether it fits.
 
-  python -m analysis.plan --sweep --gpu T4 --num_gpus 2 [--num_nodes M --inter_node_gb_s Y] [--precision fp16]
+  python -m planner --sweep --gpu T4 --num_gpus 2 [--num_nodes M --inter_node_gb_s Y] [--precision fp16]
                           [--activation_checkpointing]
                           [--figure docs/figures/memory_wall_2xT4.png] [--json]
 
-Each preset is planned as `python -m analysis.plan --preset P` plans it (its own micro-batch and global
+Each preset is planned as `python -m planner --preset P` plans it (its own micro-batch and global
 batch, the planner's figures unchanged); the table lists the peak and fit of each strategy, the figure
 draws per-device memory against parameter count (one line per strategy, the GPU's usable memory as a
 horizontal line), and the last lines name the largest preset each strategy can train there.
@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from analysis.plan_error import PlanError
-from analysis.plan_launch import GIB, Planner, candidate, hardware_for, strategies_for
-from analysis.plan_model import total_parameters
+from planner.cost_model import total_parameters
+from planner.errors import PlanError
+from planner.launch import GIB, Planner, candidate, hardware_for, strategies_for
 from training import registry
 from training.presets import PRESETS
 

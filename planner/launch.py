@@ -1,9 +1,9 @@
 """The adaptive launch: the fastest strategy that fits, with the levers it needs, as one `accelerate launch`.
 
-  python -m analysis.plan --preset gpt2-large --gpu T4 --num_gpus 2 --launch [--execute]
-  python -m analysis.plan --preset mini --cpu --gpu_memory_gib 0.05 --num_gpus 2 --launch
+  python -m planner --preset gpt2-large --gpu T4 --num_gpus 2 --launch [--execute]
+  python -m planner --preset mini --cpu --gpu_memory_gib 0.05 --num_gpus 2 --launch
 
-For every strategy the planner's own figures (analysis/plan.py `plan_strategy`) are asked for each way of
+For every strategy the planner's own figures (planner/plan.py `plan_strategy`) are asked for each way of
 making it fit, fastest first: the largest micro-batch the global batch allows (or --micro_batch_size), then
 smaller ones that divide it (accumulation keeps the global batch), each without and then with activation
 checkpointing.
@@ -26,8 +26,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from analysis.plan_error import PlanError
-from analysis.plan_model import Workload
+from planner.cost_model import Workload
+from planner.errors import PlanError
 from training import registry
 from training.presets import preset_overrides
 
@@ -40,7 +40,7 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class Planner:
-    """analysis/plan.py's functions, handed in by its command line (this module must not import it back)."""
+    """planner/plan.py's functions, handed in by its command line (this module must not import it back)."""
 
     hardware: Callable[..., Any]  # (gpu, precision, memory_gib, link_gb_s) -> Hardware
     workload_for: Callable[[argparse.Namespace, str], Workload]
@@ -246,7 +246,7 @@ def startup_note(
 ) -> str | None:
     """One line when the plan, on `device`, would launch another strategy than `launched`; None when it agrees
     or the run's model is not its preset's (another --model_preset or --n_layer: the plan knows presets)."""
-    from training.gpus import PLANNER_GPUS
+    from planner.gpus import PLANNER_GPUS
 
     if cfg.model.n_layer is not None or cfg.model.model_preset != preset_overrides(cfg.preset).get(
         "model_preset", cfg.model.model_preset

@@ -1,0 +1,5 @@
+import sys
+
+from planner.plan import main
+
+sys.exit(main())
