@@ -21,7 +21,7 @@ from analysis.report import build_report, write_report
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from analysis.scaling import gpu_hour_price
 from analysis.wandb_fetch import APPROXIMATION_NOTE, FetchError, fetch_wandb_runs
-from training.cli import EXIT_BAD_INPUT, OneLineParser
+from training.cli import EXIT_BAD_INPUT, OneLineParser, run_main
 
 EXIT_OK = 0
 EXIT_UNUSABLE = EXIT_BAD_INPUT
@@ -133,4 +133,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from analysis.scaling import gpu_hour_price, price_text
 from training import registry
-from training.cli import DefaultsHelpFormatter
+from training.cli import DefaultsHelpFormatter, run_main
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
 
 REPO = Path(__file__).resolve().parents[1]
@@ -799,4 +799,4 @@ def wandb_report_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

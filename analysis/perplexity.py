@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from training.cli import EXIT_BAD_INPUT, OneLineParser
+from training.cli import EXIT_BAD_INPUT, OneLineParser, run_main
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "perplexity"
 # The loss is the same model on the same blocks computed by a second implementation (Hugging Face's GPT-2
@@ -164,4 +164,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

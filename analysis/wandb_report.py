@@ -26,7 +26,7 @@ from typing import Any
 
 from analysis.compare import load_comparison
 from analysis.report import Reading, build_reading, write_atomic
-from training.cli import DefaultsHelpFormatter, OneLineParser
+from training.cli import DefaultsHelpFormatter, OneLineParser, run_main
 from training.config import RunConfig
 from training.metric_table import BARS, CURVES, X_AXIS, X_TITLE
 from training.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key
@@ -558,4 +558,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
+
+from training.cli import run_main
 
 
 def bare_step_times(preset: str, steps: int, seed: int = 0) -> list[float]:
@@ -128,4 +129,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

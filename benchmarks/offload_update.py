@@ -21,6 +21,7 @@ import torch
 from model.config import GPT2Config
 from planner.cost_model import Workload, host_update_bytes, parameter_shapes
 from training import registry
+from training.cli import run_main
 
 # What torch's per-tensor AdamW moves per element of a decayed matrix: the 72 bytes of its passes plus the
 # decoupled decay's multiply (planner/cost_model.py ADAMW_HOST_PASSES).
@@ -86,4 +87,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +28,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+
+from training.cli import run_main
 
 # name -> (model overrides of GPT-2 124M, block size, micro-batch) per device type
 SIZES: dict[str, dict[str, Any]] = {
@@ -304,4 +305,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

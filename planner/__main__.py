@@ -1,5 +1,4 @@
-import sys
-
 from planner.plan import main
+from training.cli import run_main
 
-sys.exit(main())
+run_main(main)

@@ -8,15 +8,31 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
+import sys
 import types
 import typing
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from training.config import ModelChoice, OptimConfig, RunConfig, SpeedConfig, TrainConfig
 from training.presets import PRESETS, preset_overrides
 
 EXIT_BAD_INPUT = 2
+
+
+def run_main(main: Callable[[], int | None]) -> NoReturn:
+    """Exit with main()'s status, as a Unix tool does when its reader goes away: `... | head -1` ends quietly with
+    status 0 instead of a BrokenPipeError traceback (the recipe of Python's signal module documentation)."""
+    try:
+        status = main()
+        sys.stdout.flush()  # a late broken pipe surfaces here, not in the interpreter's own exit flush
+    except BrokenPipeError:
+        # Python flushes stdout once more at exit; pointing it at /dev/null keeps that flush from failing too.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        status = 0
+    sys.exit(status)
 
 
 class OneLineParser(argparse.ArgumentParser):

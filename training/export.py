@@ -11,6 +11,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from training.cli import run_main
+
 
 def export_checkpoint(checkpoint: Path, out: Path, tokenizer_name: str | None = None) -> None:
     from data import load_tokenizer
@@ -44,4 +46,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 
+from training.cli import run_main
 from training.gpu_peaks import datasheet_entry
 from training.rundir import write_atomic
 
@@ -442,4 +443,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)

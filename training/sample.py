@@ -21,7 +21,7 @@ import torch
 from model.gpt2 import GPT2
 from model.hf import from_hf
 from training.checkpoint import is_checkpoint_or_run, load_model_from_checkpoint
-from training.cli import EXIT_BAD_INPUT, OneLineParser
+from training.cli import EXIT_BAD_INPUT, OneLineParser, run_main
 
 if TYPE_CHECKING:
     import transformers
@@ -147,4 +147,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_main(main)
