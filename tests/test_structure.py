@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -263,3 +264,10 @@ def test_the_import_reader_sees_imports_inside_functions() -> None:
     # model/hf.py imports transformers only inside functions; the reader must see such imports of ours.
     imports = {(imp.source, imp.target) for imp in _imports()}
     assert ("training.export", "training.checkpoint") in imports  # inside export_checkpoint
+
+
+def test_the_readme_is_one_screen_without_dated_counts() -> None:
+    """The README is the start, docs/ the rest; counts and timings of the suite go stale there (CI shows them)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 150
+    assert not re.search(r"\b\d[\d,]* (tests|passed)\b", text), "a test count in the README"
