@@ -65,7 +65,7 @@ def metrics_from_history(rows: Iterable[Mapping[str, Any]], namespace: Mapping[s
 def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int, warmup_steps: int) -> list[dict[str, Any]]:
     """Per-epoch figures from the logged lines (see the module docstring for what is approximate).
 
-    Means follow train.py's own definition (training.figures.steady_mean, the same warm-up rule and
+    Means follow train.py's own definition (training.steady_mean.steady_mean, the same warm-up rule and
     non-finite handling), over the logged steps instead of every step.
     """
     epochs: list[dict[str, Any]] = []
@@ -107,7 +107,7 @@ def _last_values(lines: list[dict[str, Any]], evals: list[dict[str, Any]]) -> di
 
 
 def _step_means(lines: list[dict[str, Any]], warmup_steps: int) -> dict[str, Any]:
-    from training.figures import steady_mean
+    from training.steady_mean import steady_mean
 
     figures: dict[str, Any] = {}
     for key in ("loss", "grad_norm"):

@@ -4,7 +4,7 @@
         [--precision fp32,bf16] [--compile] [--rounds 3] [--round_s 3 | --steps N]
 
 Both models get the same weights (ours converted with model/hf.py), the same AdamW (decay on matrices,
-fused where training/levers.py would choose it), and go through the same step function: forward under
+fused where training/speed_levers.py would choose it), and go through the same step function: forward under
 autocast, the loss in fp32 from the logits, backward (scaled in fp16), the float64 global grad norm
 and clipping of training/step.py, the optimizer step. Only the model differs. The two are timed
 alternately, the same number of steps each per round (about `--round_s` seconds' worth, or `--steps`),
@@ -116,7 +116,7 @@ def build_pair(
     """(ours, transformers', training FLOPs per token) with identical weights."""
     from model import GPT2, GPT2Config
     from model.hf import to_hf
-    from training.levers import compile_blocks
+    from training.speed_levers import compile_blocks
 
     torch.manual_seed(0)
     ours = GPT2(GPT2Config(**SIZES[size]["model"]))
@@ -252,7 +252,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     from training.hardware import peak_flops
-    from training.levers import DeviceInfo, apply_tf32, decide_fused_adamw, decide_tf32
+    from training.speed_levers import DeviceInfo, apply_tf32, decide_fused_adamw, decide_tf32
 
     args = parse_args(argv)
     if args.threads:

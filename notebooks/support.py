@@ -150,8 +150,8 @@ class Devices:
         return "\n".join(lines)
 
     def compile_note(self) -> str:
-        """What train.py's --compile auto does on these GPUs (training/levers.py decides it at start-up)."""
-        from training.levers import COMPILE_MIN_CAPABILITY  # imports torch: the requirements are installed by now
+        """What train.py's --compile auto does on these GPUs (training/speed_levers.py decides it at start-up)."""
+        from training.speed_levers import COMPILE_MIN_CAPABILITY  # imports torch: the requirements are installed by now
 
         on = all(tuple(gpu["capability"]) >= COMPILE_MIN_CAPABILITY for gpu in self.gpus)
         least = ".".join(map(str, COMPILE_MIN_CAPABILITY))

@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from accelerate import Accelerator
 
-from training.figures import SteadyMean, steady_mean
 from training.hardware import peak_memory_mib
+from training.steady_mean import SteadyMean, steady_mean
 
 
 @dataclass
@@ -191,7 +191,7 @@ class MetricsTracker:
 
 
 def step_mean(tracker: MetricsTracker, records: list[StepRecord], attr: str) -> SteadyMean:
-    """The run's one definition of a per-step mean (see training.figures.steady_mean)."""
+    """The run's one definition of a per-step mean (see training.steady_mean.steady_mean)."""
     return steady_mean(((r.step, getattr(r, attr)) for r in records), tracker.perf_warmup_steps)
 
 

@@ -176,7 +176,7 @@ class LaunchRecord(Record):
     peak_flops_source: str | None
     data_stats: dict[str, Any] | None  # data.DataStats.to_dict()
     wandb_mode: str | None
-    levers: dict[str, Any] | None  # training.levers.Levers.to_dict()
+    levers: dict[str, Any] | None  # training.speed_levers.Levers.to_dict()
     # A measured (CPU) peak's kept measurement: when it was taken (UTC, ISO 8601) and its trials'
     # (fastest - slowest) / median; absent for a table figure and in launch records written before them.
     peak_flops_measured_at: str | None = None

@@ -32,7 +32,6 @@ from training.config import TrainConfig
 from training.errors import RunError
 from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
-from training.levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
 from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
@@ -47,6 +46,7 @@ from training.rundir import (
     write_atomic,
 )
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finish_settings
+from training.speed_levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
 from training.step import eval_subset, lr_factor, make_optimizer
 from training.stopping import SignalFlag
 from training.strategy import (

@@ -21,7 +21,7 @@ from training.metrics import MetricsTracker
 def make_optimizer(model: nn.Module, optim: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
     """AdamW with decoupled weight decay on matrices (dim >= 2) only; biases and LayerNorms are not decayed.
 
-    `fused`: one fused kernel for the whole update (training/levers.py decides where); otherwise PyTorch's
+    `fused`: one fused kernel for the whole update (training/speed_levers.py decides where); otherwise PyTorch's
     default, the multi-tensor (foreach) implementation.
     """
     params = [p for p in model.parameters() if p.requires_grad]

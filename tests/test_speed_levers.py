@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from training.config import SpeedConfig
-from training.levers import DeviceInfo, compile_blocks, decide_compile, decide_fused_adamw, decide_levers, decide_tf32
+from training.speed_levers import (
+    DeviceInfo,
+    compile_blocks,
+    decide_compile,
+    decide_fused_adamw,
+    decide_levers,
+    decide_tf32,
+)
 
 CPU = DeviceInfo("cpu")
 T4 = DeviceInfo("cuda", (7, 5))
