@@ -95,6 +95,16 @@ def test_every_table_entry_is_complete_and_plausible() -> None:
         assert figures["fp32"] <= figures["bf16"] <= figures["fp16"], name
 
 
+def test_every_planner_gpu_has_a_datasheet_peak_at_every_precision() -> None:
+    """A GPU added to planner/gpus.py without its peak in training/gpu_peaks.py would plan at no speed."""
+    from planner.gpus import PLANNER_GPUS
+
+    for key, gpu in PLANNER_GPUS.items():
+        entry = gpu_peaks.datasheet_entry(gpu.device_name)
+        assert entry is not None, key
+        assert set(entry[2]) == {"fp32", "fp16", "bf16"}, key
+
+
 # --- CPUs -------------------------------------------------------------------------------------------
 
 FAKE_RATES = [30e9, 10e9, 20e9, 50e9, 40e9, 35e9, 25e9, 45e9, 15e9]  # median 30e9, min 10e9, max 50e9

@@ -38,7 +38,7 @@ def run_main(main: Callable[[], int | None]) -> NoReturn:
 class OneLineParser(argparse.ArgumentParser):
     """argparse prints its usage block before an error; bad input gets one line, naming where the usage is.
 
-    The parser of every command: train.py's (below), analysis's, `python -m training.sample`.
+    The parser of train.py's command line (below), the planner's, analysis's and `python -m training.sample`'s.
     """
 
     def error(self, message: str) -> NoReturn:
