@@ -19,7 +19,8 @@ import time
 import torch
 
 from model.config import GPT2Config
-from planner.cost_model import Workload, host_update_bytes, parameter_shapes
+from model.shapes import parameter_shapes
+from planner.cost_model import Workload, host_update_bytes
 from training import registry
 from training.cli import run_main
 

@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from model.config import GPT2Config
+from model.shapes import flops_per_token
 
 
 class CausalSelfAttention(nn.Module):
@@ -161,18 +162,8 @@ class GPT2(nn.Module):
         return n
 
     def flops_per_token(self, seq_len: int | None = None) -> float:
-        """Training FLOPs (forward and backward) per token: 6*N + 12*L*H*Q*T.
-
-        N is the parameter count without position embeddings, L the layers, H the heads, Q the head
-        size, T the sequence length (default n_positions). 6*N is 2 FLOPs per multiply-add per
-        parameter forward, twice that backward; 12*L*H*Q*T is the attention scores and weighted sum,
-        which no parameter accounts for. This is the estimate of the PaLM paper (Chowdhery et al.
-        2022, appendix B) as used by nanoGPT's `estimate_mfu`.
-        """
-        cfg = self.config
-        T = cfg.n_positions if seq_len is None else seq_len
-        N = self.num_parameters(exclude_position_embeddings=True)
-        return float(6 * N + 12 * cfg.n_layer * cfg.n_head * cfg.head_size * T)
+        """Training FLOPs per token at `seq_len` (default n_positions): model/shapes.py's estimate."""
+        return flops_per_token(self.config, self.config.n_positions if seq_len is None else seq_len)
 
     @torch.no_grad()
     def generate(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from model.config import GPT2Config
+from model.shapes import WTE, flops_per_token, parameter_shapes, total_parameters
 from training import registry
 from training.registry import Communication, Strategy
 
@@ -58,38 +59,6 @@ class Workload:
 
 # ---------------------------------------------------------------------------------------------------
 # Parameters
-
-
-# The token embedding, which the tied output head shares.
-WTE = "transformer.wte.weight"
-
-
-def parameter_shapes(cfg: GPT2Config) -> dict[str, tuple[int, ...]]:
-    """Every parameter tensor of model/gpt2.py by name; the tied lm_head.weight is transformer.wte.weight."""
-    C, H = cfg.n_embd, cfg.mlp_size
-    shapes: dict[str, tuple[int, ...]] = {
-        WTE: (cfg.vocab_size, C),
-        "transformer.wpe.weight": (cfg.n_positions, C),
-    }
-    for i in range(cfg.n_layer):
-        block = {
-            "ln_1.weight": (C,),
-            "ln_1.bias": (C,),
-            "attn.c_attn.weight": (3 * C, C),
-            "attn.c_attn.bias": (3 * C,),
-            "attn.c_proj.weight": (C, C),
-            "attn.c_proj.bias": (C,),
-            "ln_2.weight": (C,),
-            "ln_2.bias": (C,),
-            "mlp.c_fc.weight": (H, C),
-            "mlp.c_fc.bias": (H,),
-            "mlp.c_proj.weight": (C, H),
-            "mlp.c_proj.bias": (C,),
-        }
-        shapes.update({f"transformer.h.{i}.{name}": shape for name, shape in block.items()})
-    shapes["transformer.ln_f.weight"] = (C,)
-    shapes["transformer.ln_f.bias"] = (C,)
-    return shapes
 
 
 def numel(shape: tuple[int, ...]) -> int:
@@ -324,7 +293,7 @@ def _gradients_held(w: Workload, s: Strategy, grads: int, compute: int) -> int:
     the last micro-batch (accelerate turns gradient sync off before it), so it holds them unsharded."""
     if w.grad_accum_steps == 1:
         return 0
-    return compute * _total_numel(w.model) if s.shards else grads
+    return compute * total_parameters(w.model) if s.shards else grads
 
 
 def _communication_held(w: Workload, s: Strategy, state: ModelState, compute: int) -> tuple[int, int, int]:
@@ -342,15 +311,6 @@ def _communication_held(w: Workload, s: Strategy, state: ModelState, compute: in
         # held: FSDP2 frees a unit's input only when the next unit's reduce-scatter is issued, the root's.
         return (compute * (root + blocks_gathered * _block_numel(cfg)), compute * (root + _block_numel(cfg)), 0)
     return 0, 0, 0
-
-
-def _total_numel(cfg: GPT2Config) -> int:
-    return sum(numel(s) for s in parameter_shapes(cfg).values())
-
-
-def total_parameters(cfg: GPT2Config) -> int:
-    """Every parameter of the model once (the tied output head is the token embedding)."""
-    return _total_numel(cfg)
 
 
 def shard_group_size(w: Workload, s: Strategy) -> int:
@@ -512,12 +472,6 @@ class StepTime:
         return self.compute_s + self.communication_s
 
 
-def flops_per_token(cfg: GPT2Config, seq_len: int) -> float:
-    """6 N + 12 L H Q T, N without the position embeddings: the PaLM estimate that model/gpt2.py uses for MFU."""
-    n = sum(numel(s) for name, s in parameter_shapes(cfg).items() if name != "transformer.wpe.weight")
-    return float(6 * n + 12 * cfg.n_layer * cfg.n_head * cfg.head_size * seq_len)
-
-
 def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: float, link: Link) -> StepTime:
     """Compute at `mfu` of `peak_flops`, plus the step's collectives over `link`, overlapped as each strategy can.
 
@@ -531,7 +485,7 @@ def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: flo
     tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps
     recompute = 4 / 3 if w.activation_checkpointing else 1.0  # one more forward: 2N of the 6N per token
     compute_s = tokens * flops_per_token(cfg, w.block_size) * recompute / (mfu * peak_flops)
-    params = _total_numel(cfg)
+    params = total_parameters(cfg)
     volume, overlappable = _collective_bytes(w, s, params, compute_s)
     collectives_s = volume / (_ring_gb_s(w, s, link) * 1e9) if volume else 0.0
     across = _replica_all_reduce_bytes(w, s, params)

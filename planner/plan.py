@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from model.config import GPT2Config
+from model.shapes import total_parameters
 from planner.cost_model import (
     Link,
     StepTime,
@@ -37,7 +38,6 @@ from planner.cost_model import (
     model_state,
     step_memory,
     step_time,
-    total_parameters,
 )
 from planner.errors import PlanError, error_pct
 from planner.gpus import PLANNER_GPUS, planner_gpu

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from planner.cost_model import total_parameters
+from model.shapes import total_parameters
 from planner.errors import PlanError
 from planner.launch import GIB, Planner, candidate, hardware_for, strategies_for
 from training import registry

@@ -7,7 +7,7 @@ import transformers
 
 from model import GPT2, GPT2Config
 from model.hf import from_hf, save_hf
-from planner.cost_model import total_parameters
+from model.shapes import total_parameters
 from training.presets import preset_overrides
 
 # transformers' GPT2LMHeadModel(GPT2Config(n_layer, n_embd, n_head)).num_parameters() for GPT-2's sizes.

@@ -18,15 +18,14 @@ import pytest
 import torch
 
 from model import GPT2, GPT2Config
+from model.shapes import flops_per_token, parameter_shapes
 from planner.cost_model import (
     Link,
     Workload,
     activations,
-    flops_per_token,
     logits_bytes,
     max_micro_batch_size,
     model_state,
-    parameter_shapes,
     shard_numel,
     step_memory,
     step_time,
