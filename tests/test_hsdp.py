@@ -134,9 +134,10 @@ def test_the_slurm_launch_line_without_its_variables_is_one_line_and_nonzero() -
 # -- the launch line for N machines x M GPUs, read by accelerate's own launcher (no launch) ----------------
 
 
-def _launch_line(tmp_path: Path, config: str, nodes: int, node: int, per_node: int) -> list[str]:
+def _launch_line(tmp_path: Path, config: str, nodes: int, node: int, per_node: int, **env_extra: str) -> list[str]:
     """The `accelerate launch` arguments scripts/slurm/launch_node.sh gives on node `node` of `nodes`, with
-    `per_node` GPUs each, as a stand-in `accelerate` on the PATH receives them."""
+    `per_node` GPUs each, as a stand-in `accelerate` on the PATH receives them (train.py's flags: --preset gpt2,
+    or FLAGS, split on spaces)."""
     stub = tmp_path / "bin" / "accelerate"
     stub.parent.mkdir(exist_ok=True)
     stub.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
@@ -148,8 +149,10 @@ def _launch_line(tmp_path: Path, config: str, nodes: int, node: int, per_node: i
         "SLURM_GPUS_ON_NODE": str(per_node),
         "MAIN_PROCESS_IP": "10.0.0.1",
         "MAIN_PROCESS_PORT": str(free_port()),
+        **env_extra,
     }
-    command = ["bash", str(SLURM_LAUNCH_LINE), f"accelerate_configs/{config}", "--preset", "gpt2"]
+    flags = env.pop("FLAGS", "--preset gpt2").split()
+    command = ["bash", str(SLURM_LAUNCH_LINE), f"accelerate_configs/{config}", *flags]
     result = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=30)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "launch"
@@ -188,6 +191,36 @@ def test_the_slurm_launch_line_gives_every_machine_the_mesh_of_the_launch(
         assert requested.strategy == strategy and requested.world_size == nodes * 8
         got = None if requested.mesh is None else (requested.mesh.dp_replicate_size, requested.mesh.dp_shard_size)
         assert got == mesh
+
+
+@pytest.mark.parametrize(("inter_node_gb_s", "strategy"), [("10", "hsdp"), ("400", "fsdp")])
+def test_the_plans_lines_for_several_machines_are_the_recipes(
+    tmp_path: Path, inter_node_gb_s: str, strategy: str
+) -> None:
+    """`python -m analysis.plan --num_nodes 2 --launch`: the sbatch line hands the batch script the config and
+    train.py's flags, and each machine's line is, argument for argument, what launch_node.sh runs there."""
+    from tests.test_plan import _plan
+
+    plan = ["--preset", "gpt2", "--gpu", "H100", "--num_gpus", "8", "--num_nodes", "2", "--precision", "bf16"]
+    plan += ["--global_batch_tokens", "65536", "--inter_node_gb_s", inter_node_gb_s]
+    result = _plan(*plan, "--launch", "--json", "--main_process_ip", "10.0.0.1")
+    assert result.returncode == 0, result.stderr
+    chosen = json.loads(result.stdout)
+    assert chosen["strategy"] == strategy  # over Ethernet hybrid sharding, over InfiniBand all GPUs' FSDP
+    slurm = chosen["slurm"]
+    assert slurm[:4] == ["MIXED_PRECISION=bf16", "sbatch", "--nodes=2", "--gpus-per-node=8"]
+    assert (REPO / slurm[4]).is_file() and slurm[4].endswith("train_multinode.sbatch")
+    config, flags = Path(slurm[5]).name, slurm[6:]
+    assert flags[flags.index("--strategy") + 1] == strategy
+    assert len(chosen["machines"]) == 2 and chosen["command"] is None
+    for node, line in enumerate(chosen["machines"]):
+        recipe = _launch_line(
+            tmp_path, config, 2, node, 8, MIXED_PRECISION="bf16", MAIN_PROCESS_PORT="29500", FLAGS=" ".join(flags)
+        )
+        recipe[recipe.index(str(REPO / "train.py"))] = "train.py"
+        assert line == ["accelerate", "launch", *recipe]
+    mesh = ["--parallelism_config_dp_replicate_size", "2", "--parallelism_config_dp_shard_size", "8"]
+    assert all((" ".join(mesh) in " ".join(line)) == (strategy == "hsdp") for line in chosen["machines"])
 
 
 def test_a_launch_line_with_a_machine_rank_outside_the_job_is_one_error_line(tmp_path: Path) -> None:

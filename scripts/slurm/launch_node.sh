@@ -14,6 +14,7 @@
 #   SLURM_GPUS_ON_NODE  processes per machine, one per GPU (PROCESSES_PER_NODE overrides it)
 #   MAIN_PROCESS_IP     the first machine's address (the batch script takes it from SLURM_JOB_NODELIST)
 #   MAIN_PROCESS_PORT   the rendezvous port on it (default 29500)
+#   MIXED_PRECISION     no, fp16 or bf16 (--mixed_precision); default: the config's
 #
 # The mesh follows the launch: a config with a parallelism_config (hsdp.yaml) gets accelerate's overrides
 # --parallelism_config_dp_replicate_size SLURM_NNODES --parallelism_config_dp_shard_size processes-per-machine,
@@ -52,6 +53,8 @@ mesh=()
 if grep -q '^parallelism_config:' "$config"; then
     mesh=(--parallelism_config_dp_replicate_size "$num_machines" --parallelism_config_dp_shard_size "$per_node")
 fi
+precision=()
+[[ -z ${MIXED_PRECISION:-} ]] || precision=(--mixed_precision "$MIXED_PRECISION")
 is_host=$([[ $machine_rank == 0 ]] && echo 1 || echo 0)
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 
@@ -59,5 +62,5 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 exec accelerate launch --config_file "$config" \
     --num_machines "$num_machines" --num_processes $((num_machines * per_node)) --machine_rank "$machine_rank" \
     "${mesh[@]}" --main_process_ip "$main_ip" --main_process_port "$main_port" \
-    --rdzv_backend c10d --rdzv_conf "is_host=$is_host" \
+    --rdzv_backend c10d --rdzv_conf "is_host=$is_host" "${precision[@]}" \
     "$repo/train.py" "$@"
