@@ -304,7 +304,11 @@ def fsdp_mode(model: nn.Module) -> tuple[bool | None, bool | None]:
     """(reshard after forward, offload to CPU) as the blocks' FSDP units hold them; None when not one value.
 
     Read from FSDP2's parameter group, the object that acts on them: it reshards after forward exactly
-    when it has a post-forward mesh, and offloads when its offload policy is a CPUOffloadPolicy.
+    when it has a post-forward mesh, and offloads when its offload policy is a CPUOffloadPolicy. The one
+    private read left: torch 2.13's FSDPModule has setters for both (set_reshard_after_forward, the policy
+    given to fully_shard) and no getter, and neither shows in a public tensor property at start-up (on the
+    CPU an offloaded shard lives where a kept one does). The mesh and the placements are read publicly
+    (hybrid_mesh); ShardingObserver checks the reshard mode again from the live DTensors in the first step.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy
 
