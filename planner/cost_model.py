@@ -478,7 +478,10 @@ def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: flo
     Ring collectives: an all-reduce sends 2(N-1)/N of the buffer from every device, an all-gather or a
     reduce-scatter (N-1)/N; NCCL's "bus bandwidth" is defined so that time = those bytes / bandwidth.
     DDP overlaps its bucketed all-reduce with the backward (two thirds of the compute); FSDP prefetches
-    the next unit's all-gather during forward and backward, so all its compute can hide communication.
+    the next unit's all-gather during forward and backward, so its compute can hide communication. What no
+    compute can hide (_exposed_bytes): the collectives with nothing left to overlap, namely the tied embedding's
+    gradient (it is complete only after the lookup's backward, the last compute), the root unit's first
+    all-gather of each micro-step, and, across machines, hybrid sharding's replica all-reduce.
     """
     s = checked(strategy, w)
     cfg = w.model
@@ -487,16 +490,36 @@ def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: flo
     compute_s = tokens * flops_per_token(cfg, w.block_size) * recompute / (mfu * peak_flops)
     params = total_parameters(cfg)
     volume, overlappable = _collective_bytes(w, s, params, compute_s)
-    collectives_s = volume / (_ring_gb_s(w, s, link) * 1e9) if volume else 0.0
+    ring_bytes_s = _ring_gb_s(w, s, link) * 1e9
+    collectives_s = volume / ring_bytes_s if volume else 0.0
+    exposed_s = _exposed_bytes(w, s) / ring_bytes_s
     across = _replica_all_reduce_bytes(w, s, params)
-    if across:
-        # Every device of a machine all-reduces its shard at once, all through the machine's network link.
-        collectives_s += across * shard_group_size(w, s) / ((link.inter_node_gb_s or link.gb_s) * 1e9)
-        volume += across
+    across_s = across * shard_group_size(w, s) / ((link.inter_node_gb_s or link.gb_s) * 1e9) if across else 0.0
     host_s = _offload_seconds(w, s, params, link)
-    hidden = min(collectives_s, overlappable)
+    hidden = min(collectives_s - exposed_s, overlappable)
     built_in = hidden if s.communication is Communication.ALL_REDUCE else 0.0
-    return StepTime(compute_s, collectives_s + host_s, collectives_s - hidden + host_s, volume, built_in)
+    exposed = collectives_s - hidden + across_s + host_s
+    return StepTime(compute_s, collectives_s + across_s + host_s, exposed, volume + across, built_in)
+
+
+def _exposed_bytes(w: Workload, s: Strategy) -> float:
+    """Bytes of the step's main collectives (_collective_bytes) that no compute can hide, per device.
+
+    DDP: the bucket of the tied embedding's gradient, ready only when the lookup's backward (the step's last
+    compute) has added its part; it is all-reduced after all compute, in fp32. FSDP: the root unit (wte, wpe,
+    ln_f: about 31% of GPT-2 124M) is all-gathered at the start of each micro-step's forward, before any
+    compute, and its gradients are reduce-scattered after the lookup's backward, once per step (the other
+    units' collectives can hide behind the compute around them). Hybrid sharding's replica all-reduce crosses
+    the network and is counted apart (step_time), all of it exposed.
+    """
+    n = shard_group_size(w, s)
+    if s.communication is Communication.NONE or n == 1:
+        return 0.0
+    share = (n - 1) / n
+    if s.communication is Communication.ALL_REDUCE:
+        return 2 * share * numel(parameter_shapes(w.model)[WTE]) * FP32
+    root = sum(numel(parameter_shapes(w.model)[name]) for name in _root_names(w.model))
+    return share * root * DTYPE_BYTES[w.precision] * (w.grad_accum_steps + 1)
 
 
 def _ring_gb_s(w: Workload, s: Strategy, link: Link) -> float:
@@ -538,7 +561,9 @@ def _offload_seconds(w: Workload, s: Strategy, params: int, link: Link) -> float
     if not s.offloads:
         return 0.0
     local = params / shard_group_size(w, s)
-    copies = w.grad_accum_steps * 2 * local * FP32 / (link.host_gb_s * 1e9)  # shards in, gradients out
+    # FSDP2 copies the fp32 shard to the device at each all-gather (gathers per micro-step x accumulation) and
+    # the gradients back to the host once per step, after the reduce-scatter that follows the last micro-step.
+    copies = (w.grad_accum_steps * s.gathers_per_micro_step + 1) * local * FP32 / (link.host_gb_s * 1e9)
     return copies + host_update_bytes(w, s) / (link.host_update_gb_s * 1e9)
 
 

@@ -31,6 +31,8 @@ class PlannerGpu:
 # assumed; PCIe 4.0 x16 peaks at 31.5 GB/s (L4, A10G: 20 assumed); NVLink 3 (A100 SXM) 300 GB/s one way
 # per GPU (230 assumed), NVLink 4 (H100/H200 SXM) 450 (360 assumed). These are assumptions stated, not
 # measurements: pass --link_gb_s with a figure measured on your machines.
+# The lower of the T4's reported totals (below).
+T4_USABLE_GIB = 14.56
 _SMI = "nvidia-smi total, an upper bound: CUDA's total_memory not found in a public report"
 PLANNER_GPUS: dict[str, PlannerGpu] = {
     gpu.key: gpu
@@ -38,12 +40,13 @@ PLANNER_GPUS: dict[str, PlannerGpu] = {
         # Colab's T4: total_memory=15102MB in torch's device properties, printed as "total capacity of 14.75 GiB"
         # (github.com/hpcaitech/Open-Sora/issues/697). Newer drivers (GCP) report 14.56-14.58 GiB
         # (github.com/Zheng-Chong/CatVTON/issues/133, github.com/QwenLM/Qwen3-VL/issues/1046): 0.2 GiB less.
+        # The plan takes the lower figure: a plan that fits 14.56 GiB fits 14.75 too, not the other way round.
         PlannerGpu(
             "T4",
             "Tesla T4",
-            15102 / 1024,
-            "CUDA total_memory on Colab/Kaggle (15102 MiB, "
-            "'total capacity of 14.75 GiB'); 14.56 GiB with newer drivers",
+            T4_USABLE_GIB,
+            "CUDA total_memory with newer drivers ('total capacity of 14.56 GiB'); "
+            "Colab/Kaggle report 14.75 GiB (15102 MiB)",
             "PCIe 3.0 through host memory (no peer-to-peer)",
             6.0,
         ),

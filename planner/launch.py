@@ -117,7 +117,9 @@ def candidate(args: argparse.Namespace, strategy: str, hw: Any, planner: Planner
 def choose_launch(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
     """The launch the plan picks: strategy, its way, the one line of why, and every candidate."""
     hw = hardware_for(args, planner)
-    candidates = [candidate(args, s, hw, planner) for s in strategies_for(args, planner)]
+    # A launch over several machines runs on all of them: not a one-process strategy.
+    launchable = [s for s in strategies_for(args, planner) if args.num_nodes == 1 or registry.get(s).multi_process]
+    candidates = [candidate(args, s, hw, planner) for s in launchable]
     fitting = [c for c in candidates if c["fits"]]
     if not fitting:
         least = min(candidates, key=lambda c: c["per_device_bytes"]["total"])
@@ -157,14 +159,70 @@ def why(chosen: dict[str, Any], candidates: list[dict[str, Any]], hw: Any, rec: 
 
 
 def command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
-    """The `accelerate launch` of the choice: the strategy's config, its processes and precision, train.py's flags."""
+    """The `accelerate launch` of the choice on one machine: the strategy's config, its processes and
+    precision, train.py's flags."""
     entry = registry.get(chosen["strategy"])
-    way: Any = chosen["way"]
     cmd = ["accelerate", "launch", "--config_file", f"{CONFIG_DIR}/{entry.config_file}"]
     if entry.multi_process:
         cmd += ["--num_processes", str(args.num_gpus)]
-    cmd += ["--mixed_precision", "no" if args.cpu or args.precision == "fp32" else args.precision]
-    cmd += [
+    return [*cmd, *_precision(args), *train_flags(args, chosen)]
+
+
+def _precision(args: argparse.Namespace) -> list[str]:
+    return ["--mixed_precision", mixed_precision(args)]
+
+
+def mixed_precision(args: argparse.Namespace) -> str:
+    return "no" if args.cpu or args.precision == "fp32" else args.precision
+
+
+# The SLURM recipe (docs/multinode.md): the batch script, and the launch line it runs on every machine.
+SLURM_BATCH = "scripts/slurm/train_multinode.sbatch"
+MAIN_PROCESS_PORT = 29500  # launch_node.sh's default rendezvous port
+
+
+def machine_command(args: argparse.Namespace, chosen: dict[str, Any], machine: int) -> list[str]:
+    """What scripts/slurm/launch_node.sh runs on machine `machine` of --num_nodes, argument for argument: the
+    same `accelerate launch` by hand (or from any scheduler) on a cluster without SLURM. The mesh follows the
+    launch (a strategy on a device mesh: replicate = machines, shard = GPUs per machine); the rendezvous is
+    c10d at the main machine, which accelerate passes to torchrun as --rdzv_endpoint."""
+    entry = registry.get(chosen["strategy"])
+    nodes, per_node = args.num_nodes, args.num_gpus
+    mesh = ["--parallelism_config_dp_replicate_size", str(nodes), "--parallelism_config_dp_shard_size", str(per_node)]
+    return [
+        "accelerate",
+        "launch",
+        "--config_file",
+        f"{CONFIG_DIR}/{entry.config_file}",
+        *["--num_machines", str(nodes), "--num_processes", str(nodes * per_node), "--machine_rank", str(machine)],
+        *(mesh if entry.fsdp is not None and entry.fsdp.hybrid else []),
+        *["--main_process_ip", args.main_process_ip, "--main_process_port", str(MAIN_PROCESS_PORT)],
+        *["--rdzv_backend", "c10d", "--rdzv_conf", f"is_host={int(machine == 0)}"],
+        *_precision(args),
+        *train_flags(args, chosen),
+    ]
+
+
+def slurm_command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
+    """The one `sbatch` of the choice: the batch script runs launch_node.sh on every node, which gives each the
+    line of machine_command."""
+    entry = registry.get(chosen["strategy"])
+    return [
+        f"MIXED_PRECISION={mixed_precision(args)}",
+        "sbatch",
+        f"--nodes={args.num_nodes}",
+        f"--gpus-per-node={args.num_gpus}",
+        SLURM_BATCH,
+        f"{CONFIG_DIR}/{entry.config_file}",
+        *train_flags(args, chosen)[1:],
+    ]
+
+
+def train_flags(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
+    """train.py and its flags for the choice."""
+    entry = registry.get(chosen["strategy"])
+    way: Any = chosen["way"]
+    cmd = [
         "train.py",
         "--preset",
         args.preset,
@@ -184,7 +242,29 @@ def command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
 
 
 def launch_text(args: argparse.Namespace, chosen: dict[str, Any]) -> str:
-    return f"{shlex.join(command(args, chosen))}\n# why: {chosen['why']}"
+    if args.num_nodes == 1:
+        return f"{shlex.join(command(args, chosen))}\n# why: {chosen['why']}"
+    lines = [
+        f"# {args.num_nodes} machines x {args.num_gpus} GPUs, {_mesh_text(args, chosen)}; --output_dir on a file "
+        "system every machine shares. Under SLURM, from the repository root:",
+        shlex.join(slurm_command(args, chosen)),
+        f"# Without SLURM: on each machine, the line the batch script runs there (machine 0 at {args.main_process_ip}):",
+        *(_shell_line(machine_command(args, chosen, m)) for m in range(args.num_nodes)),
+        f"# why: {chosen['why']}",
+    ]
+    return "\n".join(lines)
+
+
+def _shell_line(cmd: list[str]) -> str:
+    """The command as one shell line; a $VARIABLE address is left for the shell to expand."""
+    return " ".join(part if part.startswith("$") else shlex.quote(part) for part in cmd)
+
+
+def _mesh_text(args: argparse.Namespace, chosen: dict[str, Any]) -> str:
+    entry = registry.get(chosen["strategy"])
+    if entry.fsdp is not None and entry.fsdp.hybrid:
+        return f"mesh replicate {args.num_nodes} x shard {args.num_gpus} (one shard group per machine)"
+    return f"{chosen['strategy']} over all {args.num_nodes * args.num_gpus} processes"
 
 
 def launch_json(args: argparse.Namespace, chosen: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +274,9 @@ def launch_json(args: argparse.Namespace, chosen: dict[str, Any]) -> dict[str, A
         "micro_batch_size": way.micro_batch_size,
         "activation_checkpointing": way.activation_checkpointing,
         "offload": registry.get(chosen["strategy"]).offloads,
-        "command": command(args, chosen),
+        "command": command(args, chosen) if args.num_nodes == 1 else None,
+        "machines": [machine_command(args, chosen, m) for m in range(args.num_nodes)] if args.num_nodes > 1 else None,
+        "slurm": slurm_command(args, chosen) if args.num_nodes > 1 else None,
         "why": chosen["why"],
         "candidates": [
             {

@@ -628,6 +628,12 @@ def _add_adaptive_flags(parser: argparse.ArgumentParser) -> None:
         help="with --launch: run that command (--run already names finished runs to compare)",
     )
     adaptive.add_argument(
+        "--main_process_ip",
+        default="$MAIN_PROCESS_IP",
+        help="with --launch and --num_nodes: machine 0's address in the printed lines (default: the shell "
+        "variable, as scripts/slurm/train_multinode.sbatch sets it)",
+    )
+    adaptive.add_argument(
         "--cpu",
         action="store_true",
         help="with --launch: plan CPU processes (fp32, gloo, no "
@@ -651,11 +657,8 @@ def _check_adaptive_flags(parser: argparse.ArgumentParser, args: argparse.Namesp
         parser.error("--launch plans one preset, --sweep every preset: give one of them")
     if args.figure is not None and not args.sweep:
         parser.error("--figure draws the sweep: give --sweep")
-    if args.launch and args.num_nodes > 1:
-        parser.error(
-            "--launch prints one machine's accelerate launch; for several machines launch each with "
-            "scripts/slurm/launch_node.sh (docs/multinode.md)"
-        )
+    if args.execute and args.num_nodes > 1:
+        parser.error("--execute runs one machine's command; with --num_nodes run each machine's printed line there")
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -4,7 +4,8 @@ The data cache is keyed by content and the measured CPU peak FLOP/s lives in the
 with one folder for the session the corpus is tokenized once and the peak measured once. `shared_runs`
 launches each registry entry at most once, when a test first asks for it (one for several machines as the
 SLURM recipe does, its launch line once per "machine" on loopback); the strategy, FSDP-mode,
-registry, planner and resume tests all read the same run folders.
+registry, planner and resume tests all read the same run folders; the jobs over several machines are
+compared with `single_24`, a one-process run of their global batch.
 
 The README's test line runs the suite in two pytest-xdist workers, one per core of a 2-core machine: a
 single-process launch or an in-process test leaves the other core idle otherwise. The workers share these
@@ -19,7 +20,7 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from tests.launch import OFFLINE, SHARED_EXTRA, shared_args, train, train_on_machines, write_news_csv
+from tests.launch import OFFLINE, SHARED_EXTRA, SHARED_VARIANTS, shared_args, train, train_on_machines, write_news_csv
 from training import registry
 
 # The test process and every process it starts: offline for the hub, and no W&B login from the machine.
@@ -77,7 +78,7 @@ def base_args(corpus: Path, shared_cache: Path) -> list[str]:
 
 
 class SharedRuns:
-    """Run folders by strategy name; each registry entry launched once per session, on first use.
+    """Run folders by strategy name (or a SHARED_VARIANTS name); each launched once per session, on first use.
 
     What a launch printed is kept beside its folder (not in it: the run's own files are checked), and its
     presence says the launch finished, so another worker reads the run instead of launching it again."""
@@ -90,10 +91,11 @@ class SharedRuns:
         out, printed = self.root / name, self.root / f"{name}.console"
         with FileLock(self.root / f"{name}.lock"):
             if not printed.exists():
-                entry = registry.get(name)
-                # A strategy for several machines runs as the SLURM recipe launches it, 2 "machines" on loopback.
+                strategy, extra = SHARED_VARIANTS.get(name, (name, SHARED_EXTRA.get(name, [])))
+                entry = registry.get(strategy)
+                # A strategy for several machines runs as the SLURM recipe launches it, 3 "machines" x 2 on loopback.
                 launch = train_on_machines if entry.multi_machine else train
-                result = launch(entry.config_file, out, [*self.args, "--strategy", name, *SHARED_EXTRA.get(name, [])])
+                result = launch(entry.config_file, out, [*self.args, "--strategy", strategy, *extra])
                 printed.write_text(result.stdout + result.stderr)
         return out
 

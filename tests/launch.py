@@ -26,9 +26,15 @@ SHARED_STEPS = 12
 SHARED_EVAL_BLOCKS = 20
 # The offload run also checkpoints activations through accelerate's FSDP option: one launch shows both
 # leave the training unchanged (tests/test_fsdp_modes.py).
-# HSDP runs 4 processes (2 "machines" x 2): micro-batches of 2 keep the global batch of 16 blocks, with the
-# single run's accumulation of 2.
-SHARED_EXTRA = {"fsdp_offload": ["--activation_checkpointing"], "hsdp": ["--micro_batch_size", "2"]}
+# The jobs over several machines run as 3 "machines" x 2 processes (6 gloo processes on loopback): a shape
+# other than the configs' 2 x 2 examples, so the mesh and the process counts must follow the launch. 16 blocks
+# do not split over 6 processes: those jobs train on 24 (micro-batches of 2, accumulation 2), against a
+# one-process run of the same 24 (`single_24`), which accumulates 2 micro-batches of 12.
+MACHINES, PROCESSES_PER_MACHINE = 3, 2
+MACHINES_BATCH = ["--global_batch_tokens", str(24 * 64), "--micro_batch_size", "2"]
+SHARED_EXTRA = {"fsdp_offload": ["--activation_checkpointing"], "hsdp": MACHINES_BATCH}
+# Shared runs beyond the registry's entries: name -> (the strategy it trains, its extra flags).
+SHARED_VARIANTS = {"single_24": ("single", ["--global_batch_tokens", str(24 * 64), "--micro_batch_size", "12"])}
 SLURM_LAUNCH_LINE = REPO / "scripts" / "slurm" / "launch_node.sh"
 
 
@@ -135,25 +141,30 @@ def slurm_node_env(node: int, nodes: int, per_node: int, port: int) -> dict[str,
     }
 
 
-def start_on_machines(config_name: str, output_dir: Path, args: list[str]) -> list[subprocess.Popen[str]]:
-    """The SLURM recipe's launch line (scripts/slurm/launch_node.sh) started once per "machine" of the config,
-    as srun starts it on each node, here all on loopback: one launcher process per machine, machine 0 first."""
+def start_on_machines(
+    config_name: str,
+    output_dir: Path,
+    args: list[str],
+    machines: int = MACHINES,
+    per_machine: int = PROCESSES_PER_MACHINE,
+) -> list[subprocess.Popen[str]]:
+    """The SLURM recipe's launch line (scripts/slurm/launch_node.sh) started once per "machine", as srun starts
+    it on each node, here all on loopback: one launcher process per machine, machine 0 first. The process
+    counts and the mesh come from the launch (SLURM's variables), whatever the config's own example says."""
     import psutil
 
-    nodes = 2
-    per_node = config_processes(config_name) // nodes
     port = free_port()
     command = ["bash", str(SLURM_LAUNCH_LINE), str(CONFIGS / config_name), *args, "--output_dir", str(output_dir)]
     return [
         psutil.Popen(
             command,
             cwd=REPO,
-            env=slurm_node_env(node, nodes, per_node, port),
+            env=slurm_node_env(node, machines, per_machine, port),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
         )
-        for node in range(nodes)
+        for node in range(machines)
     ]
 
 
@@ -168,7 +179,8 @@ def wait_on_machines(procs: list[subprocess.Popen[str]], check: bool = True) -> 
 
 
 def train_on_machines(config_name: str, output_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """A job over two "machines" on loopback, launched as the SLURM recipe launches it, run to its end."""
+    """A job over MACHINES x PROCESSES_PER_MACHINE on loopback, launched as the SLURM recipe launches it, run
+    to its end."""
     return wait_on_machines(start_on_machines(config_name, output_dir, args))
 
 

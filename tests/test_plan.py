@@ -40,6 +40,7 @@ ONE_MACHINE = [s.name for s in ENTRIES if not s.multi_machine]
 REPO = Path(__file__).resolve().parents[1]
 GPT2_124M = GPT2Config()
 P_124M = 124_439_808  # 38,597,376 (wte) + 786,432 (wpe) + 12 x 7,087,872 (blocks) + 1,536 (ln_f)
+WTE_124M, ROOT_124M = 38_597_376, 38_597_376 + 786_432 + 1_536  # FSDP's root unit: wte, wpe, ln_f
 
 
 def workload(**changes) -> Workload:
@@ -354,11 +355,36 @@ def test_a_damaged_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
 def test_ddp_overlaps_its_all_reduce_whatever_overlap_says_and_fsdp_only_when_it_prefetches() -> None:
     link = Link(gb_s=6.0)
     ddp = step_time(workload(world_size=2, grad_accum_steps=2), "ddp", 65e12, 0.3, link)
-    # DDP's buckets are reduced during backward (2/3 of the compute) by its hooks: not a setting.
-    assert ddp.step_s_without_prefetch == ddp.step_s < ddp.step_s_no_overlap
-    assert ddp.step_s == pytest.approx(ddp.compute_s + max(0.0, ddp.communication_s - 2 / 3 * ddp.compute_s))
+    # DDP's buckets are reduced during backward (2/3 of the compute) by its hooks: not a setting. The tied
+    # embedding's bucket is ready only after the last compute: its all-reduce is exposed however much compute
+    # there is (it used to hide too, which made DDP tie with FSDP wherever both were compute-bound).
+    assert ddp.step_s_without_prefetch == pytest.approx(ddp.step_s) and ddp.step_s < ddp.step_s_no_overlap
+    wte_s = 2 * (1 / 2) * WTE_124M * 4 / 6e9
+    hidden_at_most = ddp.communication_s - 2 / 3 * ddp.compute_s
+    assert ddp.step_s == pytest.approx(ddp.compute_s + max(wte_s, hidden_at_most))
     fsdp = step_time(workload(world_size=2, grad_accum_steps=2), "fsdp", 65e12, 0.3, link)
     assert fsdp.step_s < fsdp.step_s_without_prefetch == fsdp.step_s_no_overlap  # prefetching is FSDP's setting
+
+
+def test_what_no_compute_can_hide_stays_exposed_for_each_strategy() -> None:
+    """With compute to spare (a slow GPU, a fast link), what is left of the communication is what nothing can
+    overlap: DDP's tied-embedding bucket; FSDP's root unit (31% of GPT-2 124M) gathered before each
+    micro-step's first compute and reduce-scattered after the last; HSDP's all-reduce between machines."""
+    slow_gpu, link = 1e12, Link(gb_s=6.0, inter_node_gb_s=2.0)
+    exposed = {}
+    for name in ("ddp", "fsdp", "fsdp_zero2"):
+        t = step_time(workload(world_size=2, grad_accum_steps=3), name, slow_gpu, 0.3, link)
+        exposed[name] = t.step_s - t.compute_s
+    assert exposed["ddp"] == pytest.approx(2 * (1 / 2) * WTE_124M * 4 / 6e9)
+    # Three micro-steps: three gathers of the root and one reduce-scatter, fp16, over 2 GPUs.
+    assert exposed["fsdp"] == exposed["fsdp_zero2"] == pytest.approx((1 / 2) * ROOT_124M * 2 * (3 + 1) / 6e9)
+    two_by_two = workload(world_size=4, num_nodes=2, grad_accum_steps=3)
+    hsdp = step_time(two_by_two, "hsdp", slow_gpu, 0.3, link)
+    across = 2 * (1 / 2) * P_124M / 2 * 2 * 2 / 2e9  # both GPUs of a machine through its one network link
+    assert hsdp.step_s - hsdp.compute_s == pytest.approx(exposed["fsdp"] + across)
+    # Nothing of it is hidden by more compute: a 10 times slower GPU leaves the same exposed seconds.
+    slower = step_time(two_by_two, "hsdp", slow_gpu / 10, 0.3, link)
+    assert slower.step_s - slower.compute_s == pytest.approx(hsdp.step_s - hsdp.compute_s)
 
 
 def test_memory_predictions_do_not_depend_on_overlap_link_or_uncertainty() -> None:

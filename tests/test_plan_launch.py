@@ -138,8 +138,19 @@ def test_the_sweep_over_two_machines_adds_hsdp_sharded_over_one_machine() -> Non
     [
         (["--gpu", "T4", "--execute"], "--execute runs the command of --launch"),
         (
-            ["--gpu", "H100", "--num_gpus", "8", "--num_nodes", "2", "--inter_node_gb_s", "45", "--launch"],
-            "--launch prints one machine's accelerate launch",
+            [
+                "--gpu",
+                "H100",
+                "--num_gpus",
+                "8",
+                "--num_nodes",
+                "2",
+                "--inter_node_gb_s",
+                "45",
+                "--launch",
+                "--execute",
+            ],
+            "--execute runs one machine's command; with --num_nodes run each machine's printed line there",
         ),
         (["--gpu", "T4", "--cpu"], "--cpu plans a launch"),
         (["--gpu", "T4", "--cpu", "--launch"], "takes --gpu_memory_gib"),

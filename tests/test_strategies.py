@@ -19,6 +19,9 @@ from safetensors.torch import load_file
 from tests.launch import (
     CONFIGS,
     LAUNCH_TIMEOUT_S,
+    MACHINES,
+    MACHINES_BATCH,
+    PROCESSES_PER_MACHINE,
     REPO,
     SHARED_EVAL_BLOCKS,
     SHARED_STEPS,
@@ -309,28 +312,22 @@ def test_fsdp_checkpoint_exports_to_a_hugging_face_folder(runs: dict[str, Path],
     assert missing.returncode == 2 and missing.stderr.startswith("error:") and len(missing.stderr.splitlines()) == 1
 
 
-# --collective_timeout_s of the two-machine job: how long the ranks left may wait for a killed one.
+# --collective_timeout_s of the job over several machines: the stated bound on how long every machine's
+# processes may go on after one rank died.
 KILL_TIMEOUT_S = 60
 
 
-def _two_machines(args: list[str], port: int) -> list[psutil.Popen]:
-    """The README's two-machine DDP command on loopback, one process per "machine", one rendezvous port."""
+def _machines(args: list[str], port: int) -> list[psutil.Popen]:
+    """docs/multinode.md's DDP command without SLURM, on loopback: `accelerate launch` once per "machine" with
+    the launch's counts (3 x 2, not the config's 2 x 2 example), its --machine_rank and one rendezvous port."""
+    counts = ["--num_machines", str(MACHINES), "--num_processes", str(MACHINES * PROCESSES_PER_MACHINE)]
     return [
         psutil.Popen(
             accelerate_command(
                 CONFIGS / "ddp_multinode.yaml",
                 "train.py",
                 args,
-                [
-                    "--num_processes",
-                    "2",
-                    "--num_machines",
-                    "2",
-                    "--machine_rank",
-                    str(rank),
-                    "--main_process_ip",
-                    "127.0.0.1",
-                ],
+                [*counts, "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1"],
                 port=port,
             ),
             cwd=REPO,
@@ -339,34 +336,40 @@ def _two_machines(args: list[str], port: int) -> list[psutil.Popen]:
             stderr=subprocess.PIPE,
             text=True,
         )
-        for rank in (0, 1)
+        for rank in range(MACHINES)
     ]
 
 
-def test_two_machines_on_loopback_match_one_machine_through_a_killed_rank_and_a_resume(
-    runs: dict[str, Path], workdir: Path, base_args: list[str]
+def test_machines_on_loopback_match_one_process_through_a_rank_0_crash_and_a_resume(
+    shared_runs, workdir: Path, base_args: list[str]
 ) -> None:
-    """At the README's defaults (W&B on): kill -9 of the second machine's rank ends both machines' launches
-    within the collective timeout; --resume on both continues, every step equal to the one-machine run."""
-    out = workdir / "ddp-two-machines"
-    args = [*base_args, "--collective_timeout_s", str(KILL_TIMEOUT_S), "--output_dir", str(out)]
-    procs = _two_machines(args, free_port())
+    """At the defaults (W&B on), DDP over 3 "machines" x 2 processes: kill -9 of rank 0 (the first machine's,
+    which writes the run folder) ends every process of every machine within the collective timeout; --resume
+    on every machine continues, every step equal to one process's on the same global batch."""
+    out = workdir / "ddp-machines"
+    args = [*base_args, *MACHINES_BATCH, "--collective_timeout_s", str(KILL_TIMEOUT_S), "--output_dir", str(out)]
+    procs = _machines(args, free_port())
     wait_for_step(out, 4, procs)  # past the checkpoint of step 3
-    rank_process(procs, 1).kill()
+    workers = [rank_process(procs, rank) for rank in range(MACHINES * PROCESSES_PER_MACHINE)]
+    workers[0].kill()
     killed = time.monotonic()
     results = [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]  # a hang guard
-    assert all(p.returncode != 0 for p in procs) and time.monotonic() - killed < KILL_TIMEOUT_S, results[0][1][-3000:]
+    gone, alive = psutil.wait_procs(workers, timeout=max(0.0, KILL_TIMEOUT_S - (time.monotonic() - killed)))
+    assert all(p.returncode != 0 for p in procs) and time.monotonic() - killed < KILL_TIMEOUT_S, results[1][1][-3000:]
+    assert not alive and len(gone) == len(workers)
     assert 4 <= max(train_lines(out)) < MAX_STEPS  # stopped in the middle
-    procs = _two_machines([*args, "--resume"], free_port())
+    procs = _machines([*args, "--resume"], free_port())
     for p, (_, err) in zip(procs, [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]):
         assert p.returncode == 0, err[-3000:]
     s = summary(out)
-    assert (s["strategy"], s["world_size"], s["num_machines"], s["complete"]) == ("ddp", 2, 2, True)
+    assert (s["strategy"], s["world_size"], s["num_machines"], s["complete"]) == ("ddp", 6, 3, True)
     # One W&B run for the job, from rank 0, continued by the resume.
     run_id = (out / "wandb_run_id").read_text()
     assert [d.name.endswith(run_id) for d in (out / "wandb").glob("offline-run-*")] == [True, True]
     assert sorted(train_lines(out)) == list(range(1, MAX_STEPS + 1))
-    _assert_same_steps(out, runs["ddp"], range(1, MAX_STEPS + 1))
+    single = shared_runs["single_24"]
+    assert summary(single)["global_batch_tokens"] == s["global_batch_tokens"] == 24 * 64
+    _assert_same_steps(out, single, range(1, MAX_STEPS + 1))
 
 
 # -- the guard, against each silent fallback reproduced for real -----------------------------------------

@@ -101,11 +101,7 @@ def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> Reques
             f"--strategy {expected} was requested but the launch config gives {launched} "
             f"({world_size} process(es)); launch with accelerate_configs/{registry.get(expected).config_file}"
         )
-    if mesh is not None and mesh.size != world_size:
-        raise StrategyMismatch(
-            f"the launch config's {mesh.describe()} needs {mesh.size} processes but {world_size} were launched; "
-            "set num_processes to the total over all machines (--num_processes)"
-        )
+    _check_mesh_fits(mesh, world_size, group_world, int(env.get("LOCAL_WORLD_SIZE", str(world_size))))
     return RequestedLaunch(
         strategy=launched,
         world_size=None if multi_cpu_config and world_size == 1 else world_size,
@@ -113,6 +109,28 @@ def requested_from_env(env: Mapping[str, str], expected: str = "auto") -> Reques
         mixed_precision=env.get("ACCELERATE_MIXED_PRECISION", "no"),
         mesh=mesh,
     )
+
+
+def _check_mesh_fits(mesh: MeshLayout | None, world_size: int, machines: int, per_machine: int) -> None:
+    """Refuse, in one line, a hybrid mesh that is not the launch's machines x processes per machine.
+
+    HSDP's shard groups are meant to be the processes of one machine and its replicas the machines; any
+    other mesh either does not cover the processes launched or makes a shard group's all-gathers cross the
+    link between machines. The fix named is accelerate's own override, which scripts/slurm/launch_node.sh
+    passes from the launch.
+    """
+    if mesh is None:
+        return
+    fits = mesh.size == world_size
+    if mesh.dp_replicate_size > 1 and machines > 1:
+        fits = fits and (mesh.dp_replicate_size, mesh.dp_shard_size) == (machines, per_machine)
+    if not fits:
+        raise StrategyMismatch(
+            f"the launch config's {mesh.describe()} needs {mesh.size} processes and does not fit the "
+            f"{world_size} launched ({machines} machine(s) x {per_machine}); launch with "
+            f"--num_processes {world_size} --parallelism_config_dp_replicate_size {machines} "
+            f"--parallelism_config_dp_shard_size {per_machine} (scripts/slurm/launch_node.sh passes them)"
+        )
 
 
 def _requested_mesh(env: Mapping[str, str]) -> MeshLayout | None:
@@ -286,7 +304,11 @@ def fsdp_mode(model: nn.Module) -> tuple[bool | None, bool | None]:
     """(reshard after forward, offload to CPU) as the blocks' FSDP units hold them; None when not one value.
 
     Read from FSDP2's parameter group, the object that acts on them: it reshards after forward exactly
-    when it has a post-forward mesh, and offloads when its offload policy is a CPUOffloadPolicy.
+    when it has a post-forward mesh, and offloads when its offload policy is a CPUOffloadPolicy. The one
+    private read left: torch 2.13's FSDPModule has setters for both (set_reshard_after_forward, the policy
+    given to fully_shard) and no getter, and neither shows in a public tensor property at start-up (on the
+    CPU an offloaded shard lives where a kept one does). The mesh and the placements are read publicly
+    (hybrid_mesh); ShardingObserver checks the reshard mode again from the live DTensors in the first step.
     """
     from torch.distributed.fsdp import CPUOffloadPolicy
 
@@ -306,17 +328,22 @@ class HybridMesh:
 
 
 def hybrid_mesh(model: nn.Module) -> HybridMesh | None:
-    """The mesh of the blocks' FSDP units when they shard over one dimension and replicate over the other;
-    None when they shard over all ranks (plain FSDP), or disagree.
+    """The mesh of the blocks' parameters when they are sharded over one dimension and replicated over the
+    other; None when they shard over all ranks (plain FSDP), or disagree.
 
-    Read from FSDP2's parameter groups: under hybrid sharding their mesh info has a replicate dimension
-    (HSDPMeshInfo) besides the shard one, and the mesh tensor lists every rank, row by row.
+    Read through DTensor's public `device_mesh` and `placements`: under hybrid sharding FSDP2 places each
+    parameter as (Replicate(), Shard(0)) on a 2-D mesh, whose rank tensor lists every rank, row by row.
     """
-    meshes = {
-        (info.mesh, info.replicate_mesh_dim, info.shard_mesh_dim)
-        for info in (unit._get_fsdp_state()._fsdp_param_group.mesh_info for unit in block_units(model))
-        if getattr(info, "replicate_mesh_dim", None) is not None
-    }
+    from torch.distributed.tensor import DTensor, Replicate, Shard
+
+    meshes = set()
+    for p in (p for unit in block_units(model) for p in unit.parameters()):
+        placements = p.placements if isinstance(p, DTensor) else ()
+        replicated = [dim for dim, placement in enumerate(placements) if isinstance(placement, Replicate)]
+        sharded = [dim for dim, placement in enumerate(placements) if isinstance(placement, Shard)]
+        if len(placements) != 2 or len(replicated) != 1 or len(sharded) != 1:
+            return None
+        meshes.add((p.device_mesh, replicated[0], sharded[0]))
     if len(meshes) != 1:
         return None
     mesh, replicate_dim, shard_dim = meshes.pop()
