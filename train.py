@@ -55,15 +55,13 @@ def main(argv: list[str] | None = None) -> int:
 def _say_what_the_plan_picks(config: TrainConfig) -> None:
     """--strategy auto on a GPU: one line when the plan, on this device, would launch another strategy."""
     from planner.launch import cuda_device, startup_note
-    from planner.plan import DEFAULT_MFU, planner
+    from planner.plan import DEFAULT_MFU
     from training.strategy import precision_name, requested_from_env
 
     launched = requested_from_env(os.environ)
     device = cuda_device(launched.world_size or 1)
     if device is not None:
-        note = startup_note(
-            config, launched.strategy, precision_name(launched.mixed_precision), device, planner(), DEFAULT_MFU
-        )
+        note = startup_note(config, launched.strategy, precision_name(launched.mixed_precision), device, DEFAULT_MFU)
         if note:
             print(note, file=sys.stderr, flush=True)
 

@@ -259,7 +259,8 @@ def planned_misfits(
     """The strategies the planner says will not fit `gpu` (or `memory_gib` per device) at the experiment's
     batch, each with the line the report shows: "does not fit (planned X GiB of Y)"."""
     from planner.errors import PlanError
-    from planner.plan import DEFAULT_MFU, GIB, hardware, plan_args, plan_strategy, workload_for  # when asked
+    from planner.flags import plan_args  # when asked
+    from planner.plan import DEFAULT_MFU, GIB, hardware, plan_strategy, workload_for
 
     extra = set(spec.extra)  # a lever passed on to train.py is planned too; else the preset's
     checkpointing = (

@@ -436,7 +436,7 @@ STARTUP_S = 60  # per strategy: start-up, evaluation, checkpoint and export
 def _planner_args(preset: str, processes: int, global_batch_tokens: int | None = None) -> argparse.Namespace:
     """The planner's command line for `processes` T4s: every other setting (precision, MFU, link, overlap)
     is the planner's default, so the notebook's estimate and `python -m planner` agree."""
-    from planner.plan import parse_args
+    from planner.flags import parse_args
 
     argv = ["--preset", preset, "--gpu", ESTIMATE_GPU, "--num_gpus", str(processes)]
     if global_batch_tokens is not None:

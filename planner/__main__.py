@@ -1,4 +1,4 @@
-from planner.plan import main
+from planner.cli import main
 from training.cli import run_main
 
 run_main(main)

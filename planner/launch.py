@@ -22,12 +22,13 @@ import argparse
 import json
 import shlex
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from planner.cost_model import Workload
 from planner.errors import PlanError
+from planner.flags import plan_args
+from planner.gpus import PLANNER_GPUS
+from planner.plan import hardware, plan_strategy, planned_strategies, recommend, workload_for
 from training import registry
 from training.presets import preset_overrides
 
@@ -39,18 +40,6 @@ GIB = 2**30
 
 
 @dataclass(frozen=True)
-class Planner:
-    """planner/plan.py's functions, handed in by its command line (this module must not import it back)."""
-
-    hardware: Callable[..., Any]  # (gpu, precision, memory_gib, link_gb_s) -> Hardware
-    workload_for: Callable[[argparse.Namespace, str], Workload]
-    plan_strategy: Callable[..., dict[str, Any]]  # (workload, strategy, hardware, mfu, overlap)
-    recommend: Callable[..., dict[str, Any]]  # (plans, hardware, micro) -> {"strategy", "reason", ...}
-    planned_strategies: Callable[[int, int], list[str]]  # (GPUs per machine, machines)
-    arguments: Callable[..., argparse.Namespace]  # (**flag values) -> the command line at its other defaults
-
-
-@dataclass(frozen=True)
 class Way:
     """One way to run a strategy: its micro-batch and whether activations are checkpointed."""
 
@@ -58,35 +47,29 @@ class Way:
     activation_checkpointing: bool
 
 
-def hardware_for(args: argparse.Namespace, planner: Planner) -> Any:
+def hardware_for(args: argparse.Namespace) -> Any:
     """The GPUs of the plan (the launch's and the sweep's), with the link between machines when there are
     several; with --cpu, CPU processes of --gpu_memory_gib each (no CUDA reserve)."""
     if not args.cpu:
-        return planner.hardware(
+        return hardware(
             args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s, inter_node_gb_s=args.inter_node_gb_s
         )
     if args.gpu is not None or args.gpu_memory_gib is None:
         raise PlanError("a CPU plan (--cpu) takes --gpu_memory_gib as the memory per process, not --gpu")
-    return replace(
-        planner.hardware(None, "fp32", args.gpu_memory_gib, args.link_gb_s), name="CPU process", reserve_gib=0.0
-    )
+    return replace(hardware(None, "fp32", args.gpu_memory_gib, args.link_gb_s), name="CPU process", reserve_gib=0.0)
 
 
-def strategies_for(args: argparse.Namespace, planner: Planner) -> list[str]:
+def strategies_for(args: argparse.Namespace) -> list[str]:
     """The planned strategies on --num_gpus per machine and --num_nodes machines; on the CPU without the
     offloading ones (nothing to offload to)."""
-    return [
-        s
-        for s in planner.planned_strategies(args.num_gpus, args.num_nodes)
-        if not (args.cpu and registry.get(s).offloads)
-    ]
+    return [s for s in planned_strategies(args.num_gpus, args.num_nodes) if not (args.cpu and registry.get(s).offloads)]
 
 
-def ways(args: argparse.Namespace, strategy: str, planner: Planner) -> list[Way]:
+def ways(args: argparse.Namespace, strategy: str) -> list[Way]:
     """Every way to try, fastest first: the largest micro-batch the global batch allows on this many devices
     (fewer, larger micro-steps), then smaller ones it divides by; without activation checkpointing before
     with it (it recomputes the forward in backward). A micro-batch given on the command line is the largest."""
-    base = planner.workload_for(args, strategy)
+    base = workload_for(args, strategy)
     sequences = base.micro_batch_size * base.grad_accum_steps  # per device per optimizer step
     largest = args.micro_batch_size or sequences
     micro = [m for m in range(min(largest, sequences), 0, -1) if sequences % m == 0]
@@ -94,7 +77,7 @@ def ways(args: argparse.Namespace, strategy: str, planner: Planner) -> list[Way]
     return [Way(m, ac) for ac in levels for m in micro]
 
 
-def _plan_way(args: argparse.Namespace, strategy: str, way: Way, hw: Any, planner: Planner) -> dict[str, Any]:
+def _plan_way(args: argparse.Namespace, strategy: str, way: Way, hw: Any) -> dict[str, Any]:
     shaped = argparse.Namespace(
         **{
             **vars(args),
@@ -102,24 +85,24 @@ def _plan_way(args: argparse.Namespace, strategy: str, way: Way, hw: Any, planne
             "activation_checkpointing": way.activation_checkpointing,
         }
     )
-    w = planner.workload_for(shaped, strategy)
+    w = workload_for(shaped, strategy)
     if args.cpu:  # what a CPU process runs: fp32 and torch's per-tensor (unfused) AdamW
         w = replace(w, precision="fp32", fused_adamw=False, device="cpu")
-    return {**planner.plan_strategy(w, strategy, hw, args.mfu, args.overlap), "way": way}
+    return {**plan_strategy(w, strategy, hw, args.mfu, args.overlap), "way": way}
 
 
-def candidate(args: argparse.Namespace, strategy: str, hw: Any, planner: Planner) -> dict[str, Any]:
+def candidate(args: argparse.Namespace, strategy: str, hw: Any) -> dict[str, Any]:
     """The strategy's first way that fits, or its last (least memory; it does not fit) when none does."""
-    planned = [_plan_way(args, strategy, way, hw, planner) for way in ways(args, strategy, planner)]
+    planned = [_plan_way(args, strategy, way, hw) for way in ways(args, strategy)]
     return next((p for p in planned if p["fits"]), planned[-1])
 
 
-def choose_launch(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
+def choose_launch(args: argparse.Namespace) -> dict[str, Any]:
     """The launch the plan picks: strategy, its way, the one line of why, and every candidate."""
-    hw = hardware_for(args, planner)
+    hw = hardware_for(args)
     # A launch over several machines runs on all of them: not a one-process strategy.
-    launchable = [s for s in strategies_for(args, planner) if args.num_nodes == 1 or registry.get(s).multi_process]
-    candidates = [candidate(args, s, hw, planner) for s in launchable]
+    launchable = [s for s in strategies_for(args) if args.num_nodes == 1 or registry.get(s).multi_process]
+    candidates = [candidate(args, s, hw) for s in launchable]
     fitting = [c for c in candidates if c["fits"]]
     if not fitting:
         least = min(candidates, key=lambda c: c["per_device_bytes"]["total"])
@@ -128,7 +111,7 @@ def choose_launch(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
             f"even at micro-batch 1 with activation checkpointing: the least is {least['strategy']} at "
             f"{least['per_device_bytes']['total'] / GIB:.2f} GiB; use more devices or more memory per device"
         )
-    rec = planner.recommend(fitting, hw, fitting[0]["way"].micro_batch_size)
+    rec = recommend(fitting, hw, fitting[0]["way"].micro_batch_size)
     chosen = next(c for c in fitting if c["strategy"] == rec["strategy"])
     return {
         "strategy": chosen["strategy"],
@@ -292,9 +275,9 @@ def launch_json(args: argparse.Namespace, chosen: dict[str, Any]) -> dict[str, A
     }
 
 
-def launch_main(args: argparse.Namespace, planner: Planner) -> int:
+def launch_main(args: argparse.Namespace) -> int:
     """`--launch`: print the command and why (or JSON); with `--execute`, run it and return its exit status."""
-    chosen = choose_launch(args, planner)
+    chosen = choose_launch(args)
     print(json.dumps(launch_json(args, chosen), indent=2) if args.json else launch_text(args, chosen), flush=True)
     if not args.execute:
         return 0
@@ -323,19 +306,16 @@ def cuda_device(world_size: int) -> Device | None:
     return Device(torch.cuda.get_device_name(), torch.cuda.get_device_properties(0).total_memory / GIB, world_size)
 
 
-def startup_note(
-    cfg: TrainConfig, launched: str, precision: str, device: Device, planner: Planner, mfu: float
-) -> str | None:
+def startup_note(cfg: TrainConfig, launched: str, precision: str, device: Device, mfu: float) -> str | None:
     """One line when the plan, on `device`, would launch another strategy than `launched`; None when it agrees
     or the run's model is not its preset's (another --model_preset or --n_layer: the plan knows presets)."""
-    from planner.gpus import PLANNER_GPUS
 
     if cfg.model.n_layer is not None or cfg.model.model_preset != preset_overrides(cfg.preset).get(
         "model_preset", cfg.model.model_preset
     ):
         return None
     gpu = next((g.key for g in PLANNER_GPUS.values() if g.device_name.casefold() == device.name.casefold()), None)
-    args = planner.arguments(
+    args = plan_args(
         preset=cfg.preset,
         gpu=gpu,
         gpu_memory_gib=device.memory_gib,
@@ -348,7 +328,7 @@ def startup_note(
         mfu=mfu,
     )
     try:
-        chosen = choose_launch(args, planner)
+        chosen = choose_launch(args)
     except PlanError as exc:
         return f"plan: {exc}"
     if chosen["strategy"] == launched:

@@ -19,14 +19,15 @@ from typing import Any
 
 from model.shapes import total_parameters
 from planner.errors import PlanError
-from planner.launch import GIB, Planner, candidate, hardware_for, strategies_for
+from planner.launch import GIB, candidate, hardware_for, strategies_for
+from planner.plan import plan_strategy, workload_for
 from training import registry
 from training.presets import PRESETS
 
 
-def sweep(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
+def sweep(args: argparse.Namespace) -> dict[str, Any]:
     """Per preset (smallest first): its parameters and, per strategy, the predicted peak and fit."""
-    hw, strategies = hardware_for(args, planner), strategies_for(args, planner)
+    hw, strategies = hardware_for(args), strategies_for(args)
     rows = []
     for preset in PRESETS:
         # One workload for every preset, so the lines compare sizes alone: activation checkpointing as the
@@ -34,10 +35,8 @@ def sweep(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
         shaped = argparse.Namespace(
             **{**vars(args), "preset": preset, "activation_checkpointing": bool(args.activation_checkpointing)}
         )
-        plans = [
-            planner.plan_strategy(planner.workload_for(shaped, s), s, hw, args.mfu, args.overlap) for s in strategies
-        ]
-        model = planner.workload_for(shaped, strategies[0]).model
+        plans = [plan_strategy(workload_for(shaped, s), s, hw, args.mfu, args.overlap) for s in strategies]
+        model = workload_for(shaped, strategies[0]).model
         rows.append(
             {
                 "preset": preset,
@@ -47,7 +46,7 @@ def sweep(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
                         "peak_bytes": p["per_device_bytes"]["total"],
                         "fits": p["fits"],
                         "max_micro_batch_size": p["max_micro_batch_size"],
-                        "fits_with_levers": _fits_with_levers(shaped, p, hw, planner),
+                        "fits_with_levers": _fits_with_levers(shaped, p, hw),
                     }
                     for p in plans
                 },
@@ -75,10 +74,10 @@ def sweep(args: argparse.Namespace, planner: Planner) -> dict[str, Any]:
     }
 
 
-def _fits_with_levers(args: argparse.Namespace, plan: dict[str, Any], hw: Any, planner: Planner) -> bool:
+def _fits_with_levers(args: argparse.Namespace, plan: dict[str, Any], hw: Any) -> bool:
     """Whether some smaller micro-batch or activation checkpointing makes it fit (the launch's ways)."""
     shaped = argparse.Namespace(**{**vars(args), "cpu": False, "activation_checkpointing": None})
-    return plan["fits"] or candidate(shaped, plan["strategy"], hw, planner)["fits"]
+    return plan["fits"] or candidate(shaped, plan["strategy"], hw)["fits"]
 
 
 def _hardware_name(result: dict[str, Any]) -> str:
@@ -149,10 +148,10 @@ def sweep_figure(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def sweep_main(args: argparse.Namespace, planner: Planner) -> int:
+def sweep_main(args: argparse.Namespace) -> int:
     if args.gpu is None and args.gpu_memory_gib is None:
         raise PlanError("--sweep needs --gpu or --gpu_memory_gib")
-    result = sweep(args, planner)
+    result = sweep(args)
     print(json.dumps(result, indent=2) if args.json else sweep_text(result))
     if args.figure is not None:
         sweep_figure(result, args.figure)

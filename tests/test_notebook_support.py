@@ -146,9 +146,11 @@ def test_torch_is_never_installed() -> None:
 
 def test_estimate_orders_the_strategies_by_their_work() -> None:
     minutes = support.estimate_minutes("gpt2", 500, ["single", "ddp", "fsdp"], 2)
-    # With the planner's default overlap (DDP's all-reduce in backward, FSDP prefetching) both hide their
-    # communication behind the compute on 2 x T4: FSDP is predicted no faster than DDP, and no slower.
-    assert minutes["ddp"] < minutes["single"] and minutes["ddp"] <= minutes["fsdp"]
+    # With the planner's default overlap (DDP's all-reduce in backward, FSDP prefetching) both hide most of their
+    # communication behind the compute on 2 x T4; what cannot hide (DDP's last bucket, FSDP's root unit) leaves
+    # them within a few percent of each other (docs/planning.md), both well ahead of one GPU.
+    assert max(minutes["ddp"], minutes["fsdp"]) < minutes["single"]
+    assert abs(minutes["ddp"] - minutes["fsdp"]) < 0.05 * minutes["fsdp"]
     assert 5 < sum(minutes.values()) < 60  # the default is sized for one sitting, well within a Kaggle session
 
 

@@ -247,7 +247,7 @@ def _plan(*args: str) -> subprocess.CompletedProcess[str]:
     import contextlib
     import io
 
-    from planner.plan import main
+    from planner.cli import main
 
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -474,7 +474,7 @@ def test_the_machines_link_decides_and_one_machine_plans_no_hybrid_sharding() ->
 
 
 def test_planning_without_a_command_line_takes_the_flags_defaults() -> None:
-    from planner.plan import parse_args, plan_args
+    from planner.flags import parse_args, plan_args
 
     args = plan_args(preset="gpt2-medium", num_gpus=2)
     assert (args.preset, args.num_gpus) == ("gpt2-medium", 2)

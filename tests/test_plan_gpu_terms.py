@@ -9,6 +9,7 @@ from dataclasses import replace
 import pytest
 
 from model.config import GPT2Config
+from planner.cli import main
 from planner.cost_model import (
     ADAMW_HOST_PASSES,
     HOST_UPDATE_CORE_GB_S,
@@ -19,7 +20,7 @@ from planner.cost_model import (
     step_memory,
     step_time,
 )
-from planner.plan import hardware, main
+from planner.plan import hardware
 
 GPT2 = GPT2Config.from_preset("gpt2")
 S = 4 * 1024 * 768  # elements of one (B, T, C) tensor at micro-batch 4 x 1024: 3,145,728

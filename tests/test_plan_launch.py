@@ -169,14 +169,14 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
 def test_train_py_auto_on_two_t4_says_when_the_launched_strategy_is_not_the_plans() -> None:
     """The start-up check of `train.py --strategy auto`, given the device a T4 pair reports."""
     from planner.launch import Device, startup_note
-    from planner.plan import DEFAULT_MFU, planner
+    from planner.plan import DEFAULT_MFU
     from training.cli import parse_config
 
     t4_pair = Device("Tesla T4", 15102 / 1024, 2)
     config = parse_config(["--preset", "gpt2-large"])
-    note = startup_note(config, "ddp", "fp16", t4_pair, planner(), DEFAULT_MFU)
+    note = startup_note(config, "ddp", "fp16", t4_pair, DEFAULT_MFU)
     assert note is not None and note.startswith("plan: launched ddp, but on 2 x Tesla T4 the plan picks fsdp")
     assert "--micro_batch_size 2" in note
-    assert startup_note(config, "fsdp", "fp16", t4_pair, planner(), DEFAULT_MFU) is None  # the plan's own pick
+    assert startup_note(config, "fsdp", "fp16", t4_pair, DEFAULT_MFU) is None  # the plan's own pick
     shallow = parse_config(["--preset", "gpt2-large", "--n_layer", "1"])  # not the preset's model: no plan
-    assert startup_note(shallow, "ddp", "fp16", t4_pair, planner(), DEFAULT_MFU) is None
+    assert startup_note(shallow, "ddp", "fp16", t4_pair, DEFAULT_MFU) is None
