@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> int:
 def _say_what_the_plan_picks(config: TrainConfig) -> None:
     """--strategy auto on a GPU: one line when the plan, on this device, would launch another strategy."""
     from planner.launch import cuda_device, startup_note
-    from planner.plan import DEFAULT_MFU
+    from planner.request import DEFAULT_MFU
     from training.strategy import precision_name, requested_from_env
 
     launched = requested_from_env(os.environ)

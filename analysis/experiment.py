@@ -258,9 +258,10 @@ def planned_misfits(
 ) -> dict[str, str]:
     """The strategies the planner says will not fit `gpu` (or `memory_gib` per device) at the experiment's
     batch, each with the line the report shows: "does not fit (planned X GiB of Y)"."""
+
     from planner.errors import PlanError
-    from planner.flags import plan_args  # when asked
-    from planner.plan import DEFAULT_MFU, GIB, hardware, plan_strategy, workload_for
+    from planner.plan import GIB, hardware, plan_strategy, workload_for  # when asked
+    from planner.request import DEFAULT_MFU, PlanRequest
 
     extra = set(spec.extra)  # a lever passed on to train.py is planned too; else the preset's
     checkpointing = (
@@ -270,7 +271,7 @@ def planned_misfits(
         hw = hardware(gpu, precision, memory_gib, None)
         misfits = {}
         for strategy in spec.strategies:
-            args = plan_args(
+            args = PlanRequest(
                 preset=spec.preset,
                 block_size=batch.block_size,
                 micro_batch_size=batch.micro_batch_size,

@@ -11,7 +11,6 @@ level: the notebook loads this file before the project's requirements are instal
 
 from __future__ import annotations
 
-import argparse
 import datetime
 import glob
 import importlib.metadata
@@ -25,8 +24,12 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from training import registry
+
+if TYPE_CHECKING:
+    from planner.request import PlanRequest
 
 ROOT = Path(__file__).resolve().parents[1]
 KAGGLE_INPUT = Path("/kaggle/input")
@@ -433,15 +436,12 @@ ESTIMATE_GPU = "T4"  # the reference experiment's GPU, as the planner knows it (
 STARTUP_S = 60  # per strategy: start-up, evaluation, checkpoint and export
 
 
-def _planner_args(preset: str, processes: int, global_batch_tokens: int | None = None) -> argparse.Namespace:
-    """The planner's command line for `processes` T4s: every other setting (precision, MFU, link, overlap)
-    is the planner's default, so the notebook's estimate and `python -m planner` agree."""
-    from planner.flags import parse_args
+def _plan_request(preset: str, processes: int, global_batch_tokens: int | None = None) -> PlanRequest:
+    """The plan for `processes` T4s: every other setting (precision, MFU, link, overlap) is the planner's
+    default, so the notebook's estimate and `python -m planner` agree."""
+    from planner.request import PlanRequest
 
-    argv = ["--preset", preset, "--gpu", ESTIMATE_GPU, "--num_gpus", str(processes)]
-    if global_batch_tokens is not None:
-        argv += ["--global_batch_tokens", str(global_batch_tokens)]
-    return parse_args(argv)
+    return PlanRequest(preset=preset, gpu=ESTIMATE_GPU, num_gpus=processes, global_batch_tokens=global_batch_tokens)
 
 
 def estimate_minutes(preset: str, max_steps: int, strategies: list[str], processes: int) -> dict[str, float]:
@@ -453,7 +453,7 @@ def estimate_minutes(preset: str, max_steps: int, strategies: list[str], process
 
     sizes = [processes if registry.get(s).multi_process else 1 for s in strategies]
     batch = choose_batch(ExperimentSpec(preset, Path("."), max_steps=max_steps), sizes, preset_defaults(preset))
-    args = _planner_args(preset, processes, batch.global_batch_tokens)
+    args = _plan_request(preset, processes, batch.global_batch_tokens)
     hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
     minutes = {}
     for strategy in strategies:
@@ -466,7 +466,7 @@ def estimate_assumptions() -> str:
     """The estimate's assumptions in one line, read from the planner that makes them."""
     from planner.plan import hardware
 
-    args = _planner_args("gpt2", 2)
+    args = _plan_request("gpt2", 2)
     hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
     return (
         f"assumed (the planner's defaults, python -m planner): {args.mfu:.0%} MFU of the {hw.name}'s "

@@ -24,9 +24,9 @@ import json
 import sys
 
 from planner.errors import PlanError
-from planner.flags import parse_args
 from planner.launch import launch_main
 from planner.plan import compare_run, plan, plan_text, runs_text
+from planner.request import parse_args
 from planner.sweep import sweep_main
 
 

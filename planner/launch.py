@@ -18,7 +18,6 @@ there is no speed prediction, and the planner's rule for that case (least memory
 
 from __future__ import annotations
 
-import argparse
 import json
 import shlex
 import subprocess
@@ -26,9 +25,9 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from planner.errors import PlanError
-from planner.flags import plan_args
 from planner.gpus import PLANNER_GPUS
 from planner.plan import hardware, plan_strategy, planned_strategies, recommend, workload_for
+from planner.request import PlanRequest
 from training import registry
 from training.presets import preset_overrides
 
@@ -47,7 +46,7 @@ class Way:
     activation_checkpointing: bool
 
 
-def hardware_for(args: argparse.Namespace) -> Any:
+def hardware_for(args: PlanRequest) -> Any:
     """The GPUs of the plan (the launch's and the sweep's), with the link between machines when there are
     several; with --cpu, CPU processes of --gpu_memory_gib each (no CUDA reserve)."""
     if not args.cpu:
@@ -59,13 +58,13 @@ def hardware_for(args: argparse.Namespace) -> Any:
     return replace(hardware(None, "fp32", args.gpu_memory_gib, args.link_gb_s), name="CPU process", reserve_gib=0.0)
 
 
-def strategies_for(args: argparse.Namespace) -> list[str]:
+def strategies_for(args: PlanRequest) -> list[str]:
     """The planned strategies on --num_gpus per machine and --num_nodes machines; on the CPU without the
     offloading ones (nothing to offload to)."""
     return [s for s in planned_strategies(args.num_gpus, args.num_nodes) if not (args.cpu and registry.get(s).offloads)]
 
 
-def ways(args: argparse.Namespace, strategy: str) -> list[Way]:
+def ways(args: PlanRequest, strategy: str) -> list[Way]:
     """Every way to try, fastest first: the largest micro-batch the global batch allows on this many devices
     (fewer, larger micro-steps), then smaller ones it divides by; without activation checkpointing before
     with it (it recomputes the forward in backward). A micro-batch given on the command line is the largest."""
@@ -77,27 +76,21 @@ def ways(args: argparse.Namespace, strategy: str) -> list[Way]:
     return [Way(m, ac) for ac in levels for m in micro]
 
 
-def _plan_way(args: argparse.Namespace, strategy: str, way: Way, hw: Any) -> dict[str, Any]:
-    shaped = argparse.Namespace(
-        **{
-            **vars(args),
-            "micro_batch_size": way.micro_batch_size,
-            "activation_checkpointing": way.activation_checkpointing,
-        }
-    )
+def _plan_way(args: PlanRequest, strategy: str, way: Way, hw: Any) -> dict[str, Any]:
+    shaped = replace(args, micro_batch_size=way.micro_batch_size, activation_checkpointing=way.activation_checkpointing)
     w = workload_for(shaped, strategy)
     if args.cpu:  # what a CPU process runs: fp32 and torch's per-tensor (unfused) AdamW
         w = replace(w, precision="fp32", fused_adamw=False, device="cpu")
     return {**plan_strategy(w, strategy, hw, args.mfu, args.overlap), "way": way}
 
 
-def candidate(args: argparse.Namespace, strategy: str, hw: Any) -> dict[str, Any]:
+def candidate(args: PlanRequest, strategy: str, hw: Any) -> dict[str, Any]:
     """The strategy's first way that fits, or its last (least memory; it does not fit) when none does."""
     planned = [_plan_way(args, strategy, way, hw) for way in ways(args, strategy)]
     return next((p for p in planned if p["fits"]), planned[-1])
 
 
-def choose_launch(args: argparse.Namespace) -> dict[str, Any]:
+def choose_launch(args: PlanRequest) -> dict[str, Any]:
     """The launch the plan picks: strategy, its way, the one line of why, and every candidate."""
     hw = hardware_for(args)
     # A launch over several machines runs on all of them: not a one-process strategy.
@@ -141,7 +134,7 @@ def why(chosen: dict[str, Any], candidates: list[dict[str, Any]], hw: Any, rec: 
     return f"{wall}{chosen['strategy']} with {', '.join(levers)}: {rec['reason']}"
 
 
-def command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
+def command(args: PlanRequest, chosen: dict[str, Any]) -> list[str]:
     """The `accelerate launch` of the choice on one machine: the strategy's config, its processes and
     precision, train.py's flags."""
     entry = registry.get(chosen["strategy"])
@@ -151,11 +144,11 @@ def command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
     return [*cmd, *_precision(args), *train_flags(args, chosen)]
 
 
-def _precision(args: argparse.Namespace) -> list[str]:
+def _precision(args: PlanRequest) -> list[str]:
     return ["--mixed_precision", mixed_precision(args)]
 
 
-def mixed_precision(args: argparse.Namespace) -> str:
+def mixed_precision(args: PlanRequest) -> str:
     return "no" if args.cpu or args.precision == "fp32" else args.precision
 
 
@@ -164,7 +157,7 @@ SLURM_BATCH = "scripts/slurm/train_multinode.sbatch"
 MAIN_PROCESS_PORT = 29500  # launch_node.sh's default rendezvous port
 
 
-def machine_command(args: argparse.Namespace, chosen: dict[str, Any], machine: int) -> list[str]:
+def machine_command(args: PlanRequest, chosen: dict[str, Any], machine: int) -> list[str]:
     """What scripts/slurm/launch_node.sh runs on machine `machine` of --num_nodes, argument for argument: the
     same `accelerate launch` by hand (or from any scheduler) on a cluster without SLURM. The mesh follows the
     launch (a strategy on a device mesh: replicate = machines, shard = GPUs per machine); the rendezvous is
@@ -186,7 +179,7 @@ def machine_command(args: argparse.Namespace, chosen: dict[str, Any], machine: i
     ]
 
 
-def slurm_command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
+def slurm_command(args: PlanRequest, chosen: dict[str, Any]) -> list[str]:
     """The one `sbatch` of the choice: the batch script runs launch_node.sh on every node, which gives each the
     line of machine_command."""
     entry = registry.get(chosen["strategy"])
@@ -201,7 +194,7 @@ def slurm_command(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]
     ]
 
 
-def train_flags(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
+def train_flags(args: PlanRequest, chosen: dict[str, Any]) -> list[str]:
     """train.py and its flags for the choice."""
     entry = registry.get(chosen["strategy"])
     way: Any = chosen["way"]
@@ -224,7 +217,7 @@ def train_flags(args: argparse.Namespace, chosen: dict[str, Any]) -> list[str]:
     return cmd
 
 
-def launch_text(args: argparse.Namespace, chosen: dict[str, Any]) -> str:
+def launch_text(args: PlanRequest, chosen: dict[str, Any]) -> str:
     if args.num_nodes == 1:
         return f"{shlex.join(command(args, chosen))}\n# why: {chosen['why']}"
     lines = [
@@ -243,14 +236,14 @@ def _shell_line(cmd: list[str]) -> str:
     return " ".join(part if part.startswith("$") else shlex.quote(part) for part in cmd)
 
 
-def _mesh_text(args: argparse.Namespace, chosen: dict[str, Any]) -> str:
+def _mesh_text(args: PlanRequest, chosen: dict[str, Any]) -> str:
     entry = registry.get(chosen["strategy"])
     if entry.fsdp is not None and entry.fsdp.hybrid:
         return f"mesh replicate {args.num_nodes} x shard {args.num_gpus} (one shard group per machine)"
     return f"{chosen['strategy']} over all {args.num_nodes * args.num_gpus} processes"
 
 
-def launch_json(args: argparse.Namespace, chosen: dict[str, Any]) -> dict[str, Any]:
+def launch_json(args: PlanRequest, chosen: dict[str, Any]) -> dict[str, Any]:
     way: Any = chosen["way"]
     return {
         "strategy": chosen["strategy"],
@@ -275,7 +268,7 @@ def launch_json(args: argparse.Namespace, chosen: dict[str, Any]) -> dict[str, A
     }
 
 
-def launch_main(args: argparse.Namespace) -> int:
+def launch_main(args: PlanRequest) -> int:
     """`--launch`: print the command and why (or JSON); with `--execute`, run it and return its exit status."""
     chosen = choose_launch(args)
     print(json.dumps(launch_json(args, chosen), indent=2) if args.json else launch_text(args, chosen), flush=True)
@@ -315,7 +308,7 @@ def startup_note(cfg: TrainConfig, launched: str, precision: str, device: Device
     ):
         return None
     gpu = next((g.key for g in PLANNER_GPUS.values() if g.device_name.casefold() == device.name.casefold()), None)
-    args = plan_args(
+    args = PlanRequest(
         preset=cfg.preset,
         gpu=gpu,
         gpu_memory_gib=device.memory_gib,

@@ -3,7 +3,6 @@ finished runs put beside their plan. The command line over it is planner/cli.py 
 
 from __future__ import annotations
 
-import argparse
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -23,6 +22,7 @@ from planner.cost_model import (
 )
 from planner.errors import PlanError, error_pct
 from planner.gpus import PLANNER_GPUS, planner_gpu
+from planner.request import OVERLAP_MEANING, PlanRequest
 from training import registry
 from training.config import ModelChoice
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens
@@ -36,7 +36,6 @@ GIB = 2**30
 # within the memory CUDA reports (torch.cuda.get_device_properties().total_memory; planner/gpus.py).
 ALLOCATOR_SLACK = 1.10
 CUDA_RESERVE_GIB = 0.5
-DEFAULT_MFU = 0.30  # an assumption: eager PyTorch GPT-2 124M reaches 25-40% of the tensor-core peak
 
 # The planner's uncertainty, from the assumptions it makes (docs/planning.md, "How sure the speed is"):
 MFU_SPREAD = 0.25  # the MFU, relative: 0.30 stands for 0.225-0.375, the 25-40% eager PyTorch reaches
@@ -45,11 +44,6 @@ LINK_SPREAD_MEASURED = 0.15  # a link given or measured: run-to-run and message-
 # What the time model leaves out (per-collective latency, kernel launches, the wrappers' hooks, the
 # optimizer step), different for every strategy, so not shared between two predictions.
 MODEL_SPREAD = 0.05
-# --overlap is FSDP's prefetching, a setting; DDP's overlap is not one (its bucket hooks always run in backward).
-OVERLAP_MEANING = {
-    "full": "DDP's all-reduce during backward, FSDP prefetching",
-    "none": "DDP's all-reduce during backward, FSDP not prefetching",
-}
 
 
 @dataclass(frozen=True)
@@ -129,7 +123,7 @@ def link_from_run(run_dir: Path) -> float:
     return float(figure)
 
 
-def workload_for(args: argparse.Namespace, strategy: str) -> Workload:
+def workload_for(args: PlanRequest, strategy: str) -> Workload:
     """The preset's workload for `strategy`: the same global batch on every strategy, accumulation making up the rest."""
     values = preset_overrides(args.preset)
     defaults = batch_defaults(values)  # the preset's, else what train.py's config dataclasses default to
@@ -335,7 +329,7 @@ def planned_strategies(num_gpus: int, num_nodes: int = 1) -> list[str]:
     ]
 
 
-def plan(args: argparse.Namespace) -> dict[str, Any]:
+def plan(args: PlanRequest) -> dict[str, Any]:
     if args.link_from is not None:
         hw = hardware(
             args.gpu,

@@ -12,8 +12,8 @@ horizontal line), and the last lines name the largest preset each strategy can t
 
 from __future__ import annotations
 
-import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -21,20 +21,19 @@ from model.shapes import total_parameters
 from planner.errors import PlanError
 from planner.launch import GIB, candidate, hardware_for, strategies_for
 from planner.plan import plan_strategy, workload_for
+from planner.request import PlanRequest
 from training import registry
 from training.presets import PRESETS
 
 
-def sweep(args: argparse.Namespace) -> dict[str, Any]:
+def sweep(args: PlanRequest) -> dict[str, Any]:
     """Per preset (smallest first): its parameters and, per strategy, the predicted peak and fit."""
     hw, strategies = hardware_for(args), strategies_for(args)
     rows = []
     for preset in PRESETS:
         # One workload for every preset, so the lines compare sizes alone: activation checkpointing as the
         # flag says (not each preset's own), the micro-batch the flag's or each preset's.
-        shaped = argparse.Namespace(
-            **{**vars(args), "preset": preset, "activation_checkpointing": bool(args.activation_checkpointing)}
-        )
+        shaped = replace(args, preset=preset, activation_checkpointing=bool(args.activation_checkpointing))
         plans = [plan_strategy(workload_for(shaped, s), s, hw, args.mfu, args.overlap) for s in strategies]
         model = workload_for(shaped, strategies[0]).model
         rows.append(
@@ -74,9 +73,9 @@ def sweep(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def _fits_with_levers(args: argparse.Namespace, plan: dict[str, Any], hw: Any) -> bool:
+def _fits_with_levers(args: PlanRequest, plan: dict[str, Any], hw: Any) -> bool:
     """Whether some smaller micro-batch or activation checkpointing makes it fit (the launch's ways)."""
-    shaped = argparse.Namespace(**{**vars(args), "cpu": False, "activation_checkpointing": None})
+    shaped = replace(args, cpu=False, activation_checkpointing=None)
     return plan["fits"] or candidate(shaped, plan["strategy"], hw)["fits"]
 
 
@@ -148,7 +147,7 @@ def sweep_figure(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def sweep_main(args: argparse.Namespace) -> int:
+def sweep_main(args: PlanRequest) -> int:
     if args.gpu is None and args.gpu_memory_gib is None:
         raise PlanError("--sweep needs --gpu or --gpu_memory_gib")
     result = sweep(args)

@@ -474,12 +474,15 @@ def test_the_machines_link_decides_and_one_machine_plans_no_hybrid_sharding() ->
 
 
 def test_planning_without_a_command_line_takes_the_flags_defaults() -> None:
-    from planner.flags import parse_args, plan_args
+    import dataclasses
 
-    args = plan_args(preset="gpt2-medium", num_gpus=2)
-    assert (args.preset, args.num_gpus) == ("gpt2-medium", 2)
-    assert {k: v for k, v in vars(args).items() if k not in ("preset", "num_gpus")} == {
-        k: v for k, v in vars(parse_args([])).items() if k not in ("preset", "num_gpus")
-    }
-    with pytest.raises(TypeError, match="not flags of the planner: num_gpu"):
-        plan_args(num_gpu=2)  # a misspelt flag is refused, not planned at its default
+    from planner.request import PlanRequest, PlanRequestError, parse_args
+
+    request = PlanRequest(preset="gpt2-medium", num_gpus=2)
+    assert (request.preset, request.num_gpus) == ("gpt2-medium", 2)
+    assert dataclasses.replace(parse_args([]), preset="gpt2-medium", num_gpus=2) == request
+    assert parse_args(["--preset", "gpt2-medium", "--num_gpus", "2"]) == request
+    with pytest.raises(TypeError, match="num_gpu"):
+        PlanRequest(num_gpu=2)  # a misspelt field is refused, not planned at its default
+    with pytest.raises(PlanRequestError, match="--num_nodes 2 or more and --inter_node_gb_s go together"):
+        PlanRequest(num_nodes=2)  # the API refuses what the command line refuses

@@ -169,7 +169,7 @@ def test_bad_input_is_one_line_and_exit_2(args: list[str], message: str) -> None
 def test_train_py_auto_on_two_t4_says_when_the_launched_strategy_is_not_the_plans() -> None:
     """The start-up check of `train.py --strategy auto`, given the device a T4 pair reports."""
     from planner.launch import Device, startup_note
-    from planner.plan import DEFAULT_MFU
+    from planner.request import DEFAULT_MFU
     from training.cli import parse_config
 
     t4_pair = Device("Tesla T4", 15102 / 1024, 2)
