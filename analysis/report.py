@@ -33,6 +33,7 @@ from analysis.uncertainty import (
     HIGHER,
     LOWER,
     MIB,
+    NO_VERDICT,
     RESERVED,
     RESIDENT,
     SAME,
@@ -102,7 +103,9 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
         if against[name] is not None
     )
     lines = [f"{lead}: {parts}." if parts else f"{lead}."]
-    if any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
+    if any(verdict == NO_VERDICT for verdict in verdicts.values()):
+        lines.append(ONE_RUN_NOTE)
+    elif any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
         lines.append(STEP_NOTE)
     lines += _per_device_line(runs, throughput_key(runs))
     return lines
@@ -113,10 +116,20 @@ STEP_NOTE = (
     "excluded), so they see step-to-step noise but not drift between runs (another job on the machine, "
     "clocks, a different node); repeated runs (`--repeats`) see that too."
 )
+ONE_RUN_NOTE = (
+    "One run per strategy: no throughput verdict. A run's step times see step-to-step noise, not drift between "
+    "runs (another job on the machine, clocks, a different node), and an interval built from them calls "
+    "identical strategies different far more often than 5% of the time (`python -m analysis.calibration`, "
+    "docs/statistics.md); the repeats named above, at 5% run-to-run noise, would decide (`--repeats`)."
+)
 
 
 def _ratio_text(comparison: Comparison, name: str, value: str) -> str:
     """'1.20x fsdp (60,600 tokens/s; 95% interval 1.17-1.23x: higher)'."""
+    if comparison.verdict == NO_VERDICT:
+        needed = comparison.repeats_needed
+        decide = f"{needed} runs per strategy would decide" if needed else "no practical number of runs decides"
+        return f"{comparison.ratio:.2f}x {name} ({value}; {NO_VERDICT}: {decide})"
     if comparison.ci95 is None:
         return f"{comparison.ratio:.2f}x {name} ({value}; no interval: {comparison.verdict})"
     low, high = comparison.ci95
@@ -546,11 +559,13 @@ STATISTICS_METHOD = [
     "with one run, the throughput's interval is a bootstrap "
     "(2,000 resamples, fixed seed) of the median step time after warm-up, placed around the recorded figure, "
     "and other figures have none, except the live-tensor step peak, a count that repeats exactly.",
-    "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale (one run "
-    "each: the bootstrap of the ratio of median step times). Verdict: higher when the interval lies above 1, "
-    "lower when below, no detectable difference when it contains 1; with one run and no interval, equal "
-    "values are no detectable difference and different ones not enough runs. Rules and sources: "
-    "docs/statistics.md; every figure and comparison is in report.json.",
+    "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale. Verdict: "
+    "higher when the interval lies above 1, lower when below, no detectable difference when it contains 1; with "
+    "one run and no interval, equal values are no detectable difference and different ones not enough runs; "
+    "one throughput run each gets no verdict, with the runs per strategy that would decide (Welch's interval "
+    "excluding 1 in 80% of experiments at 5% run-to-run noise). The method's false-verdict rate and power are "
+    "measured on synthetic runs (`python -m analysis.calibration`). Rules and sources: docs/statistics.md; "
+    "every figure and comparison is in report.json.",
 ]
 
 

@@ -261,7 +261,7 @@ def test_live_path_saves_the_report_on_the_server(runs: list[Path], tmp_path: Pa
         m for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"] for m in p["config"]["metrics"]
     }
     assert sent_metrics == {m for p in (*line_panels(), *bar_panels()) for m in p.metrics}
-    assert "Throughput: **ddp** is fastest" in json.dumps(blocks)
+    assert "Throughput: **ddp** has the highest figure" in json.dumps(blocks)
     assert json.loads(out.read_text())["entity"] == "team"  # --out records what was sent
 
 
@@ -281,7 +281,7 @@ def test_live_path_fetches_the_reading_from_wandb(tmp_path: Path, server, capsys
     }
     assert histories == {"run0", "run1", "run2"}
     text = server.views[0]["spec"]
-    assert "Throughput: **ddp** is fastest" in text and f"fetched from W&B ({ENTITY}/p2)" in text
+    assert "Throughput: **ddp** has the highest figure" in text and f"fetched from W&B ({ENTITY}/p2)" in text
 
 
 def test_a_backend_that_refuses_is_one_line_and_exit_2(runs: list[Path], server, capsys) -> None:

@@ -16,6 +16,7 @@ from analysis.uncertainty import (
     HIGHER,
     LOG_T_INTERVAL,
     LOWER,
+    NO_VERDICT,
     RESIDENT,
     SAME,
     STEP_BOOTSTRAP,
@@ -195,7 +196,7 @@ def test_warmup_steps_are_left_out_of_the_step_rates() -> None:
     assert list(step_rates(run)) == [2000.0, 2000.0]  # 1000 tokens per step / 0.5 s
 
 
-def test_one_run_each_throughput_interval_comes_from_its_steps() -> None:
+def test_one_run_each_throughput_interval_comes_from_its_steps_and_gives_no_verdict() -> None:
     jitter = [1 + 0.05 * math.sin(i) for i in range(60)]
     runs = [
         make_run("single", tokens_per_s=2000.0, step_times=[0.5 * j for j in jitter]),
@@ -205,7 +206,9 @@ def test_one_run_each_throughput_interval_comes_from_its_steps() -> None:
     single = stats.figures[THROUGHPUT]["single"]
     assert single.method == STEP_BOOTSTRAP and single.ci95[0] < 2000.0 < single.ci95[1]
     comparison = stats.comparison(THROUGHPUT, "ddp", "single")
-    assert comparison.verdict == HIGHER and comparison.ratio == pytest.approx(1.25)
+    # However narrow the step times make it, one run each cannot see drift between runs (tests/test_calibration.py).
+    assert comparison.verdict == NO_VERDICT and comparison.ratio == pytest.approx(1.25) and comparison.ci95 is None
+    assert comparison.repeats_needed == 3  # docs/statistics.md: a 20% gap needs 3 runs each at 5% noise
 
 
 def test_runs_of_one_strategy_are_its_repeats() -> None:
