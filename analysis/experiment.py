@@ -740,7 +740,7 @@ def main(
         # The report never changes the exit status: it is a view of runs that are already recorded.
         from analysis.wandb_report import report_after_experiment
 
-        report_after_experiment(spec.experiment, [launch.run_dir for launch in launches])
+        report_after_experiment(spec.experiment, [launch.run_dir for launch in launches], spec.target_loss)
     return status
 
 
@@ -794,6 +794,7 @@ def wandb_report_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
             "analysis.wandb_report",
             "--experiment",
             spec.experiment,
+            *(["--target_loss", f"{spec.target_loss:g}"] if spec.target_loss is not None else []),
             "--runs",
             *(str(launch.run_dir) for launch in launches),
         ]

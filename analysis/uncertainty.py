@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +25,7 @@ import numpy as np
 
 from analysis.runs import Run, number
 from analysis.scaling import throughput, throughput_key, throughput_name
+from analysis.survival import Observation, log_rank, median_time
 from training.config import RunConfig
 
 CONFIDENCE = 0.95
@@ -506,6 +507,11 @@ def _eval_points(run: Run) -> list[tuple[float, float, float]]:
     return [(step, *points[step]) for step in sorted(points)]
 
 
+def _cost(run: Run, seconds: float, price: float | None) -> float | None:
+    devices = run.fact("world_size") if isinstance(run.fact("world_size"), int) else 1
+    return None if price is None else price * devices * seconds / 3600
+
+
 def time_to_target(run: Run, target: float, price: float | None = None) -> TargetPoint | None:
     """The first point where the validation loss reaches `target`, linear between the two evaluations
     around it; at the first evaluation when it already reaches it. None when it never does."""
@@ -517,28 +523,85 @@ def time_to_target(run: Run, target: float, price: float | None = None) -> Targe
             start_step, start_tokens = (step, tokens) if previous is None else previous[:2]
             at_step = start_step + fraction * (step - start_step)
             seconds = elapsed(at_step)
-            devices = run.fact("world_size") if isinstance(run.fact("world_size"), int) else 1
-            cost = None if price is None else price * devices * seconds / 3600
-            return TargetPoint(seconds, start_tokens + fraction * (tokens - start_tokens), cost)
+            return TargetPoint(seconds, start_tokens + fraction * (tokens - start_tokens), _cost(run, seconds, price))
         previous = (step, tokens, loss)
     return None
 
 
+def censored_at(run: Run, price: float | None = None) -> TargetPoint | None:
+    """Where a run that never reached the target was last seen above it: its last evaluation (None: no
+    evaluation). All it says is "not before this"."""
+    points = _eval_points(run)
+    if not points:
+        return None
+    step, tokens, _ = points[-1]
+    seconds = _elapsed_at(run)(step)
+    return TargetPoint(seconds, tokens, _cost(run, seconds, price))
+
+
+TARGET_KEYS = ("seconds", "tokens", "cost")
+KM_MEDIAN = "Kaplan-Meier median (a run that never reached the target counts as not before its last evaluation)"
+LOG_RANK = "log-rank test at 5% (runs that never reached the target censored at their last evaluation)"
+
+
+def target_observations(runs: Sequence[Run], target: float, price: float | None) -> list[tuple[TargetPoint, bool]]:
+    """Each run's point at the target (reached) or at its last evaluation (not reached); runs never evaluated
+    say nothing and are left out."""
+    observed = []
+    for run in runs:
+        point = time_to_target(run, target, price)
+        if point is not None:
+            observed.append((point, True))
+        elif (last := censored_at(run, price)) is not None:
+            observed.append((last, False))
+    return observed
+
+
+def _survival(observed: list[tuple[TargetPoint, bool]], key: str) -> list[Observation]:
+    return [Observation(getattr(p, key), reached) for p, reached in observed if getattr(p, key) is not None]
+
+
 def target_summary(runs: Sequence[Run], target: float, price: float | None) -> dict[str, Any]:
-    """report.json's time_to_target entry of one strategy: medians over the runs that reached the target,
-    with their spread; `reached` counts those runs out of `runs`."""
-    points = [p for p in (time_to_target(run, target, price) for run in runs) if p is not None]
-    spread = {
-        key: summarize([getattr(p, key) for p in points if getattr(p, key) is not None])
-        for key in ("seconds", "tokens", "cost")
-    }
+    """report.json's time_to_target entry of one strategy: the Kaplan-Meier medians over its runs (null when
+    fewer than half reached the target), the last evaluation of those that did not, and the spread of those
+    that did; `reached` counts those runs out of `runs`."""
+    observed = target_observations(runs, target, price)
+    points = [p for p, reached in observed if reached]
+    spread = {key: summarize([getattr(p, key) for p in points if getattr(p, key) is not None]) for key in TARGET_KEYS}
     return {
         "target_loss": target,
         "runs": len(runs),
         "reached": len(points),
-        **{key: (s.median if s is not None else None) for key, s in spread.items()},
+        **{key: median_time(_survival(observed, key)) for key in TARGET_KEYS},
+        "median_method": KM_MEDIAN,
+        "not_reached_before": [{"seconds": p.seconds, "tokens": p.tokens} for p, reached in observed if not reached],
         "spread": {key: (s.to_dict() if s is not None else None) for key, s in spread.items()},
     }
+
+
+def target_comparisons(groups: dict[str, list[Run]], target: float, price: float | None = None) -> list[dict[str, Any]]:
+    """Every pair of strategies (a before b), on the time and the tokens to the target: the log-rank test."""
+    observed = {name: target_observations(members, target, price) for name, members in groups.items()}
+    names = [name for name in groups if observed[name]]
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            for key in ("seconds", "tokens"):
+                test = log_rank(_survival(observed[a], key), _survival(observed[b], key))
+                out.append(
+                    {
+                        "figure": key,
+                        "a": a,
+                        "b": b,
+                        "median_a": median_time(_survival(observed[a], key)),
+                        "median_b": median_time(_survival(observed[b], key)),
+                        "chi2": test.chi2,
+                        "p_value": test.p_value,
+                        "verdict": test.verdict,
+                        "method": LOG_RANK,
+                    }
+                )
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,6 +616,8 @@ class Statistics:
     titles: dict[str, str]  # figure -> how the reading names it
     # figure -> strategy -> MLPerf's mean of the runs less the fastest and the slowest; None: not asked for
     mlperf: dict[str, dict[str, float | None]] | None = None
+    # every pair of strategies on the time and tokens to the target (target_comparisons); empty without one
+    target_comparisons: list[dict[str, Any]] = field(default_factory=list)
 
     def comparison(self, figure: str, a: str, b: str) -> Comparison | None:
         """a / b, read off the stored pair in whichever order it was stored."""
@@ -577,6 +642,7 @@ class Statistics:
                 "figures": figures,
                 "comparisons": [c.to_dict() for c in self.comparisons],
                 "time_to_target": self.time_to_target,
+                "time_to_target_comparisons": self.target_comparisons,
             }
         )
 
@@ -619,7 +685,8 @@ def build_statistics(
         else {name: target_summary(members, target_loss, price) for name, members in groups.items()}
     )
     titles = {figure.name: figure.title for figure in run_figures(runs)}
-    return Statistics(figures, comparisons, targets, titles, mlperf_means if mlperf else None)
+    pairs = [] if target_loss is None else target_comparisons(groups, target_loss, price)
+    return Statistics(figures, comparisons, targets, titles, mlperf_means if mlperf else None, pairs)
 
 
 def _values(figure: Figure, runs: Sequence[Run]) -> list[float]:

@@ -126,6 +126,13 @@ def test_the_reading_is_the_local_reports(runs: list[Path], tmp_path: Path, caps
     assert "Produced by `python -m analysis.wandb_report --experiment tiny-test --dry_run --runs" in text
 
 
+def test_the_reading_carries_the_time_to_target_and_its_verdicts(runs: list[Path], capsys) -> None:
+    text = markdown(dry_run(["--runs", *map(str, runs), "--target_loss", "7"], capsys))
+    assert "Time to validation loss 7 (training time, linear between evaluations; Kaplan-Meier median" in text
+    assert "log-rank test at 5%: single against ddp in seconds: no detectable difference (p = " in text
+    assert "Time to validation loss" not in markdown(dry_run(["--runs", *map(str, runs)], capsys))
+
+
 def test_without_runs_the_dry_run_says_where_the_reading_comes_from(tmp_path: Path, monkeypatch, capsys) -> None:
     log_out(monkeypatch, tmp_path)  # a dry run needs no login
     text = markdown(dry_run(["--title", "My comparison"], capsys))
