@@ -776,8 +776,9 @@ def check_exports(run_dirs: list[Path]) -> int:
             status = EXIT_FAILED
             continue
         print(
-            f"export check: {run_dir}: loss {check.loss:.6f}, recorded {check.recorded_final_val_loss:.6f} "
-            f"(relative difference {check.relative_difference:.2e})",
+            f"export check: {run_dir}: loss {check.loss:.6f} (scored in {check.scored_in}), recorded "
+            f"{check.recorded_final_val_loss:.6f} (relative difference {check.relative_difference:.2e}, "
+            f"tolerance {check.tolerance:.2e})",
             flush=True,
         )
         if not check.agree:
