@@ -726,6 +726,8 @@ def main(
             f"{len(launches)} runs: {len(spec.strategies)} strategies x {len(spec.run_seeds)} seed(s) x "
             f"{spec.repeats} repeat(s), interleaved"
         )
+    prediction, predicted = predicted_wall_time(spec, sizes, batch, args)
+    print(predicted, flush=True)
     if args.dry_run:
         for launch in launches:
             print(shlex.join(launch.argv))
@@ -733,6 +735,10 @@ def main(
         if args.wandb_report:
             print(wandb_report_command(spec, launches))
         return EXIT_OK
+    if prediction is not None:
+        from analysis.prediction import write_prediction
+
+        write_prediction(spec.out, prediction)  # the report sets it against the runs
     status = run_experiment(spec, launches, cwd, echo, skipped)
     if args.check_exports:
         status = max(status, check_exports([launch.run_dir for launch in launches]))
@@ -742,6 +748,33 @@ def main(
 
         report_after_experiment(spec.experiment, [launch.run_dir for launch in launches], spec.target_loss)
     return status
+
+
+def predicted_wall_time(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, args: argparse.Namespace):
+    """The plan's training time for the whole experiment (analysis/prediction.py) on the --gpu given, else on
+    this CPU, and the line that says it; no prediction with --epochs (the steps depend on the data)."""
+    from analysis.plan_error import PlanError
+    from analysis.prediction import Planned, hardware_for, predict
+
+    if spec.max_steps is None:
+        return None, "predicted wall time: none with --epochs (the steps depend on the data; --max_steps has one)"
+    runs = len(spec.run_seeds) * spec.repeats
+    plans = [Planned(s, sizes[s], spec.max_steps, runs) for s in spec.strategies_here]
+    workload = {
+        "preset": spec.preset,
+        "block_size": batch.block_size,
+        "micro_batch_size": batch.micro_batch_size,
+        "global_batch_tokens": batch.global_batch_tokens,
+        "precision": args.precision,
+    }
+    try:
+        hw, basis = hardware_for(args.gpu, args.gpu_memory_gib, args.precision)
+        prediction = predict(plans, workload, hw, basis)
+    except PlanError as err:
+        return None, f"predicted wall time: none ({err})"
+    if prediction is None:
+        return None, "predicted wall time: none (a GPU given only by its memory has no peak FLOP/s; --gpu names one)"
+    return prediction, prediction.line()
 
 
 def _skip_misfits(

@@ -19,6 +19,7 @@ import numpy as np
 
 from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
+from analysis.prediction import measured_lines
 from analysis.runs import Run, number
 from analysis.scaling import (
     SCALING_FACTS,
@@ -614,17 +615,21 @@ def build_report(
     gpu_hour_price: float | None = None,
     target_loss: float | None = None,
     mlperf: bool = False,
+    prediction: dict[str, Any] | None = None,
+    wall_s: float | None = None,
 ) -> Report:
     """The report of the usable `runs`; `excluded` are listed with their problems only; `gpu_hour_price`
     (per device-hour) prices the runs; `target_loss` adds the time to that validation loss; `mlperf` adds
-    MLPerf's mean of the runs less the fastest and the slowest."""
+    MLPerf's mean of the runs less the fastest and the slowest; `prediction` (an experiment's prediction.json)
+    is set against the runs' training times and their wall time `wall_s`."""
     stats = build_statistics(runs, target_loss, gpu_hour_price, mlperf)
     reading = build_reading(runs, excluded, stats)
+    planned = measured_lines(prediction, training_seconds(runs), wall_s) if prediction else []
     return Report(
         report_title(runs),
         command,
         reading.warnings,
-        [*reading.lines, *mlperf_lines(stats)],
+        [*reading.lines, *mlperf_lines(stats), *planned],
         [*reading.problems, *(notes or [])],
         build_table(runs, table_columns(runs, gpu_hour_price)),
         scaling_lines(runs, gpu_hour_price),
@@ -633,6 +638,16 @@ def build_report(
         [*reading.method, *SECTION_METHOD],
         stats,
     )
+
+
+def training_seconds(runs: list[Run]) -> dict[str, float]:
+    """Each strategy's training time (summary.json total.train_time_s) summed over its runs."""
+    out: dict[str, float] = {}
+    for run in runs:
+        seconds = number(run.total.get("train_time_s"))
+        if seconds is not None and math.isfinite(seconds):
+            out[run.strategy] = out.get(run.strategy, 0.0) + seconds
+    return out
 
 
 def mlperf_lines(stats: Statistics) -> list[str]:
