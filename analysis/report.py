@@ -467,7 +467,11 @@ def target_lines(stats: Statistics) -> list[str]:
     ]
     verdicts = [
         f"{c['a']} against {c['b']} in {c['figure']}: {c['verdict']}"
-        + (f" (p = {c['p_value']:.3f})" if c["p_value"] is not None else " (no reaching time to compare)")
+        + (
+            f" (p = {c['p_value']:.3f})"
+            if c["p_value"] is not None
+            else " (nothing to test: reached together or not at all)"
+        )
         for c in stats.target_comparisons
     ]
     if verdicts:
