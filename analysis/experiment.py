@@ -30,11 +30,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from analysis.scaling import gpu_hour_price, price_text
 from training import registry
 from training.cli import DefaultsHelpFormatter
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
+
+if TYPE_CHECKING:
+    from analysis.prediction import Prediction
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "accelerate_configs"
@@ -750,7 +754,9 @@ def main(
     return status
 
 
-def predicted_wall_time(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, args: argparse.Namespace):
+def predicted_wall_time(
+    spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, args: argparse.Namespace
+) -> tuple[Prediction | None, str]:
     """The plan's training time for the whole experiment (analysis/prediction.py) on the --gpu given, else on
     this CPU, and the line that says it; no prediction with --epochs (the steps depend on the data)."""
     from analysis.plan_error import PlanError
