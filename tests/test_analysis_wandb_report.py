@@ -330,6 +330,8 @@ def test_after_an_experiment_logged_offline_it_says_how_to_sync_and_build(runs, 
     assert line.startswith("W&B report not built (not every run was logged online); build it later with: wandb sync ")
     assert "wandb login" not in line
     assert line.endswith(f"--experiment {GROUP} --project proj --entity team --runs {' '.join(map(str, runs))}")
+    assert report_after_experiment(GROUP, runs, 7.0) is False  # the experiment's --target_loss goes along
+    assert "--entity team --target_loss 7 --runs " in capsys.readouterr().out
     assert server.requests == []
 
 
