@@ -17,6 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from analysis.prediction import experiment_wall_s, read_prediction
 from analysis.report import build_report, write_report
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from analysis.scaling import gpu_hour_price
@@ -98,7 +99,9 @@ def compare(
             file=sys.stderr,
         )
         return EXIT_UNUSABLE
-    report = build_report(usable, excluded, command, notes, gpu_hour_price, target_loss, mlperf)
+    # An experiment's folder holds the wall time predicted before it launched: set against the runs.
+    prediction, wall_s = read_prediction(out_dir), experiment_wall_s(out_dir)
+    report = build_report(usable, excluded, command, notes, gpu_hour_price, target_loss, mlperf, prediction, wall_s)
     written = write_report(report, out_dir)
     print(f"wrote {len(written)} files to {out_dir} (open {out_dir / 'report.html'})")
     return EXIT_OK

@@ -30,11 +30,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from analysis.scaling import gpu_hour_price, price_text
 from training import registry
 from training.cli import DefaultsHelpFormatter, run_main
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
+
+if TYPE_CHECKING:
+    from analysis.prediction import Prediction
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "accelerate_configs"
@@ -726,6 +730,8 @@ def main(
             f"{len(launches)} runs: {len(spec.strategies)} strategies x {len(spec.run_seeds)} seed(s) x "
             f"{spec.repeats} repeat(s), interleaved"
         )
+    prediction, predicted = predicted_wall_time(spec, sizes, batch, args)
+    print(predicted, flush=True)
     if args.dry_run:
         for launch in launches:
             print(shlex.join(launch.argv))
@@ -733,6 +739,10 @@ def main(
         if args.wandb_report:
             print(wandb_report_command(spec, launches))
         return EXIT_OK
+    if prediction is not None:
+        from analysis.prediction import write_prediction
+
+        write_prediction(spec.out, prediction)  # the report sets it against the runs
     status = run_experiment(spec, launches, cwd, echo, skipped)
     if args.check_exports:
         status = max(status, check_exports([launch.run_dir for launch in launches]))
@@ -740,8 +750,37 @@ def main(
         # The report never changes the exit status: it is a view of runs that are already recorded.
         from analysis.wandb_report import report_after_experiment
 
-        report_after_experiment(spec.experiment, [launch.run_dir for launch in launches])
+        report_after_experiment(spec.experiment, [launch.run_dir for launch in launches], spec.target_loss)
     return status
+
+
+def predicted_wall_time(
+    spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, args: argparse.Namespace
+) -> tuple[Prediction | None, str]:
+    """The plan's training time for the whole experiment (analysis/prediction.py) on the --gpu given, else on
+    this CPU, and the line that says it; no prediction with --epochs (the steps depend on the data)."""
+    from analysis.prediction import Planned, hardware_for, predict
+    from planner.errors import PlanError
+
+    if spec.max_steps is None:
+        return None, "predicted wall time: none with --epochs (the steps depend on the data; --max_steps has one)"
+    runs = len(spec.run_seeds) * spec.repeats
+    plans = [Planned(s, sizes[s], spec.max_steps, runs) for s in spec.strategies_here]
+    workload = {
+        "preset": spec.preset,
+        "block_size": batch.block_size,
+        "micro_batch_size": batch.micro_batch_size,
+        "global_batch_tokens": batch.global_batch_tokens,
+        "precision": args.precision,
+    }
+    try:
+        hw, basis = hardware_for(args.gpu, args.gpu_memory_gib, args.precision)
+        prediction = predict(plans, workload, hw, basis)
+    except PlanError as err:
+        return None, f"predicted wall time: none ({err})"
+    if prediction is None:
+        return None, "predicted wall time: none (a GPU given only by its memory has no peak FLOP/s; --gpu names one)"
+    return prediction, prediction.line()
 
 
 def _skip_misfits(
@@ -776,8 +815,9 @@ def check_exports(run_dirs: list[Path]) -> int:
             status = EXIT_FAILED
             continue
         print(
-            f"export check: {run_dir}: loss {check.loss:.6f}, recorded {check.recorded_final_val_loss:.6f} "
-            f"(relative difference {check.relative_difference:.2e})",
+            f"export check: {run_dir}: loss {check.loss:.6f} (scored in {check.scored_in}), recorded "
+            f"{check.recorded_final_val_loss:.6f} (relative difference {check.relative_difference:.2e}, "
+            f"tolerance {check.tolerance:.2e})",
             flush=True,
         )
         if not check.agree:
@@ -794,6 +834,7 @@ def wandb_report_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
             "analysis.wandb_report",
             "--experiment",
             spec.experiment,
+            *(["--target_loss", f"{spec.target_loss:g}"] if spec.target_loss is not None else []),
             "--runs",
             *(str(launch.run_dir) for launch in launches),
         ]

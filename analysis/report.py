@@ -19,6 +19,7 @@ import numpy as np
 
 from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
+from analysis.prediction import measured_lines
 from analysis.runs import Run, number
 from analysis.scaling import (
     SCALING_FACTS,
@@ -33,6 +34,7 @@ from analysis.uncertainty import (
     HIGHER,
     LOWER,
     MIB,
+    NO_VERDICT,
     RESERVED,
     RESIDENT,
     SAME,
@@ -102,7 +104,9 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
         if against[name] is not None
     )
     lines = [f"{lead}: {parts}." if parts else f"{lead}."]
-    if any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
+    if any(verdict == NO_VERDICT for verdict in verdicts.values()):
+        lines.append(ONE_RUN_NOTE)
+    elif any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
         lines.append(STEP_NOTE)
     lines += _per_device_line(runs, throughput_key(runs))
     return lines
@@ -113,10 +117,20 @@ STEP_NOTE = (
     "excluded), so they see step-to-step noise but not drift between runs (another job on the machine, "
     "clocks, a different node); repeated runs (`--repeats`) see that too."
 )
+ONE_RUN_NOTE = (
+    "One run per strategy: no throughput verdict. A run's step times see step-to-step noise, not drift between "
+    "runs (another job on the machine, clocks, a different node), and an interval built from them calls "
+    "identical strategies different far more often than 5% of the time (`python -m analysis.calibration`, "
+    "docs/statistics.md); the repeats named above, at 5% run-to-run noise, would decide (`--repeats`)."
+)
 
 
 def _ratio_text(comparison: Comparison, name: str, value: str) -> str:
     """'1.20x fsdp (60,600 tokens/s; 95% interval 1.17-1.23x: higher)'."""
+    if comparison.verdict == NO_VERDICT:
+        needed = comparison.repeats_needed
+        decide = f"{needed} runs per strategy would decide" if needed else "no practical number of runs decides"
+        return f"{comparison.ratio:.2f}x {name} ({value}; {NO_VERDICT}: {decide})"
     if comparison.ci95 is None:
         return f"{comparison.ratio:.2f}x {name} ({value}; no interval: {comparison.verdict})"
     low, high = comparison.ci95
@@ -440,25 +454,46 @@ def repeats_line(stats: Statistics) -> list[str]:
 
 
 def target_lines(stats: Statistics) -> list[str]:
-    """Time, tokens and cost to the first validation loss at or below --target_loss, per strategy."""
+    """Time, tokens and cost to the first validation loss at or below --target_loss, per strategy, as
+    Kaplan-Meier medians (runs that never reached it count as not before their last evaluation), and the
+    log-rank verdict of each pair."""
     if not stats.time_to_target:
         return []
     target = next(iter(stats.time_to_target.values()))["target_loss"]
-    parts = []
-    for name, entry in stats.time_to_target.items():
-        if not entry["reached"]:
-            parts.append(f"{name} not reached ({entry['runs']} run{'s' if entry['runs'] != 1 else ''})")
-            continue
-        spread = entry["spread"]["seconds"]
-        seconds = f"{entry['seconds']:,.1f} s" + (
-            f" (min-max {spread['min']:,.1f}-{spread['max']:,.1f} s)" if spread["n"] > 1 else ""
+    parts = [_target_text(name, entry) for name, entry in stats.time_to_target.items()]
+    lines = [
+        f"Time to validation loss {target:g} (training time, linear between evaluations; Kaplan-Meier median, "
+        f"a run that never reached it counted as not before its last evaluation): {'; '.join(parts)}."
+    ]
+    verdicts = [
+        f"{c['a']} against {c['b']} in {c['figure']}: {c['verdict']}"
+        + (
+            f" (p = {c['p_value']:.3f})"
+            if c["p_value"] is not None
+            else " (nothing to test: reached together or not at all)"
         )
-        cost = f", cost {entry['cost']:,.4f}" if entry["cost"] is not None else ""
-        parts.append(
-            f"{name} {seconds}, {entry['tokens']:,.0f} tokens{cost} "
-            f"(reached in {entry['reached']} of {entry['runs']} runs)"
-        )
-    return [f"Time to validation loss {target:g} (training time, linear between evaluations): {'; '.join(parts)}."]
+        for c in stats.target_comparisons
+    ]
+    if verdicts:
+        lines.append(f"Time to validation loss {target:g}, log-rank test at 5%: {'; '.join(verdicts)}.")
+    return lines
+
+
+def _target_text(name: str, entry: dict[str, Any]) -> str:
+    """'ddp 12.3 s, 8,000 tokens, cost 0.0100 (reached in 2 of 3 runs; not before 20.0 s in the other)'."""
+    reached = f"reached in {entry['reached']} of {entry['runs']} run{'s' if entry['runs'] != 1 else ''}"
+    censored = entry.get("not_reached_before") or []
+    if censored:
+        reached += "; not before " + ", ".join(f"{c['seconds']:,.1f} s" for c in censored) + " in the others"
+    if entry["seconds"] is None:
+        return f"{name} not reached (fewer than half of its runs; {reached})"
+    spread = entry["spread"]["seconds"]
+    seconds = f"{entry['seconds']:,.1f} s" + (
+        f" (reached min-max {spread['min']:,.1f}-{spread['max']:,.1f} s)" if spread and spread["n"] > 1 else ""
+    )
+    tokens = f"{entry['tokens']:,.0f} tokens" if entry["tokens"] is not None else "tokens not reached"
+    cost = f", cost {entry['cost']:,.4f}" if entry["cost"] is not None else ""
+    return f"{name} {seconds}, {tokens}{cost} ({reached})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -546,11 +581,13 @@ STATISTICS_METHOD = [
     "with one run, the throughput's interval is a bootstrap "
     "(2,000 resamples, fixed seed) of the median step time after warm-up, placed around the recorded figure, "
     "and other figures have none, except the live-tensor step peak, a count that repeats exactly.",
-    "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale (one run "
-    "each: the bootstrap of the ratio of median step times). Verdict: higher when the interval lies above 1, "
-    "lower when below, no detectable difference when it contains 1; with one run and no interval, equal "
-    "values are no detectable difference and different ones not enough runs. Rules and sources: "
-    "docs/statistics.md; every figure and comparison is in report.json.",
+    "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale. Verdict: "
+    "higher when the interval lies above 1, lower when below, no detectable difference when it contains 1; with "
+    "one run and no interval, equal values are no detectable difference and different ones not enough runs; "
+    "one throughput run each gets no verdict, with the runs per strategy that would decide (Welch's interval "
+    "excluding 1 in 80% of experiments at 5% run-to-run noise). The method's false-verdict rate and power are "
+    "measured on synthetic runs (`python -m analysis.calibration`). Rules and sources: docs/statistics.md; "
+    "every figure and comparison is in report.json.",
 ]
 
 
@@ -582,17 +619,21 @@ def build_report(
     gpu_hour_price: float | None = None,
     target_loss: float | None = None,
     mlperf: bool = False,
+    prediction: dict[str, Any] | None = None,
+    wall_s: float | None = None,
 ) -> Report:
     """The report of the usable `runs`; `excluded` are listed with their problems only; `gpu_hour_price`
     (per device-hour) prices the runs; `target_loss` adds the time to that validation loss; `mlperf` adds
-    MLPerf's mean of the runs less the fastest and the slowest."""
+    MLPerf's mean of the runs less the fastest and the slowest; `prediction` (an experiment's prediction.json)
+    is set against the runs' training times and their wall time `wall_s`."""
     stats = build_statistics(runs, target_loss, gpu_hour_price, mlperf)
     reading = build_reading(runs, excluded, stats)
+    planned = measured_lines(prediction, training_seconds(runs), wall_s) if prediction else []
     return Report(
         report_title(runs),
         command,
         reading.warnings,
-        [*reading.lines, *mlperf_lines(stats)],
+        [*reading.lines, *mlperf_lines(stats), *planned],
         [*reading.problems, *(notes or [])],
         build_table(runs, table_columns(runs, gpu_hour_price)),
         scaling_lines(runs, gpu_hour_price),
@@ -601,6 +642,16 @@ def build_report(
         [*reading.method, *SECTION_METHOD],
         stats,
     )
+
+
+def training_seconds(runs: list[Run]) -> dict[str, float]:
+    """Each strategy's training time (summary.json total.train_time_s) summed over its runs."""
+    out: dict[str, float] = {}
+    for run in runs:
+        seconds = number(run.total.get("train_time_s"))
+        if seconds is not None and math.isfinite(seconds):
+            out[run.strategy] = out.get(run.strategy, 0.0) + seconds
+    return out
 
 
 def mlperf_lines(stats: Statistics) -> list[str]:

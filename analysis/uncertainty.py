@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from typing import Any
 
@@ -25,6 +25,7 @@ import numpy as np
 
 from analysis.runs import Run, number
 from analysis.scaling import throughput, throughput_key, throughput_name
+from analysis.survival import Observation, log_rank, median_time
 from training.config import RunConfig
 
 CONFIDENCE = 0.95
@@ -33,11 +34,21 @@ BOOTSTRAP_SEED = 1993  # fixed, so the same records give the same interval (Efro
 _BOOTSTRAP_CHUNK = 250  # resamples drawn at once: bounds memory for runs of many thousand steps
 
 HIGHER, LOWER, SAME, TOO_FEW = "higher", "lower", "no detectable difference", "not enough runs"
+# One run per side: its step times cannot see drift between runs, and the step-time bootstrap's false
+# "higher"/"lower" rate is far above 5% once runs drift (`python -m analysis.calibration`).
+NO_VERDICT = "one run each: no verdict"
+
+# Run-to-run coefficient of variation of a throughput assumed when counting the repeats a verdict needs:
+# docs/statistics.md's measured T4 jitter (about +-10%, sigma 5%).
+RUN_SIGMA = 0.05
+POWER = 0.80
+MAX_REPEATS = 1000
 
 T_INTERVAL = "t-interval of the mean over runs"
 LOG_T_INTERVAL = "t-interval of the geometric mean over runs (log scale)"
 WELCH_LOG_RATIO = "Welch t-interval of the ratio of geometric means over runs (log scale)"
 STEP_BOOTSTRAP = "bootstrap of the median step time of one run"
+ONE_RUN_EACH = "none (one run each: step times cannot see drift between runs)"
 EXACT = "exact (a count with no run-to-run noise)"
 SINGLE = "none (one run)"
 
@@ -90,14 +101,29 @@ def t_quantile(probability: float, df: float) -> float:
 
 @lru_cache(maxsize=256)
 def _t_quantile(probability: float, df: float) -> float:
-    """Integrates the density numerically; accurate to about 1e-4 for df >= 1, enough for an interval."""
+    """Integrates the density numerically; accurate to about 1e-4 for df >= 1, enough for an interval.
+
+    With x = sqrt(df) tan(theta) the t density becomes c cos(theta)^(df - 1) on [0, pi/2): smooth and bounded
+    for df >= 1, so a few thousand points integrate it (a calibration asks for thousands of Welch quantiles).
+    """
     if df <= 0 or not 0.5 < probability < 1:
         raise ValueError(f"t_quantile needs df > 0 and 0.5 < p < 1, got df={df}, p={probability}")
     if df > 1e4:
         df = 1e4  # the t is a normal by then; larger df only costs precision in the constant
+    if df < 1:
+        return _t_quantile_heavy(probability, df)
+    log_constant = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(math.pi)
+    theta = np.linspace(0.0, math.pi / 2, 8_001)
+    with np.errstate(divide="ignore"):  # cos(pi / 2) rounds to about 6e-17, never 0; the guard is for safety
+        density = np.exp(log_constant + (df - 1) * np.log(np.cos(theta)))
+    cumulative = 0.5 + np.concatenate(([0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(theta))))
+    return float(math.sqrt(df) * math.tan(float(np.interp(probability, cumulative, theta))))
+
+
+def _t_quantile_heavy(probability: float, df: float) -> float:
+    """df < 1, where the transformed density is unbounded at pi/2: the density on a wide grid instead."""
     log_constant = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    # Heavy tails at df ~ 1 put the 97.5% quantile at 12.7: the grid must reach well beyond it.
-    grid = np.linspace(0.0, 40.0 if df >= 1 else 400.0, 100_001)
+    grid = np.linspace(0.0, 400.0, 100_001)
     density = np.exp(log_constant - (df + 1) / 2 * np.log1p(grid**2 / df))
     cumulative = 0.5 + np.concatenate(([0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(grid))))
     return float(np.interp(probability, cumulative, grid))
@@ -281,12 +307,14 @@ class Comparison:
     ci95: tuple[float, float] | None
     verdict: str
     method: str
+    # One run each: the repeats per strategy that would show a difference of this size (None otherwise).
+    repeats_needed: int | None = None
 
     def inverted(self) -> Comparison:
         """b / a: the same evidence read the other way round."""
         ci = None if self.ci95 is None else (1 / self.ci95[1], 1 / self.ci95[0])
         flipped = {HIGHER: LOWER, LOWER: HIGHER}.get(self.verdict, self.verdict)
-        return Comparison(self.figure, self.b, self.a, 1 / self.ratio, ci, flipped, self.method)
+        return Comparison(self.figure, self.b, self.a, 1 / self.ratio, ci, flipped, self.method, self.repeats_needed)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -297,6 +325,7 @@ class Comparison:
             "ci95": list(self.ci95) if self.ci95 is not None else None,
             "verdict": self.verdict,
             "method": self.method,
+            "repeats_needed": self.repeats_needed,
         }
 
 
@@ -399,19 +428,47 @@ def summarize_figure(figure: Figure, runs: Sequence[Run]) -> Summary | None:
 
 
 def compare_figure(figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b: Sequence[Run]) -> Comparison | None:
-    """a / b for one figure: over runs, or from the step times when each side is one run."""
+    """a / b for one figure over runs. One throughput run each gives no verdict, only the repeats it would take:
+    the step-time bootstrap (`step_bootstrap_comparison`) fails calibration at n = 1 (docs/statistics.md)."""
     values_a, values_b = _values(figure, runs_a), _values(figure, runs_b)
-    if figure.name == THROUGHPUT and len(values_a) == 1 and len(values_b) == 1:
-        rates_a, rates_b = step_rates(runs_a[0]), step_rates(runs_b[0])
-        if rates_a.size >= MIN_STEPS and rates_b.size >= MIN_STEPS and values_b[0] > 0:
-            middle, (low, high) = step_ratio(rates_a, rates_b)
-            ratio = values_a[0] / values_b[0]
-            ci = (ratio * low / middle, ratio * high / middle)
-            return Comparison(figure.name, a, b, ratio, ci, verdict(ci), STEP_BOOTSTRAP)
+    if figure.name == THROUGHPUT and len(values_a) == 1 and len(values_b) == 1 and values_a != values_b:
+        ratio = values_a[0] / values_b[0]
+        return Comparison(figure.name, a, b, ratio, None, NO_VERDICT, ONE_RUN_EACH, repeats_needed(ratio))
     result = ratio_over_runs(values_a, values_b, figure.exact)
     if result is None:
         return None
     return Comparison(figure.name, a, b, result.ratio, result.ci95, result.verdict, result.method)
+
+
+def step_bootstrap_comparison(
+    figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b: Sequence[Run]
+) -> Comparison | None:
+    """One run each: the recorded throughputs' ratio with the bootstrap interval of the ratio of median step
+    rates. Kept to be calibrated (analysis/calibration.py), not to decide: it cannot see drift between runs."""
+    values_a, values_b = _values(figure, runs_a), _values(figure, runs_b)
+    rates_a, rates_b = step_rates(runs_a[0]), step_rates(runs_b[0])
+    if rates_a.size < MIN_STEPS or rates_b.size < MIN_STEPS or not values_a or not values_b or values_b[0] <= 0:
+        return None
+    middle, (low, high) = step_ratio(rates_a, rates_b)
+    ratio = values_a[0] / values_b[0]
+    ci = (ratio * low / middle, ratio * high / middle)
+    return Comparison(figure.name, a, b, ratio, ci, verdict(ci), STEP_BOOTSTRAP)
+
+
+def repeats_needed(ratio: float, sigma: float = RUN_SIGMA, power: float = POWER) -> int | None:
+    """Runs per strategy for Welch's 95% interval to exclude 1 in `power` of experiments when the true ratio is
+    `ratio` and runs vary by `sigma` (log scale): (t(0.975) + t(power)) x sigma x sqrt(2 / n) <= |ln ratio|,
+    docs/statistics.md's arithmetic. None for a ratio of 1 or beyond MAX_REPEATS."""
+    gap = abs(math.log(ratio)) if ratio > 0 else 0.0
+    if gap == 0:
+        return None
+    # The normal approximation is a lower bound (t > z): start there and step up to where the t's allow it.
+    start = max(2, math.floor(2 * ((1.96 + 0.84) * sigma / gap) ** 2))
+    for n in range(start, MAX_REPEATS + 1):
+        df = 2 * n - 2
+        if (t_quantile((1 + CONFIDENCE) / 2, df) + t_quantile(power, df)) * sigma * math.sqrt(2 / n) <= gap:
+            return n
+    return None
 
 
 # ---------------------------------------------------------------------------------------------
@@ -450,6 +507,11 @@ def _eval_points(run: Run) -> list[tuple[float, float, float]]:
     return [(step, *points[step]) for step in sorted(points)]
 
 
+def _cost(run: Run, seconds: float, price: float | None) -> float | None:
+    devices = run.fact("world_size") if isinstance(run.fact("world_size"), int) else 1
+    return None if price is None else price * devices * seconds / 3600
+
+
 def time_to_target(run: Run, target: float, price: float | None = None) -> TargetPoint | None:
     """The first point where the validation loss reaches `target`, linear between the two evaluations
     around it; at the first evaluation when it already reaches it. None when it never does."""
@@ -461,28 +523,85 @@ def time_to_target(run: Run, target: float, price: float | None = None) -> Targe
             start_step, start_tokens = (step, tokens) if previous is None else previous[:2]
             at_step = start_step + fraction * (step - start_step)
             seconds = elapsed(at_step)
-            devices = run.fact("world_size") if isinstance(run.fact("world_size"), int) else 1
-            cost = None if price is None else price * devices * seconds / 3600
-            return TargetPoint(seconds, start_tokens + fraction * (tokens - start_tokens), cost)
+            return TargetPoint(seconds, start_tokens + fraction * (tokens - start_tokens), _cost(run, seconds, price))
         previous = (step, tokens, loss)
     return None
 
 
+def censored_at(run: Run, price: float | None = None) -> TargetPoint | None:
+    """Where a run that never reached the target was last seen above it: its last evaluation (None: no
+    evaluation). All it says is "not before this"."""
+    points = _eval_points(run)
+    if not points:
+        return None
+    step, tokens, _ = points[-1]
+    seconds = _elapsed_at(run)(step)
+    return TargetPoint(seconds, tokens, _cost(run, seconds, price))
+
+
+TARGET_KEYS = ("seconds", "tokens", "cost")
+KM_MEDIAN = "Kaplan-Meier median (a run that never reached the target counts as not before its last evaluation)"
+LOG_RANK = "log-rank test at 5% (runs that never reached the target censored at their last evaluation)"
+
+
+def target_observations(runs: Sequence[Run], target: float, price: float | None) -> list[tuple[TargetPoint, bool]]:
+    """Each run's point at the target (reached) or at its last evaluation (not reached); runs never evaluated
+    say nothing and are left out."""
+    observed = []
+    for run in runs:
+        point = time_to_target(run, target, price)
+        if point is not None:
+            observed.append((point, True))
+        elif (last := censored_at(run, price)) is not None:
+            observed.append((last, False))
+    return observed
+
+
+def _survival(observed: list[tuple[TargetPoint, bool]], key: str) -> list[Observation]:
+    return [Observation(getattr(p, key), reached) for p, reached in observed if getattr(p, key) is not None]
+
+
 def target_summary(runs: Sequence[Run], target: float, price: float | None) -> dict[str, Any]:
-    """report.json's time_to_target entry of one strategy: medians over the runs that reached the target,
-    with their spread; `reached` counts those runs out of `runs`."""
-    points = [p for p in (time_to_target(run, target, price) for run in runs) if p is not None]
-    spread = {
-        key: summarize([getattr(p, key) for p in points if getattr(p, key) is not None])
-        for key in ("seconds", "tokens", "cost")
-    }
+    """report.json's time_to_target entry of one strategy: the Kaplan-Meier medians over its runs (null when
+    fewer than half reached the target), the last evaluation of those that did not, and the spread of those
+    that did; `reached` counts those runs out of `runs`."""
+    observed = target_observations(runs, target, price)
+    points = [p for p, reached in observed if reached]
+    spread = {key: summarize([getattr(p, key) for p in points if getattr(p, key) is not None]) for key in TARGET_KEYS}
     return {
         "target_loss": target,
         "runs": len(runs),
         "reached": len(points),
-        **{key: (s.median if s is not None else None) for key, s in spread.items()},
+        **{key: median_time(_survival(observed, key)) for key in TARGET_KEYS},
+        "median_method": KM_MEDIAN,
+        "not_reached_before": [{"seconds": p.seconds, "tokens": p.tokens} for p, reached in observed if not reached],
         "spread": {key: (s.to_dict() if s is not None else None) for key, s in spread.items()},
     }
+
+
+def target_comparisons(groups: dict[str, list[Run]], target: float, price: float | None = None) -> list[dict[str, Any]]:
+    """Every pair of strategies (a before b), on the time and the tokens to the target: the log-rank test."""
+    observed = {name: target_observations(members, target, price) for name, members in groups.items()}
+    names = [name for name in groups if observed[name]]
+    out = []
+    for i, a in enumerate(names):
+        for b in names[i + 1 :]:
+            for key in ("seconds", "tokens"):
+                test = log_rank(_survival(observed[a], key), _survival(observed[b], key))
+                out.append(
+                    {
+                        "figure": key,
+                        "a": a,
+                        "b": b,
+                        "median_a": median_time(_survival(observed[a], key)),
+                        "median_b": median_time(_survival(observed[b], key)),
+                        "chi2": test.chi2,
+                        "p_value": test.p_value,
+                        "verdict": test.verdict,
+                        "method": LOG_RANK,
+                    }
+                )
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -497,6 +616,8 @@ class Statistics:
     titles: dict[str, str]  # figure -> how the reading names it
     # figure -> strategy -> MLPerf's mean of the runs less the fastest and the slowest; None: not asked for
     mlperf: dict[str, dict[str, float | None]] | None = None
+    # every pair of strategies on the time and tokens to the target (target_comparisons); empty without one
+    target_comparisons: list[dict[str, Any]] = field(default_factory=list)
 
     def comparison(self, figure: str, a: str, b: str) -> Comparison | None:
         """a / b, read off the stored pair in whichever order it was stored."""
@@ -521,6 +642,7 @@ class Statistics:
                 "figures": figures,
                 "comparisons": [c.to_dict() for c in self.comparisons],
                 "time_to_target": self.time_to_target,
+                "time_to_target_comparisons": self.target_comparisons,
             }
         )
 
@@ -563,7 +685,8 @@ def build_statistics(
         else {name: target_summary(members, target_loss, price) for name, members in groups.items()}
     )
     titles = {figure.name: figure.title for figure in run_figures(runs)}
-    return Statistics(figures, comparisons, targets, titles, mlperf_means if mlperf else None)
+    pairs = [] if target_loss is None else target_comparisons(groups, target_loss, price)
+    return Statistics(figures, comparisons, targets, titles, mlperf_means if mlperf else None, pairs)
 
 
 def _values(figure: Figure, runs: Sequence[Run]) -> list[float]:

@@ -24,8 +24,9 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from analysis.compare import load_comparison
+from analysis.compare import load_comparison, target_loss
 from analysis.report import Reading, build_reading, write_atomic
+from analysis.uncertainty import build_statistics
 from training.cli import DefaultsHelpFormatter, OneLineParser, run_main
 from training.config import RunConfig
 from training.metric_table import BARS, CURVES, X_AXIS, X_TITLE
@@ -340,8 +341,9 @@ def _first_line(err: BaseException) -> str:
 # The reading: from local run directories, or from the group's runs fetched from W&B
 
 
-def reading_of(run_dirs: Sequence[Path], group: str) -> Reading:
-    """The local report's reading of `run_dirs`, which must all belong to `group`."""
+def reading_of(run_dirs: Sequence[Path], group: str, target: float | None = None) -> Reading:
+    """The local report's reading of `run_dirs`, which must all belong to `group`; with a `target` validation
+    loss, also the time and tokens to it and the verdicts on them."""
     usable, excluded = load_comparison(list(run_dirs))
     if not usable:
         raise ReportError(f"none of the {len(excluded)} run directories has a usable summary.json")
@@ -349,10 +351,10 @@ def reading_of(run_dirs: Sequence[Path], group: str) -> Reading:
     if foreign:
         run = foreign[0]
         raise ReportError(f"{run.path} belongs to experiment {run.fact('experiment')!r}, not {group!r}")
-    return build_reading(usable, excluded)
+    return build_reading(usable, excluded, build_statistics(usable, target))
 
 
-def fetched_reading(entity: str, project: str, group: str) -> Reading:
+def fetched_reading(entity: str, project: str, group: str, target: float | None = None) -> Reading:
     from analysis.wandb_fetch import FetchError, fetch_wandb_runs  # the W&B client is only needed online
 
     with tempfile.TemporaryDirectory(prefix="wandb_report_") as folder:
@@ -360,7 +362,7 @@ def fetched_reading(entity: str, project: str, group: str) -> Reading:
             paths = fetch_wandb_runs(f"{entity}/{project}", group, Path(folder))
         except FetchError as err:
             raise ReportError(str(err)) from err
-        return reading_of(paths, group)
+        return reading_of(paths, group, target)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -391,7 +393,9 @@ def wandb_target(run_dirs: Sequence[Path]) -> WandbTarget:
     return WandbTarget(project, entity, frozenset(modes))
 
 
-def later_command(group: str, target: WandbTarget, run_dirs: Sequence[Path], login: bool) -> str:
+def later_command(
+    group: str, target: WandbTarget, run_dirs: Sequence[Path], login: bool, loss: float | None = None
+) -> str:
     """How to build the report by hand: log in, upload offline runs, then this module on the run directories."""
     steps = ["wandb login"] if login else []
     if "online" not in target.modes or "offline" in target.modes:
@@ -399,13 +403,15 @@ def later_command(group: str, target: WandbTarget, run_dirs: Sequence[Path], log
         steps.append("wandb sync " + " ".join(f"{shlex.quote(str(d))}/wandb/offline-run-*" for d in run_dirs))
     build = [*PROG.split(), "--experiment", group, "--project", target.project]
     build += ["--entity", target.entity] if target.entity else []
+    build += ["--target_loss", f"{loss:g}"] if loss is not None else []
     steps.append(shlex.join([*build, "--runs", *map(str, run_dirs)]))
     return " && ".join(steps)
 
 
-def report_after_experiment(group: str, run_dirs: Sequence[Path]) -> bool:
-    """Build the experiment's W&B report from its run directories when its runs are on W&B; otherwise
-    print in one line how to build it later. True when the report was built."""
+def report_after_experiment(group: str, run_dirs: Sequence[Path], loss: float | None = None) -> bool:
+    """Build the experiment's W&B report from its run directories when its runs are on W&B (with the time
+    to the validation `loss`, when given); otherwise print in one line how to build it later. True when the
+    report was built."""
     run_dirs = [d for d in run_dirs if (d / "summary.json").is_file()]
     if not run_dirs:
         print("W&B report not built: no strategy finished with a summary.json", file=sys.stderr)
@@ -419,13 +425,14 @@ def report_after_experiment(group: str, run_dirs: Sequence[Path]) -> bool:
         print("W&B report not built: the runs were not logged to W&B (--wandb_mode disabled)", file=sys.stderr)
         return False
     logged_in = wandb_logged_in()
-    later = later_command(group, target, run_dirs, login=not logged_in)
+    later = later_command(group, target, run_dirs, not logged_in, loss)
     if not logged_in or target.modes - {"online"}:
         why = "not logged in to W&B" if not logged_in else "not every run was logged online"
         print(f"W&B report not built ({why}); build it later with: {later}")
         return False
     build = ["--experiment", group, "--project", target.project, "--runs", *map(str, run_dirs)]
     build += ["--entity", target.entity] if target.entity else []
+    build += ["--target_loss", f"{loss:g}"] if loss is not None else []
     try:
         url = publish(parse_args(build), shlex.join([*PROG.split(), *build]))
     except ReportError as err:
@@ -479,6 +486,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "fetched from W&B; with --dry_run: no reading)",
     )
     parser.add_argument(
+        "--target_loss",
+        type=target_loss,
+        metavar="L",
+        help="validation loss to reach: adds the time and tokens to reach it, and the verdicts on them",
+    )
+    parser.add_argument(
         "--dry_run",
         action="store_true",
         help="write the report specification as JSON and send nothing (no network, no login)",
@@ -502,7 +515,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def dry_run_spec(args: argparse.Namespace, command: str) -> ReportSpec:
     """The specification without W&B: the reading only from --runs, the entity as report_entity says."""
-    reading = reading_of(args.runs, args.experiment) if args.runs else None
+    reading = reading_of(args.runs, args.experiment, args.target_loss) if args.runs else None
     entity = report_entity(args.entity, args.runs)
     spec = build_spec(args.experiment, args.project, entity, args.title, command, reading, _source(args.runs))
     to_wandb_report(spec)  # constructing the objects checks the spec against the library, offline
@@ -518,9 +531,9 @@ def publish(args: argparse.Namespace, command: str) -> str:
         )
     entity = report_entity(args.entity, args.runs) or default_entity()
     if args.runs:
-        reading, source = reading_of(args.runs, args.experiment), _source(args.runs)
+        reading, source = reading_of(args.runs, args.experiment, args.target_loss), _source(args.runs)
     else:
-        reading = fetched_reading(entity, args.project, args.experiment)
+        reading = fetched_reading(entity, args.project, args.experiment, args.target_loss)
         source = f"the runs of group {args.experiment} fetched from W&B ({entity}/{args.project})"
     spec = build_spec(args.experiment, args.project, entity, args.title, command, reading, source)
     if args.out:

@@ -20,7 +20,16 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from tests.launch import OFFLINE, SHARED_EXTRA, SHARED_VARIANTS, shared_args, train, train_on_machines, write_news_csv
+from tests.launch import (
+    BF16_EXTRA,
+    OFFLINE,
+    SHARED_EXTRA,
+    SHARED_VARIANTS,
+    shared_args,
+    train,
+    train_on_machines,
+    write_news_csv,
+)
 from training import registry
 
 # The test process and every process it starts: offline for the hub, and no W&B login from the machine.
@@ -88,14 +97,21 @@ class SharedRuns:
         root.mkdir(exist_ok=True)
 
     def __getitem__(self, name: str) -> Path:
-        out, printed = self.root / name, self.root / f"{name}.console"
-        with FileLock(self.root / f"{name}.lock"):
+        strategy, extra = SHARED_VARIANTS.get(name, (name, SHARED_EXTRA.get(name, [])))
+        return self.launch(name, strategy, extra)
+
+    def launch(self, key: str, name: str, extra: list[str], launch_args: list[str] = ()) -> Path:
+        """The run `key`: registry entry `name` with `extra` flags (and accelerate's `launch_args`), once."""
+        out, printed = self.root / key, self.root / f"{key}.console"
+        with FileLock(self.root / f"{key}.lock"):
             if not printed.exists():
-                strategy, extra = SHARED_VARIANTS.get(name, (name, SHARED_EXTRA.get(name, [])))
-                entry = registry.get(strategy)
+                entry = registry.get(name)
+                args = [*self.args, "--strategy", name, *extra]
                 # A strategy for several machines runs as the SLURM recipe launches it, 3 "machines" x 2 on loopback.
-                launch = train_on_machines if entry.multi_machine else train
-                result = launch(entry.config_file, out, [*self.args, "--strategy", strategy, *extra])
+                if entry.multi_machine:
+                    result = train_on_machines(entry.config_file, out, args)
+                else:
+                    result = train(entry.config_file, out, args, launch_args=launch_args)
                 printed.write_text(result.stdout + result.stderr)
         return out
 
@@ -108,3 +124,15 @@ class SharedRuns:
 @pytest.fixture(scope="session")
 def shared_runs(shared_dir: Path, base_args: list[str]) -> SharedRuns:
     return SharedRuns(shared_dir / "runs", base_args)
+
+
+BF16_STRATEGIES = ("single", "fsdp")
+
+
+@pytest.fixture(scope="session")
+def bf16_runs(shared_runs: SharedRuns) -> dict[str, Path]:
+    """single and FSDP in bf16 (tests/launch.py BF16_EXTRA), each launched once per session on first use."""
+    return {
+        name: shared_runs.launch(f"{name}-bf16", name, BF16_EXTRA, ["--mixed_precision", "bf16"])
+        for name in BF16_STRATEGIES
+    }

@@ -36,6 +36,12 @@ SHARED_EXTRA = {"fsdp_offload": ["--activation_checkpointing"], "hsdp": MACHINES
 # Shared runs beyond the registry's entries: name -> (the strategy it trains, its extra flags).
 SHARED_VARIANTS = {"single_24": ("single", ["--global_batch_tokens", str(24 * 64), "--micro_batch_size", "12"])}
 SLURM_LAUNCH_LINE = REPO / "scripts" / "slurm" / "launch_node.sh"
+# The shared bf16 runs (tests/conftest.py `bf16_runs`): single and FSDP under accelerate's --mixed_precision
+# bf16, which CPU honours; W&B off and no checkpoints, the export on (its check compares like with like).
+# As long as the fp32 runs: 6 steps leave the validation loss at 10.2, next to the uniform guess's 10.8, where
+# an export check would say little.
+BF16_STEPS = SHARED_STEPS
+BF16_EXTRA = ["--max_steps", str(BF16_STEPS), "--checkpoint_interval", "0", "--wandb_mode", "disabled"]
 
 
 def shared_args(corpus: Path, cache_dir: Path) -> list[str]:
@@ -115,8 +121,12 @@ def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[s
     return result
 
 
-def train(config_name: str, output_dir: Path, args: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
-    command = accelerate_command(CONFIGS / config_name, "train.py", [*args, "--output_dir", str(output_dir)])
+def train(
+    config_name: str, output_dir: Path, args: list[str], check: bool = True, launch_args: list[str] = ()
+) -> subprocess.CompletedProcess[str]:
+    command = accelerate_command(
+        CONFIGS / config_name, "train.py", [*args, "--output_dir", str(output_dir)], launch_args=launch_args
+    )
     return run(command, check=check)
 
 

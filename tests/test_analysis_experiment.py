@@ -226,7 +226,42 @@ def test_dry_run_prints_commands_and_launches_nothing(tmp_path: Path, configs: P
     commands = [line for line in lines if line.startswith("accelerate launch")]
     assert len(commands) == 3 and all(c.endswith("--lr 3e-4") for c in commands)
     assert lines[-1].startswith("python -m analysis.compare")
+    assert any(
+        line.startswith("predicted wall time: none with --epochs (the steps depend on the data") for line in lines
+    )
     assert not out.exists()
+
+
+def test_the_plan_predicts_the_experiments_wall_time_and_the_report_sets_it_against_the_runs(
+    tmp_path: Path, configs: Path, fake_launcher, capsys
+) -> None:
+    out = tmp_path / "exp"
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(out), "--strategies", "single", "fsdp"]
+    argv += ["--repeats", "2", "--gpu", "T4"]
+    assert main(argv, launcher=fake_launcher, config_dir=configs, echo=False) == 0
+    printed = capsys.readouterr().out
+    line = next(line for line in printed.splitlines() if line.startswith("predicted wall time: "))
+    assert "of training steps (single " in line and " on T4 (fp16, 65.0 TFLOP/s peak" in line
+    assert printed.index("predicted wall time") < printed.index("wrote ")  # said before the runs, not with the report
+    prediction = json.loads((out / "prediction.json").read_text())
+    for strategy in ("single", "fsdp"):  # strategies x repeats x steps
+        assert prediction["runs"][strategy] == 2
+        assert prediction["seconds"][strategy] == pytest.approx(prediction["step_s"][strategy] * 5 * 2)
+    assert prediction["total_s"] == pytest.approx(sum(prediction["seconds"].values()))
+    assert all(0 < step_s < 1 for step_s in prediction["step_s"].values())  # the tiny model on a T4: milliseconds
+    report = (out / "report.md").read_text()
+    # The fake runs train 60 steps of 1,024 tokens at 40,000 tokens/s: 1.536 s each, 2 repeats: 3.07 s.
+    single = f"single {prediction['seconds']['single']:.3g} s predicted, 3.07 s measured"
+    assert "Plan against measurement (training steps; T4 (fp16" in report and single in report
+    assert "of wall time in all (runs/order.json)" in report
+
+
+def test_without_a_gpu_the_prediction_is_for_this_cpu(tmp_path: Path, configs: Path, capsys) -> None:
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--dry_run"]
+    assert main(argv, launcher=("accelerate", "launch"), config_dir=configs) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("predicted wall time: "))
+    assert "on this CPU (fp32, " in line and "GFLOP/s measured per process of 1 thread(s)" in line
+    assert not (tmp_path / "exp").exists()  # a dry run writes no prediction
 
 
 def test_setup_errors_are_one_line_and_exit_2(tmp_path: Path, configs: Path, capsys) -> None:

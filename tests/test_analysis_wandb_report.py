@@ -126,6 +126,13 @@ def test_the_reading_is_the_local_reports(runs: list[Path], tmp_path: Path, caps
     assert "Produced by `python -m analysis.wandb_report --experiment tiny-test --dry_run --runs" in text
 
 
+def test_the_reading_carries_the_time_to_target_and_its_verdicts(runs: list[Path], capsys) -> None:
+    text = markdown(dry_run(["--runs", *map(str, runs), "--target_loss", "7"], capsys))
+    assert "Time to validation loss 7 (training time, linear between evaluations; Kaplan-Meier median" in text
+    assert "log-rank test at 5%: single against ddp in seconds: no detectable difference (p = " in text
+    assert "Time to validation loss" not in markdown(dry_run(["--runs", *map(str, runs)], capsys))
+
+
 def test_without_runs_the_dry_run_says_where_the_reading_comes_from(tmp_path: Path, monkeypatch, capsys) -> None:
     log_out(monkeypatch, tmp_path)  # a dry run needs no login
     text = markdown(dry_run(["--title", "My comparison"], capsys))
@@ -261,7 +268,7 @@ def test_live_path_saves_the_report_on_the_server(runs: list[Path], tmp_path: Pa
         m for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"] for m in p["config"]["metrics"]
     }
     assert sent_metrics == {m for p in (*line_panels(), *bar_panels()) for m in p.metrics}
-    assert "Throughput: **ddp** is fastest" in json.dumps(blocks)
+    assert "Throughput: **ddp** has the highest figure" in json.dumps(blocks)
     assert json.loads(out.read_text())["entity"] == "team"  # --out records what was sent
 
 
@@ -281,7 +288,7 @@ def test_live_path_fetches_the_reading_from_wandb(tmp_path: Path, server, capsys
     }
     assert histories == {"run0", "run1", "run2"}
     text = server.views[0]["spec"]
-    assert "Throughput: **ddp** is fastest" in text and f"fetched from W&B ({ENTITY}/p2)" in text
+    assert "Throughput: **ddp** has the highest figure" in text and f"fetched from W&B ({ENTITY}/p2)" in text
 
 
 def test_a_backend_that_refuses_is_one_line_and_exit_2(runs: list[Path], server, capsys) -> None:
@@ -323,6 +330,8 @@ def test_after_an_experiment_logged_offline_it_says_how_to_sync_and_build(runs, 
     assert line.startswith("W&B report not built (not every run was logged online); build it later with: wandb sync ")
     assert "wandb login" not in line
     assert line.endswith(f"--experiment {GROUP} --project proj --entity team --runs {' '.join(map(str, runs))}")
+    assert report_after_experiment(GROUP, runs, 7.0) is False  # the experiment's --target_loss goes along
+    assert "--entity team --target_loss 7 --runs " in capsys.readouterr().out
     assert server.requests == []
 
 

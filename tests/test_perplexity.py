@@ -117,6 +117,47 @@ def test_export_scores_the_recorded_final_validation_loss(runs: dict[str, Path],
     assert check["recorded_final_val_loss"] == recorded
     assert check["agree"] and check["relative_difference"] <= 1e-4
     assert check["perplexity"] == pytest.approx(math.exp(check["loss"]))
+    # An fp32 run is scored in fp32, within the fixed tolerance alone.
+    assert check["scored_in"] == "fp32" and check["loss_fp32"] == check["loss"] and check["tolerance"] == 1e-4
+
+
+BF16_SCORED_IN = {"single": "bf16 autocast", "fsdp": "bf16 parameters (as FSDP's mixed precision) and autocast"}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("strategy", list(BF16_SCORED_IN))
+def test_a_bf16_export_is_scored_in_bf16_and_agrees(bf16_runs: dict[str, Path], strategy: str) -> None:
+    recorded = json.loads((bf16_runs[strategy] / "summary.json").read_text())["total"]["final_val_loss"]
+    assert recorded < math.log(50257) - 1.0  # trained away from the uniform guess, so agreement says something
+    result = _check(bf16_runs[strategy])
+    assert result.returncode == 0, result.stderr[-2000:]
+    check = json.loads(result.stdout)
+    assert check["scored_in"] == BF16_SCORED_IN[strategy] and check["agree"]
+    assert check["loss"] != check["loss_fp32"]  # bf16 really in effect when scoring
+    # The allowance is bf16's rounding on these blocks: more than fp32's 1e-4, far less than a wrong weight.
+    assert 0 < check["rounding_allowance"] and 1e-4 < check["tolerance"] < 1e-2
+    assert "per-token" in check["tolerance_method"]
+    if strategy == "fsdp":  # bf16 parameters shift the loss: the fp32 score is further from the record
+        fp32_difference = abs(check["loss_fp32"] - recorded) / recorded
+        assert fp32_difference > check["relative_difference"]
+
+
+@pytest.mark.multiprocess
+def test_a_bf16_export_of_other_weights_differs(bf16_runs: dict[str, Path], tmp_path: Path, capsys) -> None:
+    run_dir = _copy_run(bf16_runs["fsdp"], tmp_path / "changed")
+    _scale_embedding(run_dir, 1.1)
+    assert perplexity.main([str(run_dir)]) == perplexity.EXIT_DIFFER
+    captured = capsys.readouterr()
+    assert f"scored in {BF16_SCORED_IN['fsdp']}" in captured.out
+    err = captured.err.strip().splitlines()
+    assert len(err) == 1 and "differ (scored in bf16 parameters" in err[0]
+
+
+def _scale_embedding(run_dir: Path, factor: float) -> None:
+    weights = run_dir / "hf" / "model.safetensors"
+    state = {k: v.clone() for k, v in load_file(weights).items()}
+    state["transformer.wte.weight"] *= factor
+    save_file(state, weights, metadata={"format": "pt"})
 
 
 def _copy_run(run_dir: Path, to: Path) -> Path:
@@ -129,11 +170,7 @@ def test_an_export_of_other_weights_differs_with_exit_1(
     runs: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     run_dir = _copy_run(runs["single"], tmp_path / "changed")
-    weights = run_dir / "hf" / "model.safetensors"
-    state = load_file(weights)
-    state = {k: v.clone() for k, v in state.items()}
-    state["transformer.wte.weight"] *= 1.1
-    save_file(state, weights, metadata={"format": "pt"})
+    _scale_embedding(run_dir, 1.1)
     assert perplexity.main([str(run_dir)]) == perplexity.EXIT_DIFFER
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "differ" in err[0]

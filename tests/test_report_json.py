@@ -127,6 +127,21 @@ def test_time_to_target_per_strategy(report_json: dict) -> None:
     assert entry["spread"]["seconds"]["min"] < entry["spread"]["seconds"]["max"]
 
 
+def test_time_to_target_verdicts_in_report_json_and_the_html(report_json: dict, tmp_path_factory) -> None:
+    pairs = report_json["time_to_target_comparisons"]
+    assert [(c["figure"], c["a"], c["b"]) for c in pairs] == [
+        ("seconds", "single", "fsdp"),
+        ("tokens", "single", "fsdp"),
+    ]
+    seconds = pairs[0]
+    # single's 0.50-0.51 s steps reach the loss before fsdp's 0.60-0.61 s ones, two runs each: chi2 = 2.88, p = 0.09.
+    assert seconds["median_a"] == pytest.approx(report_json["time_to_target"]["single"]["seconds"])
+    assert seconds["verdict"] == "no detectable difference" and 0.05 < seconds["p_value"] < 0.2
+    assert "log-rank" in seconds["method"]
+    html = next(tmp_path_factory.getbasetemp().glob("repeats*/out/report.html")).read_text()
+    assert "Kaplan-Meier median" in html and "log-rank test at 5%: single against fsdp in seconds" in html
+
+
 def test_bad_target_loss_is_a_one_line_error(tmp_path: Path, capsys) -> None:
     run = write_fake_run(tmp_path / "single", "single", 0.5, 1, 6.0)
     with pytest.raises(SystemExit) as exit_info:

@@ -17,6 +17,7 @@ import torch
 from safetensors.torch import load_file
 
 from tests.launch import (
+    BF16_STEPS,
     CONFIGS,
     LAUNCH_TIMEOUT_S,
     MACHINES,
@@ -160,34 +161,7 @@ def test_final_weights_match_the_single_process(runs: dict[str, Path], strategy:
     assert_same_weights(runs[strategy], runs["single"])
 
 
-BF16_STEPS = 6
-
-
-@pytest.fixture(scope="module")
-def bf16_runs(workdir: Path, common_args: list[str]) -> dict[str, Path]:
-    out = {}
-    for strategy in ("single", "fsdp"):
-        out[strategy] = workdir / f"{strategy}-bf16"
-        run(
-            accelerate_command(
-                CONFIGS / STRATEGY_CONFIGS[strategy],
-                "train.py",
-                [
-                    *common_args,
-                    "--max_steps",
-                    str(BF16_STEPS),
-                    "--strategy",
-                    strategy,
-                    "--checkpoint_interval",
-                    "0",
-                    "--no-export_hf",
-                    "--output_dir",
-                    str(out[strategy]),
-                ],
-                launch_args=["--mixed_precision", "bf16"],
-            )
-        )
-    return out
+# bf16_runs: the session's bf16 single and FSDP runs (tests/conftest.py), BF16_STEPS long.
 
 
 def test_bf16_fsdp_reports_the_losses_of_bf16_single(runs: dict[str, Path], bf16_runs: dict[str, Path]) -> None:

@@ -34,9 +34,14 @@ Args:
     model_path: a Hugging Face causal LM folder (config.json + weights), loaded offline.
     batch_size: sequences of equal length scored together (default 8).
     device: torch device (default "cpu").
-    dtype: torch dtype name of the weights while scoring (default "float32", the precision runs validate in).
+    dtype: torch dtype name of the weights while scoring (default "float32"; "bfloat16" or "float16" as FSDP's
+        reduced-precision parameters hold them).
+    autocast: torch dtype name to autocast the forward pass to (default None: no autocast), as a mixed-precision
+        run validates.
+    token_losses: also return every scored token's loss, in order (default False).
 Returns:
-    loss: mean cross-entropy in nats over all scored tokens; perplexity: exp(loss); tokens: tokens scored.
+    loss: mean cross-entropy in nats over all scored tokens; perplexity: exp(loss); tokens: tokens scored;
+    token_losses: with token_losses=True, the list of each token's cross-entropy.
 """
 # The largest loss whose exp is still a finite float64 (the training loop caps val_ppl the same way).
 _MAX_EXP = 700.0
@@ -62,6 +67,8 @@ class Perplexity(evaluate.Metric):
         batch_size: int = 8,
         device: str = "cpu",
         dtype: str = "float32",
+        autocast: str | None = None,
+        token_losses: bool = False,
     ) -> dict[str, Any]:
         if model_path is None:
             raise ValueError("perplexity needs model_path, a Hugging Face causal LM folder")
@@ -77,9 +84,15 @@ class Perplexity(evaluate.Metric):
             tokenizer = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)
             sequences = tokenizer(sequences, add_special_tokens=False)["input_ids"]
         windows = _windows(sequences, model.config.n_positions)
-        total, tokens = _score(model, windows, batch_size, device)
+        cast = getattr(torch, autocast) if autocast else None
+        with torch.autocast(torch.device(device).type, dtype=cast, enabled=cast is not None):
+            losses = _score(model, windows, batch_size, device)
+        total, tokens = sum(part.double().sum().item() for part in losses), sum(part.numel() for part in losses)
         loss = total / tokens if tokens else float("nan")
-        return {"loss": loss, "perplexity": math.exp(min(loss, _MAX_EXP)), "tokens": tokens}
+        result = {"loss": loss, "perplexity": math.exp(min(loss, _MAX_EXP)), "tokens": tokens}
+        if token_losses:
+            result["token_losses"] = torch.cat(losses).tolist() if losses else []
+        return result
 
 
 def _windows(sequences: list[list[int]], context: int) -> list[list[int]]:
@@ -96,20 +109,21 @@ def _windows(sequences: list[list[int]], context: int) -> list[list[int]]:
 
 
 @torch.no_grad()
-def _score(model: torch.nn.Module, windows: list[list[int]], batch_size: int, device: str) -> tuple[float, int]:
-    """Summed cross-entropy (float64, so thousands of blocks add up without rounding) and tokens scored.
+def _score(model: torch.nn.Module, windows: list[list[int]], batch_size: int, device: str) -> list[torch.Tensor]:
+    """Each batch's per-token cross-entropy in float32, flattened (summed in float64 by the caller, so thousands
+    of blocks add up without rounding).
 
-    Windows are batched by length, so no padding (and no attention mask) can change a score.
+    Windows are batched by length, so no padding (and no attention mask) can change a score. The loss is taken
+    on float32 logits whatever the forward pass ran in, as training takes it.
     """
     by_length: dict[int, list[list[int]]] = {}
     for w in windows:
         by_length.setdefault(len(w), []).append(w)
-    total, tokens = 0.0, 0
+    out = []
     for group in by_length.values():
         for i in range(0, len(group), batch_size):
             batch = torch.tensor(group[i : i + batch_size], dtype=torch.long, device=device)
             logits = model(batch[:, :-1]).logits
             losses = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none")
-            total += losses.double().sum().item()
-            tokens += losses.numel()
-    return total, tokens
+            out.append(losses.float().flatten().cpu())
+    return out

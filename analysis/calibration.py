@@ -1,0 +1,186 @@
+"""How often a throughput comparison is wrong: A/A and B/A pairs of synthetic runs fed to the report's method.
+
+    python -m analysis.calibration [--trials N] [--seed S]
+
+prints, for n = 1, 3, 5, 10 and 18 runs per strategy, the rate of false verdicts (a `higher` or `lower`
+between two strategies that are the same) and the power (a true 10% difference called in the right
+direction). The runs are drawn as the step times measured here behave (`StepTimeModel`): each run has its
+own level (run-to-run drift, a random effect) and its steps follow it with AR(1) autocorrelation. n = 1 is
+also measured with the step-time bootstrap the report used to decide on one run each, which is why it no
+longer does (docs/statistics.md).
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis.runs import Run
+from analysis.uncertainty import (
+    HIGHER,
+    LOWER,
+    THROUGHPUT,
+    Comparison,
+    Figure,
+    compare_figure,
+    run_figures,
+    step_bootstrap_comparison,
+)
+from training.cli import EXIT_BAD_INPUT, OneLineParser
+
+REPEATS = (1, 3, 5, 10, 18)  # one run each, and docs/statistics.md's repeat counts
+TRIALS = 400
+SEED = 2024
+DIFFERENCE = 1.10  # B is 10% faster than A
+FALSE_RATE_BOUND = 0.05
+
+Method = Callable[[Figure, str, Sequence[Run], str, Sequence[Run]], Comparison | None]
+
+
+@dataclass(frozen=True)
+class StepTimeModel:
+    """Step times of synthetic runs, with the noise the project's runs show.
+
+    Defaults: log step times with a standard deviation of 7% and lag-1 autocorrelation 0.45 within a run
+    (docs/sample_report/runs: 5.4-9.8% and 0.02-0.45 over their 39 steps after warm-up; the largest
+    autocorrelation is kept, as it narrows a naive interval most); 40 steps; a run-to-run level of 5%
+    (docs/statistics.md's T4 jitter), which one run's step times cannot see.
+    """
+
+    steps: int = 40
+    step_time_s: float = 0.5
+    step_sd: float = 0.07
+    autocorrelation: float = 0.45
+    run_sd: float = 0.05
+    tokens_per_step: int = 1024
+
+    def step_times(self, rng: np.random.Generator, runs: int, speed: float = 1.0) -> np.ndarray:
+        """(runs, steps) step times: a level per run, AR(1) noise around it, stationary from the first step."""
+        phi = self.autocorrelation
+        shocks = rng.normal(0.0, self.step_sd, (runs, self.steps))
+        noise = np.empty_like(shocks)
+        noise[:, 0] = shocks[:, 0]
+        for i in range(1, self.steps):
+            noise[:, i] = phi * noise[:, i - 1] + math.sqrt(1 - phi**2) * shocks[:, i]
+        level = rng.normal(0.0, self.run_sd, (runs, 1))
+        return self.step_time_s / speed * np.exp(level + noise)
+
+
+class SyntheticRun(Run):
+    """A run built in memory, read straight from its summary dict: Run reads summary.json into its record at
+    every access, which would be most of a calibration's time over tens of thousands of runs."""
+
+    @property
+    def total(self) -> dict[str, Any]:
+        return self.summary["total"]
+
+    @property
+    def step_times_s(self) -> list[float]:
+        return self.summary["step_times_s"]
+
+    def fact(self, key: str) -> Any:
+        return self.summary.get(key)
+
+
+def synthetic_run(strategy: str, times: np.ndarray, tokens_per_step: int, index: int) -> Run:
+    """A run as analysis.runs reads it: its step times and whole-job throughput, no warm-up steps."""
+    tokens_per_s = tokens_per_step * times.size / float(times.sum())
+    summary = {
+        "strategy": strategy,
+        "global_batch_tokens": tokens_per_step,
+        "total": {"tokens_per_s": tokens_per_s},
+        "step_times_s": times.tolist(),
+    }
+    return SyntheticRun(Path(strategy, f"r{index}"), summary, {"run": {"perf_warmup_steps": 0}}, label=strategy)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One method at one repeat count: how often it was wrong, and how often right about a real difference."""
+
+    repeats: int
+    trials: int
+    false_verdicts: int  # A/A pairs called higher or lower
+    detected: int  # B/A pairs (B 10% faster) called higher, B over A
+
+    @property
+    def false_rate(self) -> float:
+        return self.false_verdicts / self.trials
+
+    @property
+    def power(self) -> float:
+        return self.detected / self.trials
+
+
+def _verdicts(method: Method, model: StepTimeModel, rng: np.random.Generator, n: int, trials: int, speed: float):
+    """The verdict of B over A in each of `trials` pairs of n runs each, B `speed` times as fast."""
+    times_a = model.step_times(rng, trials * n).reshape(trials, n, model.steps)
+    times_b = model.step_times(rng, trials * n, speed).reshape(trials, n, model.steps)
+    figure: Figure | None = None
+    for trial in range(trials):
+        a = [synthetic_run("a", t, model.tokens_per_step, i) for i, t in enumerate(times_a[trial])]
+        b = [synthetic_run("b", t, model.tokens_per_step, i) for i, t in enumerate(times_b[trial])]
+        figure = figure or next(f for f in run_figures(a) if f.name == THROUGHPUT)
+        result = method(figure, "b", b, "a", a)
+        yield result.verdict if result is not None else ""
+
+
+def calibrate(
+    repeats: int,
+    trials: int = TRIALS,
+    seed: int = SEED,
+    model: StepTimeModel = StepTimeModel(),
+    method: Method = compare_figure,
+) -> Calibration:
+    """`trials` A/A and `trials` B/A pairs of `repeats` runs each through `method`, from one fixed seed."""
+    rng = np.random.default_rng([seed, repeats])
+    false_verdicts = sum(v in (HIGHER, LOWER) for v in _verdicts(method, model, rng, repeats, trials, 1.0))
+    detected = sum(v == HIGHER for v in _verdicts(method, model, rng, repeats, trials, DIFFERENCE))
+    return Calibration(repeats, trials, false_verdicts, detected)
+
+
+def binomial_upper_count(trials: int, rate: float, alpha: float) -> int:
+    """The largest count of a Binomial(trials, rate) that a test at level `alpha` still accepts: P(X > k) <= alpha.
+
+    A method whose true false-verdict rate is `rate` shows more than k false verdicts in `trials` with
+    probability at most `alpha`; more than k rejects "rate or below"."""
+    tail = 1.0
+    for k in range(trials + 1):
+        tail -= math.comb(trials, k) * rate**k * (1 - rate) ** (trials - k)
+        if tail <= alpha:
+            return k
+    return trials
+
+
+def table(trials: int, seed: int) -> list[str]:
+    """The printed table: the report's method at each repeat count, and the step-time bootstrap at n = 1."""
+    rows = [("step-time bootstrap (one run each)", calibrate(1, trials, seed, method=step_bootstrap_comparison))]
+    rows += [("report (compare_figure)", calibrate(n, trials, seed)) for n in REPEATS]
+    lines = [
+        f"{trials} A/A and {trials} B/A pairs per row (B {DIFFERENCE - 1:.0%} faster), seed {seed}; {StepTimeModel()}",
+        f"{'method':<36} {'runs each':>9} {'false verdicts':>15} {'power':>7}",
+    ]
+    lines += [f"{name:<36} {c.repeats:>9} {c.false_rate:>15.1%} {c.power:>7.1%}" for name, c in rows]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = OneLineParser(prog="python -m analysis.calibration", description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=TRIALS, help=f"pairs of each kind per row (default {TRIALS})")
+    parser.add_argument("--seed", type=int, default=SEED, help=f"random seed (default {SEED})")
+    args = parser.parse_args(argv)
+    if args.trials < 1:
+        print("error: --trials must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print("\n".join(table(args.trials, args.seed)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

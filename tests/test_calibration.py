@@ -1,0 +1,90 @@
+"""The throughput comparison's error rates, measured on synthetic runs (analysis/calibration.py).
+
+A/A pairs (the same strategy on both sides) must be called `higher` or `lower` at most 5% of the time, B/A
+pairs with a true 10% gap must be found at the repeat counts docs/statistics.md recommends, and one run
+each must give no verdict, since the step-time bootstrap fails this calibration.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from analysis.calibration import (
+    FALSE_RATE_BOUND,
+    StepTimeModel,
+    binomial_upper_count,
+    calibrate,
+    main,
+    synthetic_run,
+)
+from analysis.uncertainty import NO_VERDICT, build_statistics, repeats_needed, step_bootstrap_comparison
+
+TRIALS = 400
+# A method whose true false-verdict rate is 5% shows more than this many false verdicts in 400 A/A pairs
+# in at most 0.1% of seeds (34, 8.5%); a count above it rejects "5% or less". Four repeat counts are
+# checked, so a correct method passes all of them for at least 99.6% of seeds.
+ALPHA = 0.001
+
+
+def test_the_binomial_bound_is_the_tail_quantile() -> None:
+    bound = binomial_upper_count(TRIALS, FALSE_RATE_BOUND, ALPHA)
+    tail = sum(math.comb(TRIALS, k) * 0.05**k * 0.95 ** (TRIALS - k) for k in range(bound + 1, TRIALS + 1))
+    just_below = tail + math.comb(TRIALS, bound) * 0.05**bound * 0.95 ** (TRIALS - bound)
+    assert tail <= ALPHA < just_below
+    assert 20 < bound < 40  # around the mean of 20, a few standard deviations (4.4) above it
+
+
+def test_the_generator_has_the_noise_it_is_given() -> None:
+    model = StepTimeModel(steps=400, step_sd=0.07, autocorrelation=0.45, run_sd=0.05)
+    logs = np.log(model.step_times(np.random.default_rng(0), 400))
+    within = logs - logs.mean(axis=1, keepdims=True)
+    lag1 = float((within[:, 1:] * within[:, :-1]).mean() / within.var())
+    assert lag1 == pytest.approx(0.45, abs=0.03)
+    assert float(within.std()) == pytest.approx(0.07, rel=0.05)
+    assert float(logs.mean(axis=1).std()) == pytest.approx(0.05, rel=0.12)  # the run-to-run level
+
+
+def test_one_run_each_step_bootstrap_fails_calibration() -> None:
+    # It fails by far (about 60% false verdicts), so 100 pairs show it, at a quarter of the bootstrap's time.
+    result = calibrate(1, 100, method=step_bootstrap_comparison)
+    assert result.false_verdicts > binomial_upper_count(100, FALSE_RATE_BOUND, ALPHA)
+
+
+def test_one_run_each_gives_no_verdict_and_the_repeats_that_would() -> None:
+    result = calibrate(1, 50)
+    assert result.false_verdicts == 0 and result.detected == 0
+    model = StepTimeModel()
+    rng = np.random.default_rng(1)
+    runs = [
+        synthetic_run("single", model.step_times(rng, 1)[0], model.tokens_per_step, 0),
+        synthetic_run("ddp", model.step_times(rng, 1, 1.2)[0], model.tokens_per_step, 0),
+    ]
+    comparison = build_statistics(runs).comparisons[0]
+    assert comparison.verdict == NO_VERDICT and comparison.ci95 is None
+    assert comparison.repeats_needed == repeats_needed(comparison.ratio) >= 2
+
+
+@pytest.mark.parametrize("repeats", [3, 5, 10, 18])
+def test_over_repeats_false_verdicts_are_at_most_5_percent(repeats: int) -> None:
+    result = calibrate(repeats, TRIALS)
+    assert result.false_verdicts <= binomial_upper_count(TRIALS, FALSE_RATE_BOUND, ALPHA), result
+    if repeats >= 10:  # docs/statistics.md: 10 to 18 runs per strategy at 5% run-to-run noise
+        assert result.power >= 0.8, result
+
+
+@pytest.mark.parametrize(
+    "ratio, sigma, expected",
+    [(1.05, 0.05, 18), (1.05, 0.03, 8), (1.05, 0.10, 67), (1.20, 0.05, 3)],  # docs/statistics.md's table
+)
+def test_repeats_needed_follows_the_power_arithmetic(ratio: float, sigma: float, expected: int) -> None:
+    assert repeats_needed(ratio, sigma) == expected
+    assert repeats_needed(1 / ratio, sigma) == expected  # either way round
+    assert repeats_needed(1.0) is None
+
+
+def test_bad_trials_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--trials", "0"]) == 2
+    assert capsys.readouterr().err.strip() == "error: --trials must be at least 1"
