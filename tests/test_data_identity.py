@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import codecs
 import csv
+import functools
 import io
 import json
 import re
@@ -19,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data import DataConfig, build_datasets, load_tokenizer
+from data import DataConfig, build_datasets, documents, load_tokenizer, sources
 from data.clean import clean_text, is_empty
 from data.config import SAMPLE_CSV
 from data.packing import assign_validation, document_hash
@@ -59,6 +60,11 @@ def _packed(tokens: list[list[int]], block_size: int) -> np.ndarray:
     return flat[: len(flat) // (block_size + 1) * (block_size + 1)]
 
 
+@functools.cache
+def _transformers_gpt2():
+    return load_tokenizer()
+
+
 def reference(cfg: DataConfig, paths: list[Path]) -> dict:
     """Train and validation tokens and the statistics, computed all in memory."""
     read: list[tuple[list[str], int]] = []
@@ -67,7 +73,7 @@ def reference(cfg: DataConfig, paths: list[Path]) -> dict:
             read.append(_reference_documents(path, cfg))
     raw = [d for docs, _ in read for d in docs][: cfg.max_documents]
     texts = [t for t in (clean_text(d) if cfg.clean else d for d in raw) if not is_empty(t)]
-    tok = load_tokenizer()
+    tok = _transformers_gpt2()
     tokens = [ids + [tok.eos_token_id] for ids in tok(texts, add_special_tokens=False)["input_ids"]]
     lengths = np.array([len(t) for t in tokens])
     hashes = np.array([document_hash(t, cfg.split_seed) for t in texts], dtype=np.int64)
@@ -153,6 +159,15 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 def test_multi_file_corpus_packs_as_the_in_memory_reference(tmp_path: Path, files: list[Path], case: str):
     cfg = config(tmp_path, paths=[str(p) for p in files], **CASES[case])
+    assert pipeline(cfg) == reference(cfg, files)
+
+
+def test_streaming_in_small_blocks_and_batches_changes_nothing(tmp_path: Path, files: list[Path], monkeypatch):
+    # CSV blocks far smaller than a row, so rows straddle blocks and the reader restarts with larger
+    # ones; and batches that end inside files, so documents of several files share a batch.
+    monkeypatch.setattr(sources, "CSV_BLOCK_BYTES", 512)
+    monkeypatch.setattr(documents, "BATCH_DOCUMENTS", 7)
+    cfg = config(tmp_path, paths=[str(p) for p in files], block_size=32, prepend_title=True, num_proc=2)
     assert pipeline(cfg) == reference(cfg, files)
 
 
