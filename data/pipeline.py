@@ -2,8 +2,10 @@
 
 A corpus of too few documents to split by document (one large file) is split in its token stream.
 
-Only the packed token files are cached; everything before them is rebuilt on a miss. The cache key
-covers every input that changes the packed result, so a hit is always safe to use.
+Two stages, each cached: the tokenized documents (data/documents.py), keyed by what decides them,
+and the packed splits, keyed by those documents plus block size, validation fraction and split
+seed. A change to the packing alone re-packs the stored documents; any other change tokenizes again.
+Each key covers every input that changes its result, so a hit is always safe to use.
 """
 
 from __future__ import annotations
@@ -319,11 +321,11 @@ def _load_or_build(config: DataConfig, log: Log) -> PackedData:
     start = time.perf_counter()
     root = config.resolved_cache_dir()
     sources = describe(config, root / "hf")  # first: a wrong path should fail before anything slow
+    seconds = {"hash": time.perf_counter() - start}
     _log_source(config, sources, log)
     tokenizer = load_document_tokenizer(config.tokenizer)
     documents_key = cache_key(_document_key_parts(config, sources, tokenizer))
     key = cache_key(_key_parts(config, documents_key))
-    seconds = {"hash": time.perf_counter() - start}
     packed_root = root / "packed"
     meta = read_entry(packed_root, key)
     cache_hit = meta is not None
