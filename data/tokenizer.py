@@ -20,11 +20,13 @@ import inspect
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import tiktoken
-import transformers
+
+if TYPE_CHECKING:
+    import transformers  # imported where used: two seconds that a data build with tiktoken need not pay
 
 from data.errors import DataError
 
@@ -82,6 +84,8 @@ def load_gpt2_from_files(files_dir: Path) -> transformers.PreTrainedTokenizerFas
 
     Split out from `load_tokenizer` so tests can point it at a tampered copy of the files.
     """
+    import transformers
+
     vocab, merges_raw = _read_vocab(files_dir)
     # vocab.bpe: a "#version" header line, then one "left right" merge per line.
     merges = [tuple(line.split(" ")) for line in merges_raw.decode("utf-8").splitlines()[1:] if line]
@@ -114,6 +118,8 @@ def load_tokenizer(name_or_path: str | None = None) -> transformers.PreTrainedTo
     """
     if name_or_path is None:
         return load_gpt2_from_files(_bundled_files_dir())
+    import transformers
+
     try:
         tok = transformers.AutoTokenizer.from_pretrained(name_or_path, use_fast=True)
     except (OSError, ValueError) as exc:
