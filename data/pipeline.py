@@ -141,6 +141,13 @@ def _workers(config: DataConfig, source_bytes: int) -> int:
     return max(1, n)
 
 
+def _source_bytes(sources: Sources) -> int:
+    """The corpus's size: its files', or a Hugging Face dataset's Arrow data."""
+    if sources.hf_dataset is not None:
+        return int(sources.hf_dataset.data.nbytes)
+    return sum(f.path.stat().st_size for f in sources.files)
+
+
 def _progress(show: bool, total: int, unit: str, desc: str) -> Any:
     """A bar with the rate and the time left on stderr (a no-op when not shown)."""
     scaled = unit == "B"
@@ -155,13 +162,12 @@ def tokenize_documents(
     """Read, clean and tokenize the corpus in one streamed pass into a store in `folder`; its metadata."""
     report = ReadReport()
     totals = StoreTotals()
-    workers = _workers(config, sum(f.path.stat().st_size for f in sources.files))
+    size = _source_bytes(sources)
+    workers = _workers(config, size)
     log(f"data: reading, cleaning and tokenizing with {workers} process(es), {describe_tokenizer(tokenizer)}")
     texts = text_batches(iter_documents(sources, config, report), totals.seconds)
     encoded = encoded_batches(texts, tokenizer, config.clean, dtype, workers)
-    show = (
-        sources.hf_dataset is not None or sum(f.path.stat().st_size for f in sources.files) >= _MIN_BYTES_FOR_PROGRESS
-    )
+    show = size >= _MIN_BYTES_FOR_PROGRESS
     unit = "B" if sources.hf_dataset is None else "documents"
     with _progress(show, 0, unit, "Reading, cleaning, tokenizing") as bar:
         write_store(folder, _tracked(encoded, report, bar), totals)
