@@ -33,8 +33,9 @@ from data.errors import DataError
 FORMATS = {".csv": "csv", ".txt": "txt", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"}
 _GLOB_CHARS = set("*?[")
 _CHUNK = 1 << 20
-# Bytes of CSV that pyarrow parses at a time (a longer row is read with a larger block).
-CSV_BLOCK_BYTES = 16 << 20
+# Bytes of CSV that pyarrow parses at a time (a longer row is read with a larger block). Its reader
+# reads some 40 blocks ahead of the rows taken, so this also bounds the memory reading takes.
+CSV_BLOCK_BYTES = 1 << 20
 # Rows of a Hugging Face dataset handed on at a time (its table is memory-mapped already).
 _HF_BATCH_ROWS = 10_000
 
