@@ -25,6 +25,13 @@ _HASH_SPACE = 2**63
 _READ_ITEMS = 16 * 2**20
 
 
+Progress = Callable[[int], None]
+
+
+def _no_progress(n: int) -> None:
+    pass
+
+
 @dataclass
 class SplitStats:
     """Size of one split: documents assigned to it, their tokens (EOT included), the blocks cut and
@@ -98,10 +105,12 @@ def assign_validation(
     return mask
 
 
-def split_hashes(text_path: Path, text_lengths: np.ndarray, seed: int) -> np.ndarray:
-    """`document_hash` of every stored document, from the store's cleaned text read in chunks."""
+def split_hashes(text_path: Path, text_lengths: np.ndarray, seed: int, progress: Progress = _no_progress) -> np.ndarray:
+    """`document_hash` of every stored document, from the store's cleaned text read in chunks;
+    `progress(n)` is told the bytes of each chunk done."""
     hashes = np.empty(len(text_lengths), dtype=np.int64)
     for first, last, chunk in chunks_of(text_path, text_lengths, np.dtype(np.uint8), _READ_ITEMS):
+        progress(len(chunk))
         data = chunk.tobytes()
         ends = np.cumsum(text_lengths[first:last]).tolist()
         for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends)):
@@ -110,16 +119,24 @@ def split_hashes(text_path: Path, text_lengths: np.ndarray, seed: int) -> np.nda
 
 
 def pack_split(
-    tokens_path: Path, dtype: np.dtype, lengths: np.ndarray, mask: np.ndarray, path: Path, block_size: int
+    tokens_path: Path,
+    dtype: np.dtype,
+    lengths: np.ndarray,
+    mask: np.ndarray,
+    path: Path,
+    block_size: int,
+    progress: Progress = _no_progress,
 ) -> SplitStats:
     """Concatenate the masked documents' tokens in corpus order into `path`, as whole blocks.
 
-    Streams chunk by chunk from the store's token file, then truncates to a multiple of
-    block_size+1: the remainder is dropped (and counted), never padded.
+    Streams chunk by chunk from the store's token file (`progress(n)` is told the tokens of each
+    chunk read), then truncates to a multiple of block_size+1: the remainder is dropped (and
+    counted), never padded.
     """
     stats = SplitStats(documents=int(mask.sum()))
     with open(path, "wb") as f:
         for first, last, chunk in chunks_of(tokens_path, lengths, dtype, _READ_ITEMS):
+            progress(len(chunk))
             keep = mask[first:last]
             if keep.all():
                 kept = chunk
@@ -144,6 +161,7 @@ def pack_token_split(
     val_path: Path,
     block_size: int,
     val_fraction: float,
+    progress: Progress = _no_progress,
 ) -> tuple[SplitStats, SplitStats]:
     """Pack every document into one stream and hold out its last `val_fraction` of blocks (at least
     one) for validation, as nanoGPT holds out the tail of its token stream.
@@ -153,7 +171,8 @@ def pack_token_split(
     splits' `documents`. The remainder after the last full block lies in validation's part and is
     counted there as dropped.
     """
-    stream = pack_split(tokens_path, dtype, lengths, np.ones(len(lengths), dtype=bool), train_path, block_size)
+    everything = np.ones(len(lengths), dtype=bool)
+    stream = pack_split(tokens_path, dtype, lengths, everything, train_path, block_size, progress)
     assert stream.blocks >= 2, "assign_validation lets only corpora of two blocks or more through"
     val_blocks = max(1, int(val_fraction * stream.blocks))  # val_fraction < 1: at most blocks - 1
     cut = (stream.blocks - val_blocks) * (block_size + 1)  # first token of validation

@@ -39,6 +39,7 @@ from data.documents import (
     write_store,
 )
 from data.packing import (
+    Progress,
     SplitStats,
     assign_validation,
     pack_split,
@@ -150,10 +151,8 @@ def _source_bytes(sources: Sources) -> int:
 
 def _progress(show: bool, total: int, unit: str, desc: str) -> Any:
     """A bar with the rate and the time left on stderr (a no-op when not shown)."""
-    scaled = unit == "B"
-    return tqdm(
-        total=total, unit=unit, unit_scale=scaled, unit_divisor=1024 if scaled else 1000, desc=desc, disable=not show
-    )
+    divisor = 1024 if unit == "B" else 1000
+    return tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=divisor, desc=desc, disable=not show)
 
 
 def tokenize_documents(
@@ -217,11 +216,16 @@ def _build(
     """Split the stored documents and pack both splits into folder `tmp`; the entry's metadata."""
     dtype = np.dtype(store_meta["dtype"])
     lengths = read_lengths(store, TOKEN_LENGTHS_FILE)
+    text_lengths = read_lengths(store, TEXT_LENGTHS_FILE)
+    show = int(text_lengths.sum()) >= _MIN_BYTES_FOR_PROGRESS
     start = time.perf_counter()
-    doc_hash = split_hashes(store / TEXT_FILE, read_lengths(store, TEXT_LENGTHS_FILE), config.split_seed)
+    with _progress(show, int(text_lengths.sum()), "B", "Splitting") as bar:
+        doc_hash = split_hashes(store / TEXT_FILE, text_lengths, config.split_seed, bar.update)
     is_val = assign_validation(doc_hash, lengths, config.val_fraction, config.block_size, description, log)
     split_s = time.perf_counter() - start
-    split_by, packed = _pack(store / TOKENS_FILE, dtype, lengths, is_val, tmp, config, log)
+    passes = 1 if is_val is None else 2  # one pass over the tokens per split written from them
+    with _progress(show, passes * int(lengths.sum()), " tokens", "Packing") as bar:
+        split_by, packed = _pack(store / TOKENS_FILE, dtype, lengths, is_val, tmp, config, log, bar.update)
     return {
         "pipeline_version": PIPELINE_VERSION,
         "block_size": config.block_size,
@@ -246,15 +250,16 @@ def _pack(
     tmp: Path,
     config: DataConfig,
     log: Log,
+    progress: Progress,
 ) -> tuple[str, tuple[SplitStats, SplitStats]]:
     """Pack both splits into `tmp`: whole documents by `is_val`, or (None) the token stream's tail as validation."""
     if is_val is not None:
         return SPLIT_BY_DOCUMENT, (
-            pack_split(tokens, dtype, lengths, ~is_val, tmp / "train.bin", config.block_size),
-            pack_split(tokens, dtype, lengths, is_val, tmp / "val.bin", config.block_size),
+            pack_split(tokens, dtype, lengths, ~is_val, tmp / "train.bin", config.block_size, progress),
+            pack_split(tokens, dtype, lengths, is_val, tmp / "val.bin", config.block_size, progress),
         )
     train, val = pack_token_split(
-        tokens, dtype, lengths, tmp / "train.bin", tmp / "val.bin", config.block_size, config.val_fraction
+        tokens, dtype, lengths, tmp / "train.bin", tmp / "val.bin", config.block_size, config.val_fraction, progress
     )
     log(
         f"data: {len(lengths):,} document(s) cannot be split by document into a training and a validation "
