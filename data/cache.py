@@ -36,10 +36,11 @@ def read_entry(root: Path, key: str) -> dict[str, Any] | None:
         meta = json.loads((folder / META_FILE).read_text())
     except (OSError, ValueError):
         return None
-    # Published entries are complete by construction; the size check only catches later damage.
-    for split in ("train", "val"):
-        expected = meta["splits"][split]["bytes"]
-        path = folder / f"{split}.bin"
+    # Published entries are complete by construction; the size check only catches later damage. A
+    # store of tokenized documents lists its files' sizes; a packed entry gives them per split.
+    sizes = meta.get("files") or {f"{split}.bin": meta["splits"][split]["bytes"] for split in ("train", "val")}
+    for name, expected in sizes.items():
+        path = folder / name
         if not path.is_file() or path.stat().st_size != expected:
             return None
     return meta

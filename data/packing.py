@@ -15,14 +15,21 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
+from data.documents import chunks_of
 from data.errors import DataError
 
 # 63 bits, so the hash fits Arrow/numpy int64 without sign trouble.
 _HASH_SPACE = 2**63
-_WRITE_ROWS = 4096  # documents per write: bounded memory however large the corpus
+# Tokens (or text bytes) read from the store at a time: 16M uint16 ids are 32 MB, whatever the corpus size.
+_READ_ITEMS = 16 * 2**20
+
+
+Progress = Callable[[int], None]
+
+
+def _no_progress(n: int) -> None:
+    pass
 
 
 @dataclass
@@ -38,7 +45,12 @@ class SplitStats:
 
 def document_hash(text: str, seed: int) -> int:
     """A 63-bit keyed hash of a document, the same in every process (unlike Python's `hash`)."""
-    digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8, key=str(seed).encode()).digest()
+    return document_hash_bytes(text.encode("utf-8"), seed)
+
+
+def document_hash_bytes(utf8: bytes, seed: int) -> int:
+    """`document_hash` of a document given as its UTF-8 bytes."""
+    digest = hashlib.blake2b(utf8, digest_size=8, key=str(seed).encode()).digest()
     return int.from_bytes(digest, "big") >> 1
 
 
@@ -93,41 +105,63 @@ def assign_validation(
     return mask
 
 
+def split_hashes(text_path: Path, text_lengths: np.ndarray, seed: int, progress: Progress = _no_progress) -> np.ndarray:
+    """`document_hash` of every stored document, from the store's cleaned text read in chunks;
+    `progress(n)` is told the bytes of each chunk done."""
+    hashes = np.empty(len(text_lengths), dtype=np.int64)
+    for first, last, chunk in chunks_of(text_path, text_lengths, np.dtype(np.uint8), _READ_ITEMS):
+        progress(len(chunk))
+        data = chunk.tobytes()
+        ends = np.cumsum(text_lengths[first:last]).tolist()
+        for i, (a, b) in enumerate(zip([0, *ends[:-1]], ends)):
+            hashes[first + i] = document_hash_bytes(data[a:b], seed)
+    return hashes
+
+
 def pack_split(
-    token_batches: list[pa.RecordBatch], mask: np.ndarray, path: Path, dtype: np.dtype, block_size: int
+    tokens_path: Path,
+    dtype: np.dtype,
+    lengths: np.ndarray,
+    mask: np.ndarray,
+    path: Path,
+    block_size: int,
+    progress: Progress = _no_progress,
 ) -> SplitStats:
     """Concatenate the masked documents' tokens in corpus order into `path`, as whole blocks.
 
-    Streams batch by batch into the file, then truncates it to a multiple of block_size+1: the
-    remainder is dropped (and counted), never padded.
+    Streams chunk by chunk from the store's token file (`progress(n)` is told the tokens of each
+    chunk read), then truncates to a multiple of block_size+1: the remainder is dropped (and
+    counted), never padded.
     """
     stats = SplitStats(documents=int(mask.sum()))
-    start = 0
     with open(path, "wb") as f:
-        for batch in token_batches:
-            ids = batch.column("input_ids")
-            keep = mask[start : start + len(ids)]
-            start += len(ids)
-            if keep.any():
-                flat = pc.filter(ids, pa.array(keep)).flatten().to_numpy(zero_copy_only=False)
-                f.write(flat.astype(dtype, copy=False).tobytes())
-                stats.tokens += len(flat)
-        assert start == len(mask), "token batches and split mask disagree on the number of documents"
+        for first, last, chunk in chunks_of(tokens_path, lengths, dtype, _READ_ITEMS):
+            progress(len(chunk))
+            keep = mask[first:last]
+            if keep.all():
+                kept = chunk
+            elif keep.any():
+                kept = chunk[np.repeat(keep, lengths[first:last])]
+            else:
+                continue
+            f.write(kept.tobytes())
+            stats.tokens += len(kept)
         per_block = block_size + 1
         stats.blocks = stats.tokens // per_block
         stats.tokens_dropped = stats.tokens - stats.blocks * per_block
-        f.truncate(stats.blocks * per_block * np.dtype(dtype).itemsize)
+        f.truncate(stats.blocks * per_block * dtype.itemsize)
     return stats
 
 
 def pack_token_split(
-    token_batches: list[pa.RecordBatch],
+    tokens_path: Path,
+    dtype: np.dtype,
     lengths: np.ndarray,
     train_path: Path,
     val_path: Path,
-    dtype: np.dtype,
     block_size: int,
     val_fraction: float,
+    progress: Progress = _no_progress,
 ) -> tuple[SplitStats, SplitStats]:
     """Pack every document into one stream and hold out its last `val_fraction` of blocks (at least
     one) for validation, as nanoGPT holds out the tail of its token stream.
@@ -137,11 +171,12 @@ def pack_token_split(
     splits' `documents`. The remainder after the last full block lies in validation's part and is
     counted there as dropped.
     """
-    stream = pack_split(token_batches, np.ones(len(lengths), dtype=bool), train_path, dtype, block_size)
+    everything = np.ones(len(lengths), dtype=bool)
+    stream = pack_split(tokens_path, dtype, lengths, everything, train_path, block_size, progress)
     assert stream.blocks >= 2, "assign_validation lets only corpora of two blocks or more through"
     val_blocks = max(1, int(val_fraction * stream.blocks))  # val_fraction < 1: at most blocks - 1
     cut = (stream.blocks - val_blocks) * (block_size + 1)  # first token of validation
-    itemsize = np.dtype(dtype).itemsize
+    itemsize = dtype.itemsize
     with open(train_path, "r+b") as train, open(val_path, "wb") as val:
         train.seek(cut * itemsize)
         shutil.copyfileobj(train, val)
@@ -161,8 +196,3 @@ def pack_token_split(
 def token_dtype(vocab_size: int) -> np.dtype:
     """The smallest unsigned type that holds every id: uint16 for GPT-2's 50,257, halving disk and I/O."""
     return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.uint32)
-
-
-def record_batches(table: pa.Table) -> list[pa.RecordBatch]:
-    """The table as record batches of bounded size, for streaming."""
-    return table.to_batches(max_chunksize=_WRITE_ROWS)

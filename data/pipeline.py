@@ -2,57 +2,68 @@
 
 A corpus of too few documents to split by document (one large file) is split in its token stream.
 
-Only the packed token files are cached; everything before them is rebuilt on a miss. The cache key
-covers every input that changes the packed result, so a hit is always safe to use.
+Two stages, each cached: the tokenized documents (data/documents.py), keyed by what decides them,
+and the packed splits, keyed by those documents plus block size, validation fraction and split
+seed. A change to the packing alone re-packs the stored documents; any other change tokenizes again.
+Each key covers every input that changes its result, so a hit is always safe to use.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import datasets
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import transformers
+from tqdm.auto import tqdm
 
 from data.cache import cache_key, publish, read_entry
-from data.clean import CLEANING_VERSION, clean_text, is_empty
+from data.clean import CLEANING_VERSION
 from data.config import DataConfig
 from data.dataset import PackedDataset
-from data.errors import DataError
+from data.documents import (
+    TEXT_FILE,
+    TEXT_LENGTHS_FILE,
+    TOKEN_LENGTHS_FILE,
+    TOKENS_FILE,
+    StoreTotals,
+    encoded_batches,
+    read_lengths,
+    require_documents,
+    store_file_sizes,
+    text_batches,
+    write_store,
+)
 from data.packing import (
+    Progress,
     SplitStats,
     assign_validation,
-    document_hash,
     pack_split,
     pack_token_split,
-    record_batches,
+    split_hashes,
     token_dtype,
 )
-from data.sources import Corpus, Sources, describe, read_corpus
-from data.tokenizer import load_tokenizer, tokenizer_fingerprint
+from data.sources import ReadReport, Sources, describe, iter_documents
+from data.tokenizer import DocumentTokenizer, describe_tokenizer, load_document_tokenizer
 
 # Part of the cache key: bump when packing or the stored layout changes. 2: corpora of too few
 # documents are split in their token stream (`split_by`), which entries of 1 neither did nor record.
-PIPELINE_VERSION = 2
+# 3: packed from a store of tokenized documents, keyed by that store.
+PIPELINE_VERSION = 3
+# Part of the store's key: bump when the tokenized documents or their layout change.
+DOCUMENTS_VERSION = 1
 # How validation was held out (DataStats.split_by): whole documents by hash, or the token stream's tail.
 SPLIT_BY_DOCUMENT = "document"
 SPLIT_BY_TOKEN_STREAM = "token_stream"
-# Below this many documents per worker, starting a pool costs more than it saves (default num_proc only).
-_MIN_DOCS_PER_WORKER = 1000
-_MAP_BATCH = 1000
-# Below this many documents the map steps take well under a second and a progress bar is only noise
-# (on stderr, where it would also bury the one-line error of a corpus that is too small).
-_MIN_DOCS_FOR_PROGRESS = 10_000
+# Below this much text per worker, starting a pool costs more than it saves (default num_proc only).
+_MIN_BYTES_PER_WORKER = 4 * 2**20
+# Below this much text tokenizing takes a few seconds and a progress bar is only noise (on stderr,
+# where it would also bury the one-line error of a corpus that is too small).
+_MIN_BYTES_FOR_PROGRESS = 32 * 2**20
 # Files named in the warning about bytes that are not UTF-8 (and kept in the entry's metadata for it).
 _NOT_UTF8_NAMED = 3
 
@@ -78,6 +89,9 @@ class DataStats:
     cache_hit: bool
     cache_path: str
     build_time_s: float  # time this call spent (building, or finding and opening the cache)
+    # Seconds per stage of this call (hash, read, clean, tokenize, split, pack, total; clean and tokenize
+    # are CPU time summed over `workers` processes), only those that ran: a hit has hash and total.
+    stage_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -93,7 +107,20 @@ class DataStats:
             )
 
         tail = " (the tail of the token stream)" if self.split_by == SPLIT_BY_TOKEN_STREAM else ""
-        return [line("train", self.train), line("val", self.val) + tail]
+        return [line("train", self.train), line("val", self.val) + tail, self.timing()]
+
+    def timing(self) -> str:
+        """One line with the time each stage took."""
+        s = self.stage_seconds
+        parts = [f"{name} {s[name]:.1f} s" for name in ("hash", "read", "split", "pack") if name in s]
+        if "tokenize" in s:
+            parts.insert(
+                2,
+                f"clean {s['clean']:.1f} s and tokenize {s['tokenize']:.1f} s of CPU "
+                f"in {int(s['workers'])} process(es)",
+            )
+        built = "built" if not self.cache_hit else "reused"
+        return f"data: {built} in {s.get('total', self.build_time_s):.1f} s: " + ", ".join(parts)
 
 
 @dataclass
@@ -105,192 +132,144 @@ class PackedData:
     stats: DataStats
 
 
-# ----------------------------------------------------------------------------- map steps (top level: picklable)
+# ----------------------------------------------------------------------------- stage 1: tokenized documents
 
 
-def clean_batch(batch: dict[str, list], clean: bool, split_seed: int) -> dict[str, list]:
-    """Clean a batch of documents, drop the empty ones, and key each survivor for the split."""
-    texts = [clean_text(t) for t in batch["text"]] if clean else batch["text"]
-    kept = [t for t in texts if not is_empty(t)]
-    return {"text": kept, "split_hash": [document_hash(t, split_seed) for t in kept]}
-
-
-def tokenize_batch(
-    batch: dict[str, list], tokenizer: transformers.PreTrainedTokenizerFast, eot_id: int
-) -> dict[str, list]:
-    """Token ids of each document with the end-of-text id appended, so EOT separates documents."""
-    ids = tokenizer(batch["text"], add_special_tokens=False, return_attention_mask=False)["input_ids"]
-    for doc in ids:
-        doc.append(eot_id)
-    return {"input_ids": ids}
-
-
-def _workers(config: DataConfig, documents: int) -> int:
+def _workers(config: DataConfig, source_bytes: int) -> int:
     n = config.resolved_num_proc()
-    if config.num_proc is None:
-        n = min(n, max(1, documents // _MIN_DOCS_PER_WORKER))
-    return max(1, min(n, documents))
+    if config.num_proc is None:  # chosen by default: fewer for a small corpus, where a pool costs more than it saves
+        n = min(n, max(1, source_bytes // _MIN_BYTES_PER_WORKER))
+    return max(1, n)
 
 
-def clean_documents(
-    ds: datasets.Dataset, config: DataConfig, num_proc: int, cache_file: Path, fingerprint: str
-) -> datasets.Dataset:
-    """The pipeline's cleaning step: `text` cleaned (or kept, with --no-clean), empties dropped, `split_hash` added."""
-    features = datasets.Features({"text": datasets.Value("large_string"), "split_hash": datasets.Value("int64")})
-    return ds.map(
-        clean_batch,
-        batched=True,
-        batch_size=_MAP_BATCH,
-        fn_kwargs={"clean": config.clean, "split_seed": config.split_seed},
-        features=features,
-        num_proc=num_proc if num_proc > 1 else None,
-        cache_file_name=str(cache_file),
-        load_from_cache_file=False,
-        new_fingerprint=fingerprint,  # skips hashing the function, which datasets would otherwise do
-        desc="Cleaning" if config.clean else "Dropping empty documents",
-    )
+def _source_bytes(sources: Sources) -> int:
+    """The corpus's size: its files', or a Hugging Face dataset's Arrow data."""
+    if sources.hf_dataset is not None:
+        return int(sources.hf_dataset.data.nbytes)
+    return sum(f.path.stat().st_size for f in sources.files)
+
+
+def _progress(show: bool, total: int, unit: str, desc: str) -> Any:
+    """A bar with the rate and the time left on stderr (a no-op when not shown)."""
+    divisor = 1024 if unit == "B" else 1000
+    return tqdm(total=total, unit=unit, unit_scale=True, unit_divisor=divisor, desc=desc, disable=not show)
 
 
 def tokenize_documents(
-    ds: datasets.Dataset,
-    tokenizer: transformers.PreTrainedTokenizerFast,
-    num_proc: int,
-    cache_file: Path,
-    fingerprint: str,
-) -> datasets.Dataset:
-    """The pipeline's tokenize step: `text` -> `input_ids` (int32, EOT-terminated), other columns kept."""
-    # With a worker pool each worker is one tokenizing process; the tokenizer's own thread pool on top
-    # would oversubscribe the cores, and once used it makes every later fork (DataLoader workers) warn.
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    features = ds.features.copy()
-    del features["text"]
-    features["input_ids"] = datasets.Sequence(datasets.Value("int32"))  # Sequence: datasets 3.x has no List
-    return ds.map(
-        tokenize_batch,
-        batched=True,
-        batch_size=_MAP_BATCH,
-        fn_kwargs={"tokenizer": tokenizer, "eot_id": tokenizer.eos_token_id},
-        remove_columns=["text"],
-        features=features,
-        num_proc=num_proc if num_proc > 1 else None,
-        cache_file_name=str(cache_file),
-        load_from_cache_file=False,
-        new_fingerprint=fingerprint,
-        desc="Tokenizing",
-    )
+    folder: Path, config: DataConfig, sources: Sources, tokenizer: DocumentTokenizer, dtype: np.dtype, log: Log
+) -> dict[str, Any]:
+    """Read, clean and tokenize the corpus in one streamed pass into a store in `folder`; its metadata."""
+    report = ReadReport()
+    totals = StoreTotals()
+    size = _source_bytes(sources)
+    workers = _workers(config, size)
+    log(f"data: reading, cleaning and tokenizing with {workers} process(es), {describe_tokenizer(tokenizer)}")
+    texts = text_batches(iter_documents(sources, config, report), totals.seconds)
+    encoded = encoded_batches(texts, tokenizer, config.clean, dtype, workers)
+    show = size >= _MIN_BYTES_FOR_PROGRESS
+    unit = "B" if sources.hf_dataset is None else "documents"
+    with _progress(show, 0, unit, "Reading, cleaning, tokenizing") as bar:
+        write_store(folder, _tracked(encoded, report, bar), totals)
+    require_documents(totals, sources.description)
+    return {
+        "documents_version": DOCUMENTS_VERSION,
+        "files": store_file_sizes(totals, dtype),
+        "dtype": dtype.name,
+        "documents_read": totals.documents_read,
+        "documents": totals.documents,
+        "tokens": totals.tokens,
+        "not_utf8": _not_utf8_report(report),
+        "seconds": {**totals.seconds, "workers": workers},
+    }
 
 
-# ----------------------------------------------------------------------------- build and load
+def _tracked(batches: Iterator[Any], report: ReadReport, bar: Any) -> Iterator[Any]:
+    """The batches, moving the bar to how far reading has come as each one is written."""
+    for batch in batches:
+        bar.total = report.total
+        bar.update(report.done - bar.n)
+        yield batch
 
 
-@contextlib.contextmanager
-def _progress_bars(show: bool) -> Iterator[None]:
-    """Show or hide datasets' progress bars for the block, restoring the previous setting after it."""
-    was_enabled = datasets.utils.logging.is_progress_bar_enabled()
-    (datasets.enable_progress_bars if show else datasets.disable_progress_bars)()
-    try:
-        yield
-    finally:
-        (datasets.enable_progress_bars if was_enabled else datasets.disable_progress_bars)()
+def _documents(
+    root: Path, config: DataConfig, sources: Sources, tokenizer: DocumentTokenizer, key: str, log: Log
+) -> tuple[Path, dict[str, Any], bool]:
+    """The store of tokenized documents for `key`: reused when present, else built; its folder,
+    metadata and whether it was reused."""
+    folder = root / "documents"
+    meta = read_entry(folder, key)
+    if meta is not None:
+        log(f"data: reusing tokenized documents {folder / key}; packing them only")
+        return folder / key, meta, True
+    log(f"data: no tokenized documents {key}; building them under {folder}")
+    dtype = token_dtype(tokenizer.vocab_size)
+    meta = publish(folder, key, lambda tmp: tokenize_documents(tmp, config, sources, tokenizer, dtype, log))
+    return folder / key, meta, False
 
 
-def _write_arrow(table: pa.Table, path: Path) -> datasets.Dataset:
-    """Write the corpus where workers can memory-map it, rather than pickle it to each of them."""
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table, max_chunksize=_MAP_BATCH)
-    return datasets.Dataset.from_file(str(path))
+# ----------------------------------------------------------------------------- stage 2: split and pack
 
 
 def _build(
-    tmp: Path,
-    config: DataConfig,
-    sources: Sources,
-    tokenizer: transformers.PreTrainedTokenizerFast,
-    key: str,
-    key_parts: dict[str, Any],
-    log: Log,
+    store: Path, store_meta: dict[str, Any], tmp: Path, config: DataConfig, description: str, log: Log
 ) -> dict[str, Any]:
-    """Build the packed splits into folder `tmp` and return the entry's metadata."""
-    work = tmp / "work"
-    work.mkdir()
-    read = read_corpus(sources, config)
-    documents_read, tokens = _clean_and_tokenize(read, work, config, sources.description, tokenizer, key, log)
-    dtype = token_dtype(len(tokenizer))
-    split_by, packed, documents_kept = _split_and_pack(tokens, tmp, dtype, config, sources.description, log)
-    del tokens  # its Arrow file is memory-mapped: released before the folder goes
-    shutil.rmtree(work)  # intermediate Arrow files; only the packed blocks are kept
+    """Split the stored documents and pack both splits into folder `tmp`; the entry's metadata."""
+    dtype = np.dtype(store_meta["dtype"])
+    lengths = read_lengths(store, TOKEN_LENGTHS_FILE)
+    text_lengths = read_lengths(store, TEXT_LENGTHS_FILE)
+    show = int(text_lengths.sum()) >= _MIN_BYTES_FOR_PROGRESS
+    start = time.perf_counter()
+    with _progress(show, int(text_lengths.sum()), "B", "Splitting") as bar:
+        doc_hash = split_hashes(store / TEXT_FILE, text_lengths, config.split_seed, bar.update)
+    is_val = assign_validation(doc_hash, lengths, config.val_fraction, config.block_size, description, log)
+    split_s = time.perf_counter() - start
+    passes = 1 if is_val is None else 2  # one pass over the tokens per split written from them
+    with _progress(show, passes * int(lengths.sum()), " tokens", "Packing") as bar:
+        split_by, packed = _pack(store / TOKENS_FILE, dtype, lengths, is_val, tmp, config, log, bar.update)
     return {
         "pipeline_version": PIPELINE_VERSION,
-        "key": key,
-        "key_parts": key_parts,
-        "source": sources.description,
         "block_size": config.block_size,
         "dtype": dtype.name,
-        "vocab_size": len(tokenizer),
-        "eot_id": tokenizer.eos_token_id,
-        "documents_read": documents_read,
-        "documents_empty": documents_read - documents_kept,
+        "documents_read": store_meta["documents_read"],
+        "documents_empty": store_meta["documents_read"] - store_meta["documents"],
         "split_by": split_by,
         "splits": {
             name: {**asdict(stats), "bytes": stats.blocks * (config.block_size + 1) * dtype.itemsize}
             for name, stats in zip(("train", "val"), packed)
         },
-        "not_utf8": _not_utf8_report(read),
+        "not_utf8": store_meta["not_utf8"],
+        "seconds": {"split": split_s, "pack": time.perf_counter() - start - split_s},
     }
 
 
-def _clean_and_tokenize(
-    read: Corpus,
-    work: Path,
+def _pack(
+    tokens: Path,
+    dtype: np.dtype,
+    lengths: np.ndarray,
+    is_val: np.ndarray | None,
+    tmp: Path,
     config: DataConfig,
-    description: str,
-    tokenizer: transformers.PreTrainedTokenizerFast,
-    key: str,
     log: Log,
-) -> tuple[int, datasets.Dataset]:
-    """Clean and tokenize the documents read, through Arrow files in `work`: how many were read, and the
-    tokens of the non-empty ones."""
-    corpus = _write_arrow(read.table, work / "corpus.arrow")
-    num_proc = _workers(config, len(corpus))
-    log(f"data: {len(corpus):,} documents read; cleaning and tokenizing with {num_proc} process(es)")
-    with _progress_bars(len(corpus) >= _MIN_DOCS_FOR_PROGRESS):
-        cleaned = clean_documents(corpus, config, num_proc, work / "cleaned.arrow", f"{key}-clean")
-        if len(cleaned) == 0:
-            raise DataError(f"{description}: no non-empty documents after cleaning; check --text_column")
-        tokens = tokenize_documents(cleaned, tokenizer, num_proc, work / "tokens.arrow", f"{key}-tokens")
-    return len(corpus), tokens
-
-
-def _split_and_pack(
-    tokens: datasets.Dataset, tmp: Path, dtype: np.dtype, config: DataConfig, description: str, log: Log
-) -> tuple[str, tuple[SplitStats, SplitStats], int]:
-    """Hold out validation (whole documents, else the token stream's tail) and pack both splits into `tmp`.
-
-    Returns how the split was made (SPLIT_BY_*), the two splits' stats and the number of documents packed.
-    """
-    table = tokens.data.table
-    lengths = pc.list_value_length(table.column("input_ids")).to_numpy().astype(np.int64)
-    doc_hash = table.column("split_hash").to_numpy()
-    is_val = assign_validation(doc_hash, lengths, config.val_fraction, config.block_size, description, log)
-    batches = record_batches(table.select(["input_ids"]))
+    progress: Progress,
+) -> tuple[str, tuple[SplitStats, SplitStats]]:
+    """Pack both splits into `tmp`: whole documents by `is_val`, or (None) the token stream's tail as validation."""
     if is_val is not None:
-        packed = (
-            pack_split(batches, ~is_val, tmp / "train.bin", dtype, config.block_size),
-            pack_split(batches, is_val, tmp / "val.bin", dtype, config.block_size),
+        return SPLIT_BY_DOCUMENT, (
+            pack_split(tokens, dtype, lengths, ~is_val, tmp / "train.bin", config.block_size, progress),
+            pack_split(tokens, dtype, lengths, is_val, tmp / "val.bin", config.block_size, progress),
         )
-        return SPLIT_BY_DOCUMENT, packed, len(lengths)
     train, val = pack_token_split(
-        batches, lengths, tmp / "train.bin", tmp / "val.bin", dtype, config.block_size, config.val_fraction
+        tokens, dtype, lengths, tmp / "train.bin", tmp / "val.bin", config.block_size, config.val_fraction, progress
     )
     log(
         f"data: {len(lengths):,} document(s) cannot be split by document into a training and a validation "
         f"block of {config.block_size + 1} tokens each; holding out the tail of the token stream instead: "
         f"the last {val.blocks:,} of {train.blocks + val.blocks:,} blocks (val_fraction {config.val_fraction})"
     )
-    return SPLIT_BY_TOKEN_STREAM, (train, val), len(lengths)
+    return SPLIT_BY_TOKEN_STREAM, (train, val)
 
 
-def _not_utf8_report(read: Corpus) -> dict[str, Any]:
+def _not_utf8_report(read: ReadReport) -> dict[str, Any]:
     """What the warning about bytes that are not UTF-8 says, kept with the entry so a hit says it too."""
     return {
         "files": len(read.not_utf8),
@@ -309,20 +288,30 @@ def _not_utf8_warning(report: dict[str, Any]) -> str:
     )
 
 
-def _key_parts(config: DataConfig, sources: Sources, tokenizer_fp: str) -> dict[str, Any]:
-    """Every input that changes the packed result; paths and worker counts are left out on purpose."""
+def _document_key_parts(config: DataConfig, sources: Sources, tokenizer: DocumentTokenizer) -> dict[str, Any]:
+    """Every input that changes the tokenized documents; paths and worker counts are left out on purpose."""
     return {
-        "pipeline_version": PIPELINE_VERSION,
+        "documents_version": DOCUMENTS_VERSION,
         "sources": sources.key,
-        "tokenizer": tokenizer_fp,
-        "block_size": config.block_size,
+        # The implementation is part of it (tiktoken and transformers fingerprint differently), though
+        # both give GPT-2 the same ids: an entry says which one made it.
+        "tokenizer": tokenizer.fingerprint(),
         "clean": config.clean,
-        # A strict run must fail on a corpus that a lenient run packed with U+FFFD, not reuse its entry.
+        # A strict run must fail on a corpus that a lenient run read with U+FFFD, not reuse its entry.
         "strict_utf8": config.strict_utf8,
         "cleaning_version": CLEANING_VERSION if config.clean else None,
         "text_column": config.text_column,
         "prepend_title": config.prepend_title,
         "max_documents": config.max_documents,
+    }
+
+
+def _key_parts(config: DataConfig, documents_key: str) -> dict[str, Any]:
+    """The packed entry's inputs: the tokenized documents, and how they are split and packed."""
+    return {
+        "pipeline_version": PIPELINE_VERSION,
+        "documents": documents_key,
+        "block_size": config.block_size,
         "val_fraction": config.val_fraction,
         "split_seed": config.split_seed,
     }
@@ -343,19 +332,40 @@ def _load_or_build(config: DataConfig, log: Log) -> PackedData:
     start = time.perf_counter()
     root = config.resolved_cache_dir()
     sources = describe(config, root / "hf")  # first: a wrong path should fail before anything slow
+    seconds = {"hash": time.perf_counter() - start}
     _log_source(config, sources, log)
-    tokenizer = load_tokenizer(config.tokenizer)
-    key_parts = _key_parts(config, sources, tokenizer_fingerprint(tokenizer))
-    key = cache_key(key_parts)
+    tokenizer = load_document_tokenizer(config.tokenizer)
+    documents_key = cache_key(_document_key_parts(config, sources, tokenizer))
+    key = cache_key(_key_parts(config, documents_key))
     packed_root = root / "packed"
     meta = read_entry(packed_root, key)
     cache_hit = meta is not None
     if meta is None:
-        log(f"data: no cache entry {key}; building it under {packed_root}")
-        meta = publish(packed_root, key, lambda tmp: _build(tmp, config, sources, tokenizer, key, key_parts, log))
+        store, store_meta, reused = _documents(root, config, sources, tokenizer, documents_key, log)
+        log(f"data: no cache entry {key}; packing it under {packed_root}")
+        meta = publish(packed_root, key, lambda tmp: _build(store, store_meta, tmp, config, sources.description, log))
+        seconds.update({} if reused else store_meta["seconds"])
+        seconds.update(meta["seconds"])
     else:
         log(f"data: reusing cache entry {packed_root / key}")
-    folder = packed_root / key
+    seconds["total"] = time.perf_counter() - start
+    data = _open_entry(packed_root / key, meta, tokenizer, sources.description, cache_hit, seconds)
+    if data.stats.not_utf8_files:
+        log(_not_utf8_warning(meta["not_utf8"]))
+    for line in data.stats.summary():
+        log(line)
+    return data
+
+
+def _open_entry(
+    folder: Path,
+    meta: dict[str, Any],
+    tokenizer: DocumentTokenizer,
+    description: str,
+    cache_hit: bool,
+    seconds: dict[str, float],
+) -> PackedData:
+    """The datasets of a published packed entry, and their statistics."""
     splits = {
         name: PackedDataset(folder / f"{name}.bin", meta["block_size"], meta["splits"][name]["blocks"], meta["dtype"])
         for name in ("train", "val")
@@ -364,26 +374,23 @@ def _load_or_build(config: DataConfig, log: Log) -> PackedData:
         name: SplitStats(**{k: v for k, v in meta["splits"][name].items() if k != "bytes"}) for name in splits
     }
     stats = DataStats(
-        source=sources.description,
+        source=description,
         train=split_stats["train"],
         val=split_stats["val"],
         block_size=meta["block_size"],
-        vocab_size=meta["vocab_size"],
-        eot_id=meta["eot_id"],
+        vocab_size=tokenizer.vocab_size,
+        eot_id=tokenizer.eot_id,
         documents_read=meta["documents_read"],
         documents_empty=meta["documents_empty"],
         split_by=meta["split_by"],
         not_utf8_files=meta["not_utf8"]["files"],
         not_utf8_bytes=meta["not_utf8"]["bytes"],
-        cache_key=key,
+        cache_key=folder.name,
         cache_hit=cache_hit,
         cache_path=str(folder),
-        build_time_s=time.perf_counter() - start,
+        build_time_s=seconds["total"],
+        stage_seconds=seconds,
     )
-    if stats.not_utf8_files:
-        log(_not_utf8_warning(meta["not_utf8"]))
-    for line in stats.summary():
-        log(line)
     return PackedData(train=splits["train"], val=splits["val"], stats=stats)
 
 

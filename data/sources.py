@@ -17,6 +17,7 @@ import io
 import json
 import os
 import re
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,11 @@ from data.errors import DataError
 FORMATS = {".csv": "csv", ".txt": "txt", ".json": "json", ".jsonl": "jsonl", ".parquet": "parquet"}
 _GLOB_CHARS = set("*?[")
 _CHUNK = 1 << 20
+# Bytes of CSV that pyarrow parses at a time (a longer row is read with a larger block). Its reader
+# reads some 40 blocks ahead of the rows taken, so this also bounds the memory reading takes.
+CSV_BLOCK_BYTES = 1 << 20
+# Rows of a Hugging Face dataset handed on at a time (its table is memory-mapped already).
+_HF_BATCH_ROWS = 10_000
 
 
 @dataclass(frozen=True)
@@ -174,6 +180,72 @@ def read_utf8(path: Path, strict: bool) -> tuple[bytes, int]:
     return data.removeprefix(codecs.BOM_UTF8), bad
 
 
+def scan_utf8(path: Path, strict: bool) -> int:
+    """How many bytes of file `path` are not UTF-8, read in chunks; with `strict` the first is a
+    DataError giving its offset, as `read_utf8` does for a file read whole."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            held = len(decoder.getstate()[0])  # bytes of a character cut by the previous chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as exc:
+                if strict:
+                    raise DataError(
+                        f"{path}: not UTF-8 text (bad byte at offset {offset - held + exc.start}); re-encode it, "
+                        "e.g. `iconv -f latin1 -t utf-8`, or leave out --strict_utf8 to read such bytes as U+FFFD"
+                    ) from None
+                return _count_bad_bytes(path)
+            if not chunk:
+                return 0
+            offset += len(chunk)
+
+
+def _count_bad_bytes(path: Path) -> int:
+    decoder = codecs.getincrementaldecoder("utf-8")("surrogateescape")
+    bad = 0
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            bad += len(_ESCAPED_BYTE.findall(decoder.decode(chunk)))
+    return bad + len(_ESCAPED_BYTE.findall(decoder.decode(b"", final=True)))
+
+
+class _Utf8Stream(io.RawIOBase):
+    """A file's bytes, read in chunks, as valid UTF-8: with `replace`, each sequence that is not UTF-8
+    becomes U+FFFD, as `bytes.decode("utf-8", "replace")` would. `position()` tells how far into the
+    file reading has come, for progress."""
+
+    def __init__(self, path: Path, replace: bool) -> None:
+        self._file = open(path, "rb")
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace") if replace else None
+        self._pending = memoryview(b"")
+        self._done = False
+
+    def readable(self) -> bool:
+        return True
+
+    def position(self) -> int:
+        return self._file.tell()
+
+    def readinto(self, buffer: Any) -> int:
+        if self._decoder is None:
+            return self._file.readinto(buffer)
+        while not self._pending and not self._done:
+            chunk = self._file.read(_CHUNK)
+            self._done = not chunk
+            self._pending = memoryview(self._decoder.decode(chunk, final=self._done).encode("utf-8"))
+        n = min(len(buffer), len(self._pending))
+        buffer[:n] = self._pending[:n]
+        self._pending = self._pending[n:]
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
+
+
 def describe(config: DataConfig, hf_cache_dir: Path) -> Sources:
     """Resolve the sources of `config` and fingerprint their content, without reading documents.
 
@@ -233,39 +305,60 @@ def _unix_newlines(values: pa.ChunkedArray) -> pa.ChunkedArray:
     return pc.replace_substring(pc.replace_substring(values, "\r\n", "\n"), "\r", "\n")
 
 
-def _parse_csv(data: bytes, wanted: list[str], block_size: int | None) -> pa.Table:
-    """The `wanted` columns of CSV `data`, as text; block_size None is pyarrow's default."""
-    read_options = pacsv.ReadOptions(block_size=block_size) if block_size else None
-    return pacsv.read_csv(
-        pa.BufferReader(data),
-        read_options=read_options,
+def _csv_header(path: Path, bad_bytes: int) -> list[str]:
+    with io.TextIOWrapper(_Utf8Stream(path, bad_bytes > 0), encoding="utf-8-sig", newline="") as text:
+        return next(csv.reader(text), [])
+
+
+def _csv_batches(stream: _Utf8Stream, wanted: list[str], block_size: int) -> Iterator[pa.RecordBatch]:
+    reader = pacsv.open_csv(
+        pa.PythonFile(stream, mode="r"),  # pyarrow drops a leading byte-order mark itself
+        read_options=pacsv.ReadOptions(block_size=block_size),
         # Kaggle's All the News has newlines inside quoted `content`; "" escapes a quote (the default).
         parse_options=pacsv.ParseOptions(newlines_in_values=True),
         convert_options=pacsv.ConvertOptions(
             include_columns=wanted, column_types={c: pa.large_string() for c in wanted}
         ),
     )
+    yield from reader
 
 
-def _read_csv(path: Path, data: bytes, column: str, prepend_title: bool) -> pa.Table:
-    header = next(csv.reader(io.TextIOWrapper(io.BytesIO(data), encoding="utf-8", newline="")), [])
+def _stream_csv(
+    path: Path, column: str, prepend_title: bool, bad_bytes: int, at: Callable[[int], None]
+) -> Iterator[pa.Table]:
+    """The documents of a CSV file as `text` tables, parsed a block at a time.
+
+    pyarrow parses in blocks that must each hold whole rows. A row longer than the block (a book in
+    one cell) stops the reader; it starts again with a block eight times larger, skipping the rows
+    already given, so memory follows the longest row rather than the file. `at(offset)` is told how
+    far into the file each table came from.
+    """
+    header = _csv_header(path, bad_bytes)
     wanted = [column] + (["title"] if prepend_title else [])
     for needed in wanted:
         if needed not in header:
             raise _missing_column(path, needed, header)
-    try:
+    rows, block = 0, CSV_BLOCK_BYTES
+    while True:
+        seen = 0
         try:
-            table = _parse_csv(data, wanted, None)
-        except pa.ArrowInvalid:
-            # pyarrow parses in blocks (1 MiB) that must each hold whole rows, so a longer row (a
-            # book in one cell, a line of several MB) fails; one block of the whole file always fits.
-            table = _parse_csv(data, wanted, min(len(data) + 1, 2**31 - 1))
-    except pa.ArrowInvalid as exc:
-        raise DataError(f"{path}: not a valid CSV ({str(exc).splitlines()[0]}); check its quoting") from None
-    if table.num_rows == 0:
+            with _Utf8Stream(path, bad_bytes > 0) as stream:
+                for batch in _csv_batches(stream, wanted, block):
+                    fresh = batch.slice(max(0, rows - seen))
+                    seen += batch.num_rows
+                    if fresh.num_rows:
+                        rows += fresh.num_rows
+                        at(stream.position())
+                        table = pa.table({name: _unix_newlines(fresh.column(name)) for name in wanted})
+                        yield _text_from_table(table, column, prepend_title, path)
+            break
+        except pa.ArrowInvalid as exc:
+            size = path.stat().st_size
+            if "straddl" not in str(exc) or block > size:
+                raise DataError(f"{path}: not a valid CSV ({str(exc).splitlines()[0]}); check its quoting") from None
+            block = min(block * 8, size + 1, 2**31 - 1)
+    if rows == 0:
         raise DataError(f"{path}: CSV has a header but no rows; remove it from --data or add documents")
-    table = pa.table({name: _unix_newlines(table.column(name)) for name in wanted})
-    return _text_from_table(table, column, prepend_title, path)
 
 
 def _read_txt(data: bytes) -> pa.Table:
@@ -332,20 +425,75 @@ def _read_parquet(path: Path, column: str, prepend_title: bool) -> pa.Table:
     return _text_from_table(table, column, prepend_title, path)
 
 
-def read_file(src: SourceFile, text_column: str | None, prepend_title: bool, strict_utf8: bool) -> tuple[pa.Table, int]:
-    """Read one file into a `text` table (one row per document), and count its bytes that were not
-    UTF-8 (read as U+FFFD; with `strict_utf8` they are a DataError)."""
+def read_file(
+    src: SourceFile,
+    text_column: str | None,
+    prepend_title: bool,
+    strict_utf8: bool,
+    at: Callable[[int], None] = lambda offset: None,
+) -> tuple[Iterator[pa.Table], int]:
+    """The documents of one file as `text` tables (one row per document; a CSV file streamed in
+    blocks, any other read whole), and the count of its bytes that were not UTF-8 (read as U+FFFD;
+    with `strict_utf8` they are a DataError)."""
     column = text_column or DEFAULT_TEXT_COLUMN.get(src.fmt, "text")
     if src.fmt == "parquet":
-        return _read_parquet(src.path, column, prepend_title), 0  # pyarrow decodes parquet's strings itself
-    data, bad_bytes = read_utf8(src.path, strict_utf8)
+        return iter([_read_parquet(src.path, column, prepend_title)]), 0  # pyarrow decodes parquet's strings
     if src.fmt == "csv":
-        return _read_csv(src.path, data, column, prepend_title), bad_bytes
+        bad_bytes = scan_utf8(src.path, strict_utf8)
+        return _stream_csv(src.path, column, prepend_title, bad_bytes, at), bad_bytes
+    data, bad_bytes = read_utf8(src.path, strict_utf8)
     if src.fmt == "txt":
-        return _read_txt(data), bad_bytes
+        return iter([_read_txt(data)]), bad_bytes
     if src.fmt in ("json", "jsonl"):
-        return _read_json(src.path, data, src.fmt, column, prepend_title), bad_bytes
+        return iter([_read_json(src.path, data, src.fmt, column, prepend_title)]), bad_bytes
     raise AssertionError(f"no reader for {src.fmt}")
+
+
+@dataclass
+class ReadReport:
+    """How far reading has come, and which of the files read held bytes that are not UTF-8; filled in
+    as the corpus is read."""
+
+    total: int = 0  # bytes of the source files (rows of a Hugging Face dataset)
+    done: int = 0  # how many of those have been read
+    files_read: int = 0
+    not_utf8: list[tuple[str, int]] = field(default_factory=list)  # (file, bytes read as U+FFFD), in order
+
+
+def iter_documents(sources: Sources, config: DataConfig, report: ReadReport) -> Iterator[pa.Table]:
+    """The documents of the corpus as `text` tables, in order, one file (or CSV block) at a time; at
+    most `max_documents` rows in all. Files are opened only as the stream reaches them."""
+    limit = config.max_documents
+    if sources.hf_dataset is not None:
+        table = _hf_text_table(sources.hf_dataset, config)
+        report.total = table.num_rows
+        for batch in table.to_batches(max_chunksize=_HF_BATCH_ROWS):
+            report.done += batch.num_rows
+            yield pa.Table.from_batches([batch])
+        return
+    sizes = [src.path.stat().st_size for src in sources.files]
+    report.total, rows = sum(sizes), 0
+    for i, src in enumerate(sources.files):
+        if limit is not None and rows >= limit:
+            return  # a quick run need not parse the rest of a large corpus
+        before = sum(sizes[:i])
+        report.done = before
+
+        def at(offset: int, before: int = before) -> None:
+            report.done = before + offset
+
+        tables, bad_bytes = read_file(src, config.text_column, config.prepend_title, config.strict_utf8, at)
+        report.files_read += 1
+        if bad_bytes:
+            report.not_utf8.append((str(src.path), bad_bytes))
+        for table in tables:
+            take = table if limit is None else table.slice(0, limit - rows)
+            rows += take.num_rows
+            if take.num_rows:
+                yield take
+            if limit is not None and rows >= limit:
+                break
+        report.done = before + sizes[i]
 
 
 @dataclass
@@ -358,22 +506,11 @@ class Corpus:
 
 
 def read_corpus(sources: Sources, config: DataConfig) -> Corpus:
-    """All documents of the corpus, in order; at most `max_documents` rows."""
-    limit = config.max_documents
-    if sources.hf_dataset is not None:
-        table = _hf_text_table(sources.hf_dataset, config)
-        return Corpus(table.slice(0, limit) if limit else table, files_read=0)
-    tables, rows, not_utf8 = [], 0, []
-    for src in sources.files:
-        if limit is not None and rows >= limit:
-            break  # a quick run need not parse the rest of a large corpus
-        t, bad_bytes = read_file(src, config.text_column, config.prepend_title, config.strict_utf8)
-        tables.append(t)
-        rows += t.num_rows
-        if bad_bytes:
-            not_utf8.append((str(src.path), bad_bytes))
-    table = pa.concat_tables(tables)
-    return Corpus(table.slice(0, limit) if limit else table, files_read=len(tables), not_utf8=not_utf8)
+    """All documents of the corpus in memory, in order; at most `max_documents` rows."""
+    report = ReadReport()
+    tables = list(iter_documents(sources, config, report))
+    empty = pa.table({"text": pa.array([], pa.large_string())})
+    return Corpus(pa.concat_tables(tables or [empty]), files_read=report.files_read, not_utf8=report.not_utf8)
 
 
 def read_documents(sources: Sources, config: DataConfig) -> pa.Table:

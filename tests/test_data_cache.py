@@ -71,6 +71,36 @@ def test_any_key_change_rebuilds(tmp_path: Path, corpus: Path, change: str):
     assert build(tmp_path, corpus, **overrides).stats.cache_hit  # and the new entry is reused in turn
 
 
+@pytest.mark.parametrize(
+    "change", [{"block_size": 17}, {"val_fraction": 0.2}, {"split_seed": 99}, {"block_size": 8, "split_seed": 5}]
+)
+def test_another_block_size_or_split_only_repacks(tmp_path: Path, corpus: Path, monkeypatch, change: dict):
+    base = build(tmp_path, corpus)
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("the documents were tokenized again for a change that only needs packing")
+
+    monkeypatch.setattr(pipeline, "tokenize_documents", must_not_run)
+    lines, log = log_sink()
+    repacked = build_datasets(config(tmp_path, paths=[str(corpus)], **{"block_size": 16, **change}), log=log)
+    assert not repacked.stats.cache_hit and repacked.stats.cache_key != base.stats.cache_key
+    assert any("reusing tokenized documents" in line for line in lines)
+    monkeypatch.undo()  # the same packing from a fresh tokenization, in a cache of its own
+    fresh = build_datasets(config(tmp_path / "fresh", paths=[str(corpus)], **{"block_size": 16, **change}), log=log)
+    assert repacked.train.path.read_bytes() == fresh.train.path.read_bytes()
+    assert repacked.val.path.read_bytes() == fresh.val.path.read_bytes()
+    assert (repacked.stats.train, repacked.stats.val) == (fresh.stats.train, fresh.stats.val)
+
+
+@pytest.mark.parametrize("change", [{"clean": False}, {"prepend_title": True}, {"max_documents": 30}])
+def test_a_change_to_the_documents_tokenizes_again(tmp_path: Path, corpus: Path, change: dict):
+    build(tmp_path, corpus)
+    lines, log = log_sink()
+    build_datasets(config(tmp_path, paths=[str(corpus)], block_size=16, **change), log=log)
+    assert any("no tokenized documents" in line for line in lines)
+    assert len(list((tmp_path / "cache" / "documents").iterdir())) == 2
+
+
 def test_interrupted_build_leaves_nothing_that_is_trusted(tmp_path: Path, corpus: Path, monkeypatch):
     def crash(*args, **kwargs):
         raise KeyboardInterrupt  # as if the user hit Ctrl-C halfway through writing the splits

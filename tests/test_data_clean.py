@@ -6,7 +6,7 @@ from pathlib import Path
 
 from data import build_datasets, load_tokenizer
 from data.clean import clean_text
-from data.pipeline import clean_batch
+from data.documents import clean_documents
 from tests.test_data_support import config, log_sink, write_kaggle_csv
 
 
@@ -39,9 +39,9 @@ def test_case_and_punctuation_are_preserved():
     assert clean_text(text) == text
 
 
-def test_empty_documents_are_dropped_and_the_rest_keyed():
-    out = clean_batch({"text": ["<p> </p>", "  \n ", "Real text", "&nbsp;"]}, clean=True, split_seed=1)
-    assert out["text"] == ["Real text"] and len(out["split_hash"]) == 1
+def test_empty_documents_are_dropped():
+    assert clean_documents(["<p> </p>", "  \n ", "Real text", "&nbsp;"], clean=True) == ["Real text"]
+    assert clean_documents(["<p> </p>", "  \n ", "Real text"], clean=False) == ["<p> </p>", "Real text"]
 
 
 def test_pipeline_counts_dropped_empty_documents(tmp_path: Path):

@@ -151,5 +151,14 @@ def test_stats_are_logged_and_serialisable(tmp_path: Path, corpus: Path):
     assert d["train"]["blocks"] == len(data.train) and d["val"]["blocks"] == len(data.val)
     assert d["cache_key"] and d["cache_hit"] is False and d["build_time_s"] > 0 and str(corpus) in d["source"]
     assert any(line.startswith("data: train") and "tokens dropped" in line for line in lines)
+    timing = [line for line in lines if line.startswith("data: built in ")]
+    stages = ("hash", "read", "clean", "tokenize", "split", "pack")
+    assert len(timing) == 1 and all(f"{stage} " in timing[0] for stage in stages)
+    assert set(stages) < set(d["stage_seconds"]) and d["stage_seconds"]["total"] == d["build_time_s"]
+    hit_lines, log = log_sink()
+    hit = build_datasets(config(tmp_path, paths=[str(corpus)], block_size=16), log=log).stats.to_dict()
+    assert [line for line in hit_lines if line.startswith("data: reused in ")] and "tokenize" not in hit[
+        "stage_seconds"
+    ]
     # config.json records these stats: they must survive JSON unchanged, nested splits included.
     assert json.loads(json.dumps(d, allow_nan=False)) == d

@@ -7,8 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from data import DataError, load_tokenizer
-from data.tokenizer import EOT_ID, _bundled_files_dir, load_gpt2_from_files, tokenizer_fingerprint
+from data import DataConfig, DataError, load_tokenizer
+from data.clean import clean_text
+from data.sources import describe, read_documents
+from data.tokenizer import (
+    EOT_ID,
+    _bundled_files_dir,
+    load_document_tokenizer,
+    load_gpt2_from_files,
+    tokenizer_fingerprint,
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,9 +62,46 @@ def test_fingerprint_follows_behaviour_not_name(tok, tmp_path: Path):
     other = load_tokenizer(str(same))
     other.add_tokens(["<|pad|>"])
     assert tokenizer_fingerprint(other) != tokenizer_fingerprint(tok)
+    # The pipeline's two implementations of GPT-2 fingerprint apart, though their ids are the same.
+    fast, transformers_path = load_document_tokenizer(), load_document_tokenizer(str(same))
+    assert fast.fingerprint() == load_document_tokenizer().fingerprint()
+    assert transformers_path.fingerprint() == tokenizer_fingerprint(tok) != fast.fingerprint()
+    assert (fast.vocab_size, fast.eot_id) == (transformers_path.vocab_size, transformers_path.eot_id) == (50257, EOT_ID)
 
 
 def test_unloadable_tokenizer_is_a_data_error(tmp_path: Path):
     with pytest.raises(DataError, match=str(tmp_path / "empty")):
         (tmp_path / "empty").mkdir()
         load_tokenizer(str(tmp_path / "empty"))
+
+
+# ----------------------------------------------------------------------------- tiktoken, the pipeline's GPT-2
+
+EDGE_CASES = [
+    "Hello world",
+    "Emoji 🙂🚀👩‍👩‍👧 and flags 🇫🇷🇯🇵, and a lone 🏳️‍🌈.",
+    "Windows\r\nline ends\r\n\r\nand a lone\rCR",
+    "   leading, trailing and inner runs     of spaces\t\t\ttabs \n\n\n\n  and   newlines   ",
+    " " * 300 + "x" + "\n" * 50 + "y" + "\t " * 40,
+    "<|endoftext|>at the start, <|endoftext|> in the middle,<|endoftext|><|endoftext|> twice, and at the end<|endoftext|>",
+    " <|endoftext|> ",
+    "<|endoftext| not quite, <|endoftext>, |endoftext|>",
+    "Contractions: it's, I'M, we'll, they've, you're, she'd, o'clock, rock 'n' roll",
+    "Numbers 1234567890, 3.14159, 1,000,000 and ١٢٣ and ½",
+    "日本語のテキスト、中文文本，한국어 텍스트, Ελληνικά, русский текст, עברית, العربية, हिन्दी",
+    "Combining: e\u0301, Zalgo z\u0351\u0352\u0353, zero\u200bwidth, nbsp\u00a0here, BOM\ufeffinside",
+    "\u2028line separator\u2029paragraph separator\u0085next line",
+]
+
+
+def test_tiktoken_gives_transformers_ids_on_real_and_edge_case_text(tok):
+    cfg = DataConfig()  # the bundled sample: real articles' mix of quotes, dashes, accents and HTML
+    raw = read_documents(describe(cfg, Path("unused")), cfg).column("text").to_pylist()
+    texts = raw + [clean_text(t) for t in raw] + EDGE_CASES + ["".join(EDGE_CASES)]
+    fast = load_document_tokenizer()
+    expected = tok(texts, add_special_tokens=False)["input_ids"]
+    got = [ids.tolist() for ids in fast.encode(texts)]
+    assert sum(map(len, expected)) > 20_000
+    mismatched = [t[:60] for t, a, b in zip(texts, got, expected) if a != b]
+    assert mismatched == []
+    assert got[len(raw) * 2 + 5] == [EOT_ID, *expected[len(raw) * 2 + 5][1:]]  # <|endoftext|> in text is EOT
