@@ -80,6 +80,10 @@ def test_grad_norm_is_the_global_norm_before_clipping(accelerator: Accelerator) 
 
 def _one_sgd_step(accelerator: Accelerator, micro_batches: list[dict[str, torch.Tensor]]) -> tuple[float, GPT2]:
     accelerator.gradient_accumulation_steps = len(micro_batches)
+    # accelerate counts micro-batches across calls and steps the optimizer when the count reaches a multiple of
+    # the accumulation steps; train.py's optimizer steps always start from such a multiple, so this one does too
+    # (without it the result depended on which tests ran before on this accelerator).
+    accelerator.step = 0
     model = _tiny_model()
     # SGD with lr 1 and no clipping: new weights = old weights - accumulated gradient.
     optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
