@@ -25,7 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
     except ValueError as exc:  # a config dataclass rejected a value
-        print(f"error: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        _leave_together()
         return 2
 
     from data import DataError
@@ -71,13 +73,25 @@ def _leave_together() -> None:
     torchrun, seeing one process end, stops the others), then close the process group.
 
     A process that exits with its gloo group open can abort in C++ ("terminate called without an
-    active exception", SIGABRT) instead of ending with its status.
+    active exception", SIGABRT) instead of ending with its status. A failure found before the group
+    exists (a config value, the strategy the launch gives) is the same in every process; they meet in a
+    group of their own for the wait, else on a loaded machine the first was stopped before its line was out.
     """
+    import datetime
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    if not dist.is_available():
+        return
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) < 2 or "MASTER_ADDR" not in os.environ:
+            return
+        try:
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        except (RuntimeError, ValueError):  # the others are gone already: nothing to wait for
+            return
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def exit_without_teardown(status: int) -> NoReturn:
