@@ -271,3 +271,22 @@ def test_the_readme_is_one_screen_without_dated_counts() -> None:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
     assert not re.search(r"\b\d[\d,]* (tests|passed)\b", text), "a test count in the README"
+
+
+_CONFLICT_MARKER = re.compile(r"^(<{7} |={7}$|>{7} )", re.MULTILINE)
+
+
+def _text_files() -> list[Path]:
+    suffixes = {".py", ".md", ".yaml", ".toml", ".txt", ".sh", ".sbatch", ".ipynb"}
+    skipped = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "runs", "wandb"}
+    return [
+        p
+        for p in REPO.rglob("*")
+        if p.suffix in suffixes and p.is_file() and not skipped & set(p.relative_to(REPO).parts)
+    ]
+
+
+def test_no_merge_conflict_marker_is_left_in_a_file() -> None:
+    marked = [str(p.relative_to(REPO)) for p in _text_files() if _CONFLICT_MARKER.search(p.read_text("utf-8"))]
+    assert marked == []
+    assert _CONFLICT_MARKER.search("text\n<<<<<<< HEAD\nmore") and not _CONFLICT_MARKER.search("a ======= b")
