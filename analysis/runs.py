@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from training import registry
-from training.record import Record, RunSummary
+from training.record import EpochFigures, Record, RunSummary, RunTotals
+from training.run_schema import LINE_KIND_KEY, Metric, Scope
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -23,7 +24,9 @@ SUMMARY_FILE = "summary.json"
 class Run:
     """One training run as read from its directory; `summary` is None when it could not be read.
 
-    `summary` is summary.json's object as read; `record` is the same read into training.record's types.
+    `summary` is summary.json's object as read; `record` is the same read into training.record's types,
+    and `total` and `epochs` are its figures as the run schema's records. `train` and `evals` are the
+    metrics.jsonl lines as read (their keys are the schema's: `line.get(ELAPSED.key)`).
     """
 
     path: Path
@@ -56,14 +59,15 @@ class Run:
         return str(record.strategy if record is not None and record.strategy else "unknown")
 
     @property
-    def total(self) -> dict[str, Any]:
+    def total(self) -> RunTotals:
+        """The whole-run figures; every one None when the run has none."""
         record = self.record
-        return {} if record is None or record.total is None else record.total.to_dict()
+        return RunTotals.from_dict({}) if record is None or record.total is None else record.total
 
     @property
-    def epochs(self) -> list[dict[str, Any]]:
+    def epochs(self) -> list[EpochFigures]:
         record = self.record
-        return [] if record is None or not record.epochs else [e.to_dict() for e in record.epochs]
+        return [] if record is None or not record.epochs else list(record.epochs)
 
     @property
     def step_times_s(self) -> list[float]:
@@ -146,9 +150,9 @@ def _read_metrics(path: Path, problems: list[str]) -> tuple[list[dict[str, Any]]
             continue
         if not isinstance(record, dict):
             bad.append(number)
-        elif record.get("kind") == "train":
+        elif record.get(LINE_KIND_KEY) == Scope.TRAIN.value:
             train.append(record)
-        elif record.get("kind") == "eval":
+        elif record.get(LINE_KIND_KEY) == Scope.EVAL.value:
             evals.append(record)
         # Other kinds are newer additions to the format; ignoring them keeps old reports working.
     if bad:
@@ -156,6 +160,11 @@ def _read_metrics(path: Path, problems: list[str]) -> tuple[list[dict[str, Any]]
         shown = ", ".join(str(n) for n in bad[:5]) + (", ..." if len(bad) > 5 else "")
         problems.append(f"{METRICS_FILE}: {len(bad)} empty or corrupt line(s) skipped (line {shown})")
     return train, evals
+
+
+def recorded(record: Any, metric: Metric) -> float | None:
+    """`metric`'s value in a schema record (RunTotals, EpochFigures) as float, None when absent or not a number."""
+    return number(getattr(record, metric.key, None))
 
 
 def number(value: Any) -> float | None:

@@ -325,6 +325,7 @@ def test_strategies_are_compared_on_time_to_target_by_the_log_rank_test() -> Non
 
 def test_epoch_series_is_the_median_with_min_max_and_marks_partial_epochs() -> None:
     from analysis.plots import epoch_series
+    from training.run_schema import EPOCH_THROUGHPUT
 
     runs = []
     for i, (rate, partial) in enumerate(((100.0, False), (110.0, False), (130.0, True))):
@@ -334,7 +335,7 @@ def test_epoch_series_is_the_median_with_min_max_and_marks_partial_epochs() -> N
             {"epoch": 2, "tokens_per_s": rate * 2, "partial": partial},
         ]
         runs.append(run)
-    series = epoch_series(runs, "tokens_per_s")
+    series = epoch_series(runs, EPOCH_THROUGHPUT)
     assert series.epochs == [1, 2] and series.runs == 3
     assert series.median == [110.0, 220.0] and series.low == [100.0, 200.0] and series.high == [130.0, 260.0]
     assert series.partial == [False, True]
