@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import pytest
@@ -72,7 +72,7 @@ def epoch(n: int) -> EpochFigures:
 
 
 def totals() -> RunTotals:
-    return RunTotals(*[float(i) for i in range(1, 27)])
+    return RunTotals(*[float(i) for i in range(1, len(fields(RunTotals)) + 1)])
 
 
 def summary(stop: StopRecord | None = None) -> RunSummary:

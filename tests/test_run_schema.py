@@ -5,10 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from training.record import EpochFigures, EvalLine, RunTotals, TrainLine
 from training.run_schema import (
     BARS,
     CURVES,
@@ -159,3 +161,15 @@ def test_the_schema_and_its_records_import_without_torch() -> None:
         cwd=Path(__file__).resolve().parents[1],
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("run_dir", SAMPLE_RUNS, ids=lambda path: path.name)
+def test_the_records_built_from_the_schema_hold_the_files_keys_in_their_order(run_dir: Path) -> None:
+    # The schema's order within a scope is the order train.py writes, so the records keep the files as they were.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert list(summary["total"]) == [f.name for f in fields(RunTotals)]
+    assert all(list(epoch) == [f.name for f in fields(EpochFigures)] for epoch in summary["epochs"])
+    for line in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
+        record = TrainLine if line[LINE_KIND_KEY] == Scope.TRAIN.value else EvalLine
+        assert list(line) == [LINE_KIND_KEY, *(f.name for f in fields(record))]
+        assert record.from_dict(line).line() == line
