@@ -16,7 +16,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 
-from analysis.runs import Run, number, recorded
+from analysis.runs import Run, recorded
 from analysis.uncertainty import group_by_strategy, warmup_steps
 from training import registry
 from training import run_schema as schema
@@ -308,11 +308,17 @@ def _loss_per_epoch(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     return FigureFile("loss_per_epoch.png", title, caption, _png(figure))
 
 
-def loss_band(runs: list[Run], kind: str, key: str) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Tokens, median, min and max of `key` over `runs` at the token counts every run logged (`kind`:
-    "train" or "evals"); a resumed run's repeated step keeps its later line."""
+def loss_band(runs: list[Run], metric: schema.Metric) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Tokens, median, min and max of a train or eval line `metric` over `runs` at the token counts every run
+    logged; a resumed run's repeated step keeps its later line."""
     per_run = [
-        {line["tokens"]: line[key] for line in getattr(run, kind) if _has_numbers(line, "tokens", key)} for run in runs
+        {
+            tokens: value
+            for line in (run.train if schema.Scope.TRAIN in metric.scopes else run.evals)
+            if (tokens := recorded(line, schema.LINE_TOKENS)) is not None
+            and (value := recorded(line, metric)) is not None
+        }
+        for run in runs
     ]
     common = sorted(set.intersection(*(set(values) for values in per_run))) if per_run else []
     values = [[float(v[t]) for v in per_run] for t in common]
@@ -329,7 +335,7 @@ def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     groups = group_by_strategy(runs)
     for index, (strategy, members) in enumerate(groups.items()):
         style = _style(strategy, index, colours)
-        tokens, median, low, high = loss_band(members, "train", schema.LINE_LOSS.key)
+        tokens, median, low, high = loss_band(members, schema.LINE_LOSS)
         if tokens:
             axes.plot(
                 tokens,
@@ -341,7 +347,7 @@ def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
             )
             if len(members) > 1:
                 axes.fill_between(tokens, low, high, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
-        tokens, median, low, high = loss_band(members, "evals", schema.VAL_LOSS.key)
+        tokens, median, low, high = loss_band(members, schema.VAL_LOSS)
         if tokens:
             axes.errorbar(
                 tokens,
@@ -409,7 +415,3 @@ def _step_time_distribution(runs: list[Run], colours: dict[str, str]) -> FigureF
         "a strategy together: box = quartiles, line = median, whiskers = 1.5 IQR, dots = outliers."
     )
     return FigureFile("step_time_distribution.png", title, caption, _png(figure))
-
-
-def _has_numbers(line: dict[str, Any], *keys: str) -> bool:
-    return all(number(line.get(k)) is not None for k in keys)

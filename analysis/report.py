@@ -349,7 +349,7 @@ CRITERION = (
 def _loss_curve(run: Run) -> tuple[np.ndarray, np.ndarray]:
     by_tokens: dict[float, float] = {}
     for line in run.train:
-        tokens, loss = number(line.get("tokens")), number(line.get("loss"))
+        tokens, loss = number(line.tokens), number(line.loss)
         if tokens is not None and loss is not None and math.isfinite(loss):
             by_tokens[tokens] = loss  # a resumed run may log a step twice: the later line wins
     tokens_sorted = sorted(by_tokens)

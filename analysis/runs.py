@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from training import registry
-from training.record import EpochFigures, Record, RunSummary, RunTotals
+from training.record import EpochFigures, EvalLine, Record, RunSummary, RunTotals, TrainLine
 from training.run_schema import LINE_KIND_KEY, Metric, Scope
 
 CONFIG_FILE = "config.json"
@@ -25,15 +25,15 @@ class Run:
     """One training run as read from its directory; `summary` is None when it could not be read.
 
     `summary` is summary.json's object as read; `record` is the same read into training.record's types,
-    and `total` and `epochs` are its figures as the run schema's records. `train` and `evals` are the
-    metrics.jsonl lines as read (their keys are the schema's: `line.get(ELAPSED.key)`).
+    and `total` and `epochs` are its figures as the run schema's records, as `train` and `evals` are
+    metrics.jsonl's lines.
     """
 
     path: Path
     summary: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
-    train: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl lines of kind "train"
-    evals: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl lines of kind "eval"
+    train: list[TrainLine] = field(default_factory=list)  # metrics.jsonl lines of kind "train"
+    evals: list[EvalLine] = field(default_factory=list)  # metrics.jsonl lines of kind "eval"
     problems: list[str] = field(default_factory=list)  # one human-readable sentence each
     label: str = ""  # unique name in tables and legends; set by `assign_labels`
 
@@ -132,9 +132,9 @@ def _read_json_object(path: Path, problems: list[str], required: bool) -> dict[s
     return value
 
 
-def _read_metrics(path: Path, problems: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    train: list[dict[str, Any]] = []
-    evals: list[dict[str, Any]] = []
+def _read_metrics(path: Path, problems: list[str]) -> tuple[list[TrainLine], list[EvalLine]]:
+    train: list[TrainLine] = []
+    evals: list[EvalLine] = []
     if not path.exists():
         problems.append(f"no {METRICS_FILE}; loss-against-tokens curve missing")
         return train, evals
@@ -151,9 +151,9 @@ def _read_metrics(path: Path, problems: list[str]) -> tuple[list[dict[str, Any]]
         if not isinstance(record, dict):
             bad.append(number)
         elif record.get(LINE_KIND_KEY) == Scope.TRAIN.value:
-            train.append(record)
+            train.append(TrainLine.from_dict(record))
         elif record.get(LINE_KIND_KEY) == Scope.EVAL.value:
-            evals.append(record)
+            evals.append(EvalLine.from_dict(record))
         # Other kinds are newer additions to the format; ignoring them keeps old reports working.
     if bad:
         # One sentence per run, however many lines: a killed run often leaves a torn last line.
@@ -163,7 +163,8 @@ def _read_metrics(path: Path, problems: list[str]) -> tuple[list[dict[str, Any]]
 
 
 def recorded(record: Any, metric: Metric) -> float | None:
-    """`metric`'s value in a schema record (RunTotals, EpochFigures) as float, None when absent or not a number."""
+    """`metric`'s value in a record built from the schema (RunTotals, a TrainLine, ...) as float, None when
+    absent or not a number."""
     return number(getattr(record, metric.key, None))
 
 

@@ -498,7 +498,7 @@ def _elapsed_at(run: Run) -> Callable[[float], float]:
         {
             int(s): e
             for line in run.train
-            if (s := number(line.get("step"))) is not None and (e := number(line.get(schema.ELAPSED.key))) is not None
+            if (s := number(line.step)) is not None and (e := number(line.elapsed_s)) is not None
         }.items()
     )
     steps, elapsed = [0.0, *(float(s) for s, _ in points)], [0.0, *(e for _, e in points)]
@@ -509,7 +509,7 @@ def _eval_points(run: Run) -> list[tuple[float, float, float]]:
     """(step, tokens, val_loss) of each evaluation, in step order; a resumed run's repeat keeps the later line."""
     points: dict[float, tuple[float, float]] = {}
     for line in run.evals:
-        step, tokens, loss = (number(line.get(k)) for k in ("step", "tokens", schema.VAL_LOSS.key))
+        step, tokens, loss = number(line.step), number(line.tokens), number(line.val_loss)
         if step is not None and tokens is not None and loss is not None and math.isfinite(loss):
             points[step] = (tokens, loss)
     return [(step, *points[step]) for step in sorted(points)]

@@ -35,6 +35,7 @@ from analysis.uncertainty import (
     time_to_target,
     verdict,
 )
+from training.record import EvalLine, TrainLine
 
 MIB = 2**20
 
@@ -253,8 +254,8 @@ def test_resident_set_is_ranked_only_outside_its_noise() -> None:
 
 def target_run(evals: list[tuple[int, int, float]], logged: list[tuple[int, float]], world_size: int = 1) -> Run:
     run = make_run("single", world_size=world_size)
-    run.evals = [{"kind": "eval", "step": s, "tokens": t, "val_loss": v} for s, t, v in evals]
-    run.train = [{"kind": "train", "step": s, "elapsed_s": e} for s, e in logged]
+    run.evals = [EvalLine.from_dict({"step": s, "tokens": t, "val_loss": v}) for s, t, v in evals]
+    run.train = [TrainLine.from_dict({"step": s, "elapsed_s": e}) for s, e in logged]
     return run
 
 

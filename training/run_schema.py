@@ -70,6 +70,8 @@ WANDB_SUMMARY_PREFIX = "total/"
 
 @dataclass(frozen=True)
 class Metric:
+    """One figure a run records, in one or more scopes (see the module docstring)."""
+
     key: str  # as metrics.jsonl / summary.json spell it
     scopes: tuple[Scope, ...]  # several only where the key means the same thing in each
     unit: str  # "" for a pure number (a count of nothing in particular, a norm, a ratio)
