@@ -49,6 +49,7 @@ from analysis.uncertainty import (
     Comparison,
     Statistics,
     Summary,
+    best_first,
     build_statistics,
 )
 from training import run_schema as schema
@@ -87,7 +88,7 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
     if len(summaries) < 2:
         return ["Throughput: fewer than two strategies with a throughput; nothing to rank."]
     which = throughput_name(ranked_throughput(runs))
-    order = sorted(summaries, key=lambda name: -summaries[name].median)
+    order = best_first(summaries, schema.THROUGHPUT.better)
     best, rest = order[0], order[1:]
     against = {name: stats.comparison(THROUGHPUT, best, name) for name in rest}
     verdicts = {name: c.verdict if c is not None else TOO_FEW for name, c in against.items()}
@@ -201,7 +202,7 @@ def memory_reading(runs: list[Run], stats: Statistics | None = None) -> list[str
 
 
 def _least_memory(stats: Statistics, peaks: dict[str, Summary], title: str) -> str:
-    order = sorted(peaks, key=lambda name: peaks[name].median)
+    order = best_first(peaks, schema.PEAK_ALLOCATED.better)  # the step peak is one step's allocated peak
     best, rest = order[0], order[1:]
     against = {name: stats.comparison(STEP_PEAK, best, name) for name in rest}
     verdicts = [c.verdict if c is not None else TOO_FEW for c in against.values()]

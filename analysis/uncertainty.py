@@ -337,6 +337,12 @@ class Comparison:
         }
 
 
+def best_first(summaries: dict[str, Summary], better: schema.Better | None) -> list[str]:
+    """Strategies by their median, the better first as the run schema says which direction is (ties keep
+    the table's order)."""
+    return sorted(summaries, key=lambda name: summaries[name].median, reverse=better is schema.Better.HIGHER)
+
+
 def group_by_strategy(runs: Sequence[Run]) -> dict[str, list[Run]]:
     """Runs by Run.strategy, strategies in the order of their first run (the table's order)."""
     groups: dict[str, list[Run]] = {}

@@ -340,3 +340,13 @@ def test_epoch_series_is_the_median_with_min_max_and_marks_partial_epochs() -> N
     assert series.epochs == [1, 2] and series.runs == 3
     assert series.median == [110.0, 220.0] and series.low == [100.0, 200.0] and series.high == [130.0, 260.0]
     assert series.partial == [False, True]
+
+
+def test_the_better_median_comes_first_in_the_schemas_direction_and_ties_keep_their_order() -> None:
+    from analysis.uncertainty import Summary, best_first
+    from training.run_schema import PEAK_ALLOCATED, THROUGHPUT
+
+    medians = {"single": 2.0, "ddp": 3.0, "fsdp": 2.0, "hsdp": 1.0}
+    summaries = {name: Summary(1, m, m, m, m, None, "none") for name, m in medians.items()}
+    assert best_first(summaries, THROUGHPUT.better) == ["ddp", "single", "fsdp", "hsdp"]
+    assert best_first(summaries, PEAK_ALLOCATED.better) == ["hsdp", "single", "fsdp", "ddp"]
