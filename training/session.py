@@ -35,7 +35,7 @@ from training.hardware import PeakFlops, peak_flops
 from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
-from training.record import BatchRecord, EffectiveRecord, LaunchRecord, RequestedRecord, ScheduleRecord
+from training.record import BatchRecord, EffectiveRecord, EvalLine, LaunchRecord, RequestedRecord, ScheduleRecord
 from training.rundir import (
     acquire_run_lock,
     check_output_dir,
@@ -91,7 +91,7 @@ class Session:
     wandb: WandbSink
     signals: SignalFlag
     wall_start: float
-    last_val: dict[str, float] | None = None
+    last_val: EvalLine | None = None  # the latest validation
     nonfinite_since: int | None = None  # first step of the current streak of non-finite steps
     last_checkpoint: int | None = None  # step of the newest checkpoint this run wrote or resumed from
     # What is sharded when, read from the live tensors in the first step (summary.json's "sharding_observed").
