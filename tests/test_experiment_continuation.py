@@ -159,3 +159,15 @@ def test_the_interrupted_run_resumes_exactly_and_the_report_is_written(
         assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
     assert json.loads((cut / "summary.json").read_text())["complete"]
     assert (out / "report.md").exists() and "ddp" in (out / "table.csv").read_text()
+
+
+def test_the_notebook_continues_its_unfinished_experiment_instead_of_naming_a_new_one(tmp_path: Path) -> None:
+    from notebooks.support import experiment_name
+
+    assert experiment_name("tiny", tmp_path).startswith("notebook-tiny-")  # nothing there: a new one
+    unfinished = "notebook-tiny-20250101-000000"
+    (tmp_path / unfinished / "runs").mkdir(parents=True)  # interrupted before its report
+    (tmp_path / "notebook-gpt2-20260101-000000").mkdir()  # another preset's: not this one
+    assert experiment_name("tiny", tmp_path) == unfinished
+    (tmp_path / unfinished / "table.md").write_text("| run |")  # its report is written: the next one is new
+    assert experiment_name("tiny", tmp_path) not in (unfinished, "notebook-gpt2-20260101-000000")
