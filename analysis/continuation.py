@@ -17,12 +17,19 @@ import json
 from dataclasses import dataclass, replace
 from enum import Enum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Generic, Protocol, TypeVar
 
 from training.checkpoint import checkpoint_step, newest_checkpoint
 
-if TYPE_CHECKING:
-    from analysis.experiment import Launch
+
+class _Launch(Protocol):
+    """What continuing needs of a launch (analysis.experiment.Launch, a frozen dataclass)."""
+
+    argv: tuple[str, ...]
+    run_dir: Path
+
+
+L = TypeVar("L", bound=_Launch)
 
 
 class RunProgress(Enum):
@@ -52,11 +59,11 @@ def run_progress(run_dir: Path) -> RunProgress:
 
 
 @dataclass(frozen=True)
-class Continuation:
+class Continuation(Generic[L]):
     """Each run of the experiment with how far it got; `launches`: what is left to run, flags adjusted."""
 
     progress: dict[Path, RunProgress]
-    launches: list[Launch]
+    launches: list[L]
     resumed_at: dict[Path, int]  # the step each resumed run continues from
 
     def lines(self, labels: dict[Path, str]) -> list[str]:
@@ -95,7 +102,7 @@ def earlier_runs(out: Path) -> list[dict]:
     return rows if isinstance(rows, list) else []
 
 
-def continue_experiment(launches: list[Launch]) -> Continuation:
+def continue_experiment(launches: list[L]) -> Continuation[L]:
     """What to run of `launches` given what their folders hold. When train.py's extra flags already say what
     to do with a folder (--extra --overwrite, say), every launch runs as given."""
     if any(flag in launch.argv for launch in launches for flag in _FOLDER_FLAGS):
