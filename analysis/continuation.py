@@ -40,7 +40,8 @@ class RunProgress(Enum):
 
 
 # train.py's flags that decide what happens to a folder already holding a run: the user's choice stands.
-_FOLDER_FLAGS = ("--resume", "--overwrite", "--auto_resume")
+_FOLDER_FLAGS = ("--resume", "--overwrite")
+AUTO_RESUME = "--auto_resume"  # train.py continues or starts afresh by itself; only finished runs are kept
 
 
 def run_progress(run_dir: Path) -> RunProgress:
@@ -104,17 +105,22 @@ def earlier_runs(out: Path) -> list[dict]:
 
 def continue_experiment(launches: list[L]) -> Continuation[L]:
     """What to run of `launches` given what their folders hold. When train.py's extra flags already say what
-    to do with a folder (--extra --overwrite, say), every launch runs as given."""
+    to do with a folder (--extra --overwrite, say), every launch runs as given; with --auto_resume the
+    finished runs are kept and train.py decides for the others."""
     if any(flag in launch.argv for launch in launches for flag in _FOLDER_FLAGS):
         return Continuation({launch.run_dir: RunProgress.ABSENT for launch in launches}, list(launches), {})
     progress, left, resumed_at = {}, [], {}
     for launch in launches:
         state = progress[launch.run_dir] = run_progress(launch.run_dir)
-        if state is RunProgress.CHECKPOINTED:
+        if state is RunProgress.FINISHED:
+            continue
+        if AUTO_RESUME in launch.argv:
+            left.append(launch)
+        elif state is RunProgress.CHECKPOINTED:
             resumed_at[launch.run_dir] = checkpoint_step(newest_checkpoint(launch.run_dir))
             left.append(replace(launch, argv=(*launch.argv, "--resume")))
         elif state is RunProgress.STARTED:
             left.append(replace(launch, argv=(*launch.argv, "--overwrite")))
-        elif state is RunProgress.ABSENT:
+        else:
             left.append(launch)
     return Continuation(progress, left, resumed_at)

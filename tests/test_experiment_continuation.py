@@ -127,6 +127,9 @@ def test_a_run_started_without_a_checkpoint_starts_again_and_folder_flags_given_
     write_run(tmp_path / "b", FakeRun("single", 1))  # finished, but the user asked for a fresh start
     (left,) = continue_experiment([launch("b", "--overwrite")]).launches
     assert left.argv.count("--overwrite") == 1 and "--resume" not in left.argv
+    # --auto_resume: train.py decides for the unfinished ones; a finished one is still kept.
+    (left,) = continue_experiment([launch("a", "--auto_resume"), launch("b", "--auto_resume")]).launches
+    assert left.run_dir.name == "a" and left.argv[-1] == "--auto_resume"
 
 
 def _driver_args(base_args: list[str], out: Path) -> list[str]:
