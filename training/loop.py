@@ -13,6 +13,7 @@ from typing import Any
 from training.batching import chunks
 from training.checkpoint import save_checkpoint
 from training.errors import RunError
+from training.faults import RankFailed, after_step, rank_failure
 from training.hardware import reset_peak_memory, synchronize
 from training.metrics import epoch_summary, eval_line, total_summary
 from training.record import EpochFigures, EvalLine, RunFacts, RunSummary, StopRecord, run_summary
@@ -33,10 +34,20 @@ def run_training(cfg: Any) -> dict[str, Any]:
     """
     session = set_up(cfg)
     try:
-        train(session)
-    except RunStopped as stop:
-        return finish(session, stop)
-    return finish(session)
+        try:
+            train(session)
+        except RunStopped as stop:
+            return finish(session, stop)
+        return finish(session)
+    except Exception as exc:  # after set-up a failure is this process's alone: train.py tells it
+        raise _failed(session, exc) from exc
+
+
+def _failed(s: Session, exc: Exception) -> RankFailed:
+    accelerator = s.accelerator
+    return rank_failure(
+        exc, accelerator.process_index, s.state.step, lambda: s.signals.received, accelerator.num_processes > 1
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,6 +74,7 @@ def _train_epoch(s: Session, progress: Any) -> None:
     clock = _StepClock(s)
     for micro_batches in chunks(loader, s.geometry.grad_accum_steps):
         health = _optimizer_step(s, micro_batches, clock)
+        after_step(state.step)  # GPT2S_FAULT's test-only fault, if one is set for this step and rank
         paused = _after_step(s, progress, health)
         if state.steps_in_epoch == 0 or state.step >= s.schedule.stop_at:  # the epoch closed, or we stop
             return

@@ -30,6 +30,7 @@ from training.batching import EpochOrderSampler
 from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
+from training.faults import fresh_store_on_restart, restart_count
 from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
 from training.link import measure_link
@@ -437,6 +438,7 @@ def _resume(s: Session, checkpoint: Path) -> None:
 def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path, timeout_s: int) -> Accelerator:
     import datetime
 
+    fresh_store_on_restart(os.environ, timeout_s)
     accelerator, precision_warning = create_accelerator(
         requested,
         log_with="wandb" if wandb_mode != "disabled" else None,
@@ -491,10 +493,19 @@ def _claim_as_main(cfg: TrainConfig, out: Path) -> str | None:
     _lock, left = acquire_run_lock(out)  # held until this process exits (released at exit)
     if left is not None:
         print(stale_lock_warning(out, left), file=sys.stderr, flush=True)
-    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
-    if cfg.run.overwrite:
+    # A torchrun restart reruns the same command: it must continue, not refuse the folder or start over.
+    restart = restart_count(os.environ)
+    auto_resume = cfg.run.auto_resume or restart > 0
+    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite and not restart, auto_resume)
+    if restart:
+        print(f"restart {restart} of the job: {_continuing(resume_from)}", file=sys.stderr, flush=True)
+    if (cfg.run.overwrite and not restart) or (auto_resume and resume_from is None):
         clear_run_files(out)
     return str(resume_from) if resume_from is not None else None
+
+
+def _continuing(checkpoint: Path | None) -> str:
+    return "no complete checkpoint yet, starting afresh" if checkpoint is None else f"continuing from {checkpoint}"
 
 
 @contextlib.contextmanager
