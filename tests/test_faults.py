@@ -15,6 +15,7 @@ import pytest
 from tests.launch import CONFIGS, SHARED_STEPS, accelerate_command, launch_env, run, train_lines
 from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
 from training.config import RunConfig
+from training.errors import RunError
 from training.faults import (
     Fault,
     FaultKind,
@@ -70,6 +71,16 @@ def test_auto_resume_resumes_when_it_can_and_starts_afresh_when_it_cannot(tmp_pa
     assert check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True).name == "step_0000003"
     with pytest.raises(ValueError, match="--auto_resume and --overwrite contradict"):
         RunConfig(auto_resume=True, overwrite=True)
+
+
+def test_auto_resume_refuses_to_replace_a_finished_run_it_cannot_continue(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "summary.json").write_text("{}")  # finished, checkpoints off
+    with pytest.raises(RunError, match="holds a finished run and no checkpoint: --auto_resume has nothing"):
+        check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]
+    _complete(tmp_path, 3)  # one that stopped with a checkpoint continues
+    assert check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True).name == "step_0000003"
 
 
 # --------------------------------------------------------------------------------------------- launches

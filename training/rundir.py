@@ -23,11 +23,17 @@ def check_output_dir(out: Path, resume: bool, overwrite: bool, auto_resume: bool
     """Refuse to mix two runs in one directory; return the checkpoint to resume from, if any.
 
     `auto_resume`: the newest intact checkpoint when there is a complete one, else None (the caller then
-    starts afresh, replacing what an attempt that crashed before its first checkpoint left).
+    starts afresh, replacing what an attempt that crashed before its first checkpoint left); a finished run
+    without a checkpoint is refused rather than replaced.
     """
     holds_run = any((out / f).exists() for f in _RUN_FILES + _RUN_DIRS)
     if resume or (auto_resume and complete_checkpoints(out)):
         return newest_good_checkpoint(out)
+    if auto_resume and (out / "summary.json").exists():  # finished, with no checkpoint to continue from
+        raise RunError(
+            f"{out} holds a finished run and no checkpoint: --auto_resume has nothing to continue; "
+            "pass --overwrite to replace it"
+        )
     if auto_resume:
         return None
     if holds_run and not overwrite:
