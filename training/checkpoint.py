@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from training.errors import RunError
+from training.faults import during_checkpoint_write
 
 if TYPE_CHECKING:  # only annotations need them: reading a checkpoint imports neither accelerate nor torch at first
     import torch
@@ -114,6 +115,7 @@ def save_checkpoint(
         shutil.rmtree(path)  # a leftover of an interrupted save at the same step
     accelerator.wait_for_everyone()
     _save_states(accelerator, model, optimizer, path)
+    during_checkpoint_write(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (path / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))
