@@ -135,7 +135,7 @@ class ExperimentSpec:
     )
     check_exports: bool = flag(
         "at the end, score each run's hf/ export on its validation blocks against its recorded final validation "
-        "loss (python -m analysis.perplexity); a difference fails the experiment",
+        "loss (python -m analysis.export_check); a difference fails the experiment",
         False,
     )
     extra: tuple[str, ...] = flag(
@@ -757,7 +757,7 @@ def _skip_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch) -> 
 def check_exports(run_dirs: list[Path]) -> int:
     """EXIT_FAILED when an export's loss differs from its run's record; a run that left no export failed
     already and was reported, so it is skipped here."""
-    from analysis.perplexity import ExportError, check_export, differ_line  # torch: only when asked
+    from analysis.export_check import ExportError, check_export, differ_line  # torch: only when asked
 
     status = EXIT_OK
     for run_dir in [d for d in run_dirs if (d / "hf").is_dir()]:
