@@ -1,18 +1,27 @@
-"""Train every strategy back to back on the same seed, data and global batch, then compare them.
+"""Train every strategy back to back on the same data and global batch, then compare them.
 
     python -m analysis.experiment --preset tiny --max_steps 30 --out runs/exp1 [--repeats N] [--seeds S1 S2 ...]
 
-Each strategy runs as `accelerate launch --config_file accelerate_configs/<file> train.py ...` into
-OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share one W&B group (the
-experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds: training
-noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs
-beside them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared
-machine's slow drift touches every strategy alike. A run that fails is reported and the others still run;
-the comparison is written into OUT from whatever finished. A strategy that spans machines (HSDP) needs
---main_process_ip; run the same command on every machine with its --machine_rank: machine rank 0 trains every
-strategy and writes the report (its runs hold every rank's memory), the others join the spanning ones only.
-Exit status: 0 when every strategy finished and the report
-was written, 1 when a strategy failed, 2 when the experiment could not be set up.
+What the command is asked is one frozen dataclass, `ExperimentSpec`, and its flags are generated from it
+(training/cli.py); `run(spec)` is the same experiment without a command line. Unless told (--strategies), the
+reference's strategies are trained; each runs as `accelerate launch --config_file accelerate_configs/<file>
+train.py ...` (its registry entry's config file, whose num_processes is read, not assumed) into
+OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share one seed, batch and W&B group
+(the experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds: training
+noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs beside
+them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared machine's slow
+drift touches every strategy alike; OUT/runs/order.json records the order they ran in.
+
+Before launching, the driver prints the global batch and the plan's predicted wall time (written to
+OUT/prediction.json for the report); with --gpu or --gpu_memory_gib it skips, and says so, the strategies the
+planner says will not fit. A run that fails is reported and the others still run; the comparison is written into
+OUT from whatever finished. At the end, --check_exports scores each run's export against its recorded loss and
+--wandb_report builds the W&B report. A strategy that spans machines (HSDP) needs --main_process_ip; run the
+same command on every machine with its --machine_rank: machine rank 0 trains every strategy and writes the report
+(its runs hold every rank's memory), the others join the spanning ones only.
+
+Exit status: 0 when every strategy finished and the report was written; 1 when a strategy failed or an export
+differs from its run's record; 2 when the experiment could not be set up (or no run left a folder to compare).
 """
 
 from __future__ import annotations
@@ -45,9 +54,7 @@ PROG = "python -m analysis.experiment"
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "accelerate_configs"
 TRAIN_SCRIPT = REPO / "train.py"
-# Each strategy's launch layout is its registry entry's config file; the number of processes is read from
-# the file, not assumed. Unless told, an experiment trains the reference's strategies; the others on request.
-LOG_TAIL_LINES = 20
+LOG_TAIL_LINES = 20  # of a failed run's log, shown on the console
 
 EXIT_OK, EXIT_FAILED, EXIT_SETUP = 0, 1, 2
 

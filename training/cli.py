@@ -1,7 +1,13 @@
-"""The command line, generated from the config dataclasses and the named presets.
+"""Command lines: what every command of the project shares, and train.py's.
 
-Precedence: dataclass defaults < the preset's values < flags given on the command line. Flags keep
-the field names (`--max_steps`, `--block_size`); `DataConfig.paths` is spelled `--data`.
+Shared: `run_main` (exit with main's status; a reader that goes away ends the command quietly), `OneLineParser`
+(bad input is one `error:` line, exit 2), `DefaultsHelpFormatter`, and a command line generated from a frozen
+config dataclass (`flag`, `add_flags`, `config_from`, `command_line`), which the planner's `PlanRequest` and the
+experiment driver's `ExperimentSpec` are.
+
+train.py's (`build_parser`, `parse_config`): generated from the config dataclasses and the named presets.
+Precedence: dataclass defaults < the preset's values < flags given on the command line. Flags keep the field
+names (`--max_steps`, `--block_size`); `DataConfig.paths` is spelled `--data`.
 """
 
 from __future__ import annotations
