@@ -127,7 +127,8 @@ def kind_options(hint: Any, negatable: bool) -> dict[str, Any]:
 
 def _add_flag(target: Any, f: dataclasses.Field[Any], hint: Any) -> None:
     meta = f.metadata
-    options = kind_options(hint, negatable=f.default is None)  # a bool that may be None: on, off or unsaid
+    # A bool that is off unless given is a switch; one that may be None (unsaid) or is on by default gets --no-NAME.
+    options = kind_options(hint, negatable=f.default is not False)
     options.update({k: meta[k] for k in ("help", "choices", "metavar") if meta[k] is not None})
     if meta["parse"] is not None:
         options["type"] = meta["parse"]
@@ -135,7 +136,7 @@ def _add_flag(target: Any, f: dataclasses.Field[Any], hint: Any) -> None:
         options.update(nargs=argparse.REMAINDER, type=None)
     if f.default is dataclasses.MISSING:
         options["required"] = True
-    elif options.get("action") != argparse.BooleanOptionalAction or f.default is not None:
+    else:
         options["default"] = f.default
     target.add_argument(f"--{f.name}", **options)
 
