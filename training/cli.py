@@ -92,7 +92,7 @@ def flag(
 ) -> Any:
     """A dataclass field that is also a flag. `default=dataclasses.MISSING`: a required flag. `group`: the name of a
     group of `add_flags`'s `groups` (mutually exclusive or titled). `parse`: reads the value in place of the field's
-    type. `rest`: a tuple field that takes everything after the flag, as it is (it must come last in a command)."""
+    type (argparse passes a default that is a string through it too, so it must take its own output). `rest`: a tuple field that takes everything after the flag, as it is (it must come last in a command)."""
     metadata = {"help": help, "choices": choices, "group": group, "metavar": metavar, "parse": parse, "rest": rest}
     return dataclasses.field(default=default, metadata=metadata)
 
