@@ -6,11 +6,11 @@ What the command is asked is one frozen dataclass, `ExperimentSpec`, and its fla
 (training/cli.py); `run(spec)` is the same experiment without a command line. Unless told (--strategies), the
 reference's strategies are trained; each runs as `accelerate launch --config_file accelerate_configs/<file>
 train.py ...` (its registry entry's config file, whose num_processes is read, not assumed) into
-OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share the seed (--seed), the batch
-and one W&B group (the experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds: training
-noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs beside
-them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared machine's slow
-drift touches every strategy alike; OUT/runs/order.json records the order they ran in.
+OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share the seed (--seed), the batch and
+one W&B group (the experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds:
+training noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs
+beside them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared machine's
+slow drift touches every strategy alike; OUT/runs/order.json records the order they ran in.
 
 Before launching, the driver prints the global batch and the plan's predicted wall time (written to
 OUT/prediction.json for the report); with --gpu or --gpu_memory_gib it skips, and says so, the strategies the
