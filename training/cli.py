@@ -92,7 +92,8 @@ def flag(
 ) -> Any:
     """A dataclass field that is also a flag. `default=dataclasses.MISSING`: a required flag. `group`: the name of a
     group of `add_flags`'s `groups` (mutually exclusive or titled). `parse`: reads the value in place of the field's
-    type (argparse passes a default that is a string through it too, so it must take its own output). `rest`: a tuple field that takes everything after the flag, as it is (it must come last in a command)."""
+    type (argparse passes a default that is a string through it too, so it must take its own output). `rest`: a
+    tuple field that takes everything after the flag, as it is (it must come last in a command)."""
     metadata = {"help": help, "choices": choices, "group": group, "metavar": metavar, "parse": parse, "rest": rest}
     return dataclasses.field(default=default, metadata=metadata)
 
@@ -113,7 +114,7 @@ def _is_sequence(tp: Any) -> bool:
 
 def kind_options(hint: Any, negatable: bool) -> dict[str, Any]:
     """How a field of type `hint` is spelled on a command line: argparse's action, or its nargs and type.
-    `negatable`: a bool gets --no-NAME too (needed where a preset may have turned it on)."""
+    `negatable`: a bool gets --no-NAME too, to turn off what a default or a preset turns on."""
     kind, _ = _unwrap_optional(hint)
     if kind is bool:
         return {"action": argparse.BooleanOptionalAction if negatable else "store_true"}
