@@ -25,11 +25,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = parse_config(argv)
     except ValueError as exc:  # a config dataclass rejected a value
-        print(f"error: {exc}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        _leave_together()
         return 2
 
     from data import DataError
     from training import registry
+    from training.faults import RankFailed
     from training.loop import RunError, run_training
     from training.strategy import StrategyMismatch
 
@@ -44,12 +47,36 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         _leave_together()
         return 3 if isinstance(exc, StrategyMismatch) else 2
+    except RankFailed as failure:
+        return _tell_rank_failure(failure, config.run.output_dir)
     stop = summary.get("stop")
     if stop is None:
         return 0
     if os.environ.get("RANK", "0") == "0":
         print(f"{'error' if stop['reason'] == 'nonfinite' else 'stopped'}: {stop['message']}", file=sys.stderr)
     return int(stop["exit_status"])
+
+
+def _tell_rank_failure(failure: Exception, output_dir: str) -> int:
+    """One `error:` line from the process that failed (its traceback kept in the run folder); nothing from
+    one that only saw it go. No collective: the others are not waiting in the same one."""
+    import signal
+    import traceback
+    from pathlib import Path
+
+    from training.faults import EXIT_RANK_FAILED
+
+    if failure.quiet:
+        return 128 + signal.SIGTERM  # stopped by the launcher after another process failed
+    where = Path(output_dir) / f"failure-rank{os.environ.get('RANK', '0')}.txt"
+    try:
+        where.write_text("".join(traceback.format_exception(failure.__cause__ or failure)))
+        kept = f" (traceback: {where})"
+    except OSError:  # the failure may be the disk's: the traceback then goes to the console
+        traceback.print_exception(failure.__cause__ or failure)
+        kept = ""
+    print(f"error: {failure}{kept}", file=sys.stderr, flush=True)
+    return EXIT_RANK_FAILED
 
 
 def _say_what_the_plan_picks(config: TrainConfig) -> None:
@@ -71,13 +98,25 @@ def _leave_together() -> None:
     torchrun, seeing one process end, stops the others), then close the process group.
 
     A process that exits with its gloo group open can abort in C++ ("terminate called without an
-    active exception", SIGABRT) instead of ending with its status.
+    active exception", SIGABRT) instead of ending with its status. A failure found before the group
+    exists (a config value, the strategy the launch gives) is the same in every process; they meet in a
+    group of their own for the wait, else on a loaded machine the first was stopped before its line was out.
     """
+    import datetime
+
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+    if not dist.is_available():
+        return
+    if not dist.is_initialized():
+        if int(os.environ.get("WORLD_SIZE", "1")) < 2 or "MASTER_ADDR" not in os.environ:
+            return
+        try:
+            dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
+        except (RuntimeError, ValueError):  # the others are gone already: nothing to wait for
+            return
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def exit_without_teardown(status: int) -> NoReturn:

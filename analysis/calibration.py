@@ -16,6 +16,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,9 @@ from analysis.uncertainty import (
     run_figures,
     step_bootstrap_comparison,
 )
+from training import run_schema as schema
 from training.cli import EXIT_BAD_INPUT, OneLineParser
+from training.record import RunTotals
 
 REPEATS = (1, 3, 5, 10, 18)  # one run each, and docs/statistics.md's repeat counts
 TRIALS = 400
@@ -76,9 +79,9 @@ class SyntheticRun(Run):
     """A run built in memory, read straight from its summary dict: Run reads summary.json into its record at
     every access, which would be most of a calibration's time over tens of thousands of runs."""
 
-    @property
-    def total(self) -> dict[str, Any]:
-        return self.summary["total"]
+    @cached_property
+    def total(self) -> RunTotals:  # type: ignore[override]
+        return RunTotals.from_dict(self.summary["total"])
 
     @property
     def step_times_s(self) -> list[float]:
@@ -94,7 +97,7 @@ def synthetic_run(strategy: str, times: np.ndarray, tokens_per_step: int, index:
     summary = {
         "strategy": strategy,
         "global_batch_tokens": tokens_per_step,
-        "total": {"tokens_per_s": tokens_per_s},
+        "total": {schema.THROUGHPUT.key: tokens_per_s},
         "step_times_s": times.tolist(),
     }
     return SyntheticRun(Path(strategy, f"r{index}"), summary, {"run": {"perf_warmup_steps": 0}}, label=strategy)

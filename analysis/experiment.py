@@ -550,13 +550,21 @@ def run_all(launches: list[Launch], cwd: Path, echo: bool = True) -> list[Outcom
 
 
 def run_experiment(
-    spec: ExperimentSpec, launches: list[Launch], cwd: Path, echo: bool = True, skipped: Sequence[str] = ()
+    spec: ExperimentSpec,
+    launches: list[Launch],
+    cwd: Path,
+    echo: bool = True,
+    skipped: Sequence[str] = (),
+    to_run: list[Launch] | None = None,
 ) -> int:
-    """`skipped`: one line per strategy the plan left out, for the report."""
+    """`skipped`: one line per strategy the plan left out, for the report. `to_run`: the launches still to
+    run when an interrupted experiment continues (default: all); the report covers every launch's run."""
     from analysis.compare import compare  # the report stack (matplotlib) is needed only at the end
+    from analysis.continuation import earlier_runs
 
-    outcomes = run_all(launches, cwd, echo)
-    write_run_order(spec, outcomes)
+    earlier = earlier_runs(spec.out) if to_run is not None else []
+    outcomes = run_all(launches if to_run is None else to_run, cwd, echo)
+    write_run_order(spec, outcomes, earlier)
     failed = [o for o in outcomes if not o.ok]
     if spec.machine_rank > 0:
         print(f"machine rank {spec.machine_rank}: done; the report is written on machine rank 0", flush=True)
@@ -579,9 +587,10 @@ def run_experiment(
     return EXIT_FAILED if failed else report_rc
 
 
-def write_run_order(spec: ExperimentSpec, outcomes: list[Outcome]) -> None:
+def write_run_order(spec: ExperimentSpec, outcomes: list[Outcome], earlier: Sequence[dict] = ()) -> None:
     """OUT/runs/order.json: every run in the order it ran, with its seed, repeat, start time and exit status,
-    so the interleaving and any failed repeat can be checked after the fact."""
+    so the interleaving and any failed repeat can be checked after the fact; `earlier`: the rows of the
+    launches before an interruption, kept first."""
     rows = [
         {
             "strategy": o.launch.strategy,
@@ -595,6 +604,7 @@ def write_run_order(spec: ExperimentSpec, outcomes: list[Outcome]) -> None:
         }
         for o in outcomes
     ]
+    rows = [*earlier, *rows]
     path = spec.out / "runs" / "order.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -659,10 +669,14 @@ def main(
 
 
 def named(spec: ExperimentSpec) -> ExperimentSpec:
-    """The spec with its experiment name: the one given, else <preset>-<timestamp>."""
-    return (
-        spec if spec.experiment else replace(spec, experiment=f"{spec.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}")
-    )
+    """The spec with its experiment name: the one given, else the one OUT's runs recorded (an interrupted experiment
+    run again continues under its name), else <preset>-<timestamp>."""
+    from analysis.continuation import recorded_experiment
+
+    if spec.experiment:
+        return spec
+    name = recorded_experiment(spec.out) or f"{spec.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    return replace(spec, experiment=name)
 
 
 def run(
@@ -696,8 +710,9 @@ def run(
         )
     prediction, predicted = predicted_wall_time(spec, sizes, batch)
     print(predicted, flush=True)
+    to_run = continued_launches(launches)  # an interrupted experiment run again: only what is left
     if spec.dry_run:
-        for launch in launches:
+        for launch in to_run:
             print(shlex.join(launch.argv))
         print(comparison_command(spec, launches))
         if spec.wandb_report:
@@ -707,7 +722,7 @@ def run(
         from analysis.prediction import write_prediction
 
         write_prediction(spec.out, prediction)  # the report sets it against the runs
-    status = run_experiment(spec, launches, cwd, echo, skipped)
+    status = run_experiment(spec, launches, cwd, echo, skipped, to_run)
     if spec.check_exports:
         status = max(status, check_exports([launch.run_dir for launch in launches]))
     if spec.wandb_report:
@@ -716,6 +731,18 @@ def run(
 
         report_after_experiment(spec.experiment, [launch.run_dir for launch in launches], spec.target_loss)
     return status
+
+
+def continued_launches(launches: list[Launch]) -> list[Launch]:
+    """The launches left when the experiment's folder already holds some of its runs, said in one line
+    each (kept, resumed, launched); all of them, silently, when it holds none."""
+    from analysis.continuation import RunProgress, continue_experiment
+
+    continuation = continue_experiment(launches)
+    if any(p is not RunProgress.ABSENT for p in continuation.progress.values()):
+        for line in continuation.lines({launch.run_dir: launch.label for launch in launches}):
+            print(line, flush=True)
+    return continuation.launches
 
 
 def predicted_wall_time(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch) -> tuple[Prediction | None, str]:

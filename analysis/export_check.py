@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from training.cli import EXIT_BAD_INPUT, OneLineParser, run_main
+from training.run_schema import FINAL_VAL_LOSS
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "perplexity"
 # The loss is the same model on the same blocks computed by a second implementation (Hugging Face's GPT-2
@@ -150,7 +151,7 @@ def read_run(run_dir: Path) -> tuple[dict[str, Any], float, ScoringPrecision]:
             f"{run_dir} has no Hugging Face export (hf/); the run was trained with --no-export_hf or did not finish"
         )
     config, summary = _read_json(run_dir / "config.json"), _read_json(run_dir / "summary.json")
-    recorded = (summary.get("total") or {}).get("final_val_loss")
+    recorded = (summary.get("total") or {}).get(FINAL_VAL_LOSS.key)
     if recorded is None:
         raise ExportError(f"{run_dir} records no final validation loss (summary.json total.final_val_loss)")
     if "data" not in config or "eval_blocks" not in config.get("run", {}):

@@ -16,9 +16,10 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 
-from analysis.runs import Run, number
+from analysis.runs import Run, recorded
 from analysis.uncertainty import group_by_strategy, warmup_steps
 from training import registry
+from training import run_schema as schema
 
 # One colour and marker per strategy in every figure (each registry entry's), so a reader learns them once;
 # strategies no entry has get spare colours and the fallback marker. The runs of one strategy are its
@@ -71,7 +72,7 @@ def make_figures(runs: list[Run]) -> list[FigureFile]:
             colours,
             "throughput_per_epoch.png",
             "Throughput per epoch",
-            [("whole job", "tokens_per_s"), ("per device", "tokens_per_s_per_device")],
+            [("whole job", schema.EPOCH_THROUGHPUT), ("per device", schema.EPOCH_THROUGHPUT_PER_DEVICE)],
             "throughput (tokens/s)",
             "Tokens trained in the epoch / training time of the epoch (steps only).",
         ),
@@ -80,7 +81,7 @@ def make_figures(runs: list[Run]) -> list[FigureFile]:
             colours,
             "grad_norm_per_epoch.png",
             "Gradient norm per epoch",
-            [("", "grad_norm_mean")],
+            [("", schema.EPOCH_GRAD_NORM)],
             "mean global grad L2 norm (before clipping)",
             "Mean over the epoch's steps of the global gradient L2 norm, before clipping.",
         ),
@@ -89,7 +90,7 @@ def make_figures(runs: list[Run]) -> list[FigureFile]:
             colours,
             "training_time_per_epoch.png",
             "Training time per epoch",
-            [("", "time_s")],
+            [("", schema.EPOCH_TIME)],
             "training time (s)",
             "Wall time of the epoch's optimizer steps; evaluation and checkpointing excluded.",
         ),
@@ -108,7 +109,7 @@ def _memory_figure(runs: list[Run], colours: dict[str, str]) -> FigureFile:
             colours,
             "peak_memory_per_epoch.png",
             "Peak memory per epoch",
-            [("CPU: peak resident set size of the process, max over processes", "peak_mem_allocated_mib_max")],
+            [("CPU: peak resident set size of the process, max over processes", schema.EPOCH_PEAK_ALLOCATED)],
             "peak resident memory per process (MiB)",
             "Highest peak resident set size over the processes of one run. On CPU the "
             "operating system cannot reset the peak, so each epoch shows the peak since "
@@ -120,8 +121,8 @@ def _memory_figure(runs: list[Run], colours: dict[str, str]) -> FigureFile:
         "peak_memory_per_epoch.png",
         "Peak memory per epoch",
         [
-            ("allocated, max over devices", "peak_mem_allocated_mib_max"),
-            ("reserved, max over devices", "peak_mem_reserved_mib_max"),
+            ("allocated, max over devices", schema.EPOCH_PEAK_ALLOCATED),
+            ("reserved, max over devices", schema.EPOCH_PEAK_RESERVED),
         ],
         "peak memory per device (MiB)",
         "Highest peak over the devices of one run (torch.cuda max allocated / max reserved, "
@@ -167,18 +168,18 @@ class Series:
     runs: int
 
 
-def _epoch_values(run: Run, key: str) -> dict[int, tuple[float, bool]]:
+def _epoch_values(run: Run, metric: schema.Metric) -> dict[int, tuple[float, bool]]:
     out = {}
     for epoch in run.epochs:
-        value = number(epoch.get(key))
-        if value is not None and isinstance(epoch.get("epoch"), int):
-            out[epoch["epoch"]] = (value, epoch.get("partial") is True)
+        value = recorded(epoch, metric)
+        if value is not None and isinstance(epoch.epoch, int):
+            out[epoch.epoch] = (value, epoch.partial is True)
     return out
 
 
-def epoch_series(runs: list[Run], key: str) -> Series:
+def epoch_series(runs: list[Run], metric: schema.Metric) -> Series:
     """Median, min and max over `runs` at each epoch any of them recorded; partial if any run's was."""
-    per_run = [_epoch_values(run, key) for run in runs]
+    per_run = [_epoch_values(run, metric) for run in runs]
     epochs = sorted({e for values in per_run for e in values})
     at = [[values[e] for values in per_run if e in values] for e in epochs]
     return Series(
@@ -248,19 +249,20 @@ def _epoch_figure(
     colours: dict[str, str],
     filename: str,
     title: str,
-    panels: list[tuple[str, str]],
+    panels: list[tuple[str, schema.Metric]],
     ylabel: str,
     caption: str,
 ) -> FigureFile:
     figure, axes_list = _new_figure(len(panels))
     groups = group_by_strategy(runs)
-    for axes, (panel_title, key) in zip(axes_list, panels):
+    for axes, (panel_title, metric) in zip(axes_list, panels):
         for index, (strategy, members) in enumerate(groups.items()):
-            _plot_series(axes, epoch_series(members, key), strategy, _style(strategy, index, colours))
+            _plot_series(axes, epoch_series(members, metric), strategy, _style(strategy, index, colours))
         _epoch_axis(axes, runs)
         axes.set_ylabel(ylabel)
-        # Costs start at zero so that a bar-sized difference looks bar-sized; a grad norm need not.
-        if key != "grad_norm_mean":
+        # Costs and rates (a better direction) start at zero so that a bar-sized difference looks
+        # bar-sized; a grad norm (none) need not.
+        if metric.better is not None:
             axes.set_ylim(bottom=0)
             axes.yaxis.set_major_formatter(THOUSANDS)
         if panel_title:
@@ -285,10 +287,10 @@ def _loss_per_epoch(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     groups = group_by_strategy(runs)
     for index, (strategy, members) in enumerate(groups.items()):
         style = _style(strategy, index, colours)
-        _plot_series(axes, epoch_series(members, "loss_mean"), f"{strategy} train", style)
+        _plot_series(axes, epoch_series(members, schema.EPOCH_LOSS), f"{strategy} train", style)
         _plot_series(
             axes,
-            epoch_series(members, "val_loss"),
+            epoch_series(members, schema.EPOCH_VAL_LOSS),
             f"{strategy} validation",
             style,
             linestyle="--",
@@ -306,11 +308,17 @@ def _loss_per_epoch(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     return FigureFile("loss_per_epoch.png", title, caption, _png(figure))
 
 
-def loss_band(runs: list[Run], kind: str, key: str) -> tuple[list[float], list[float], list[float], list[float]]:
-    """Tokens, median, min and max of `key` over `runs` at the token counts every run logged (`kind`:
-    "train" or "evals"); a resumed run's repeated step keeps its later line."""
+def loss_band(runs: list[Run], metric: schema.Metric) -> tuple[list[float], list[float], list[float], list[float]]:
+    """Tokens, median, min and max of a train or eval line `metric` over `runs` at the token counts every run
+    logged; a resumed run's repeated step keeps its later line."""
     per_run = [
-        {line["tokens"]: line[key] for line in getattr(run, kind) if _has_numbers(line, "tokens", key)} for run in runs
+        {
+            tokens: value
+            for line in (run.train if schema.Scope.TRAIN in metric.scopes else run.evals)
+            if (tokens := recorded(line, schema.LINE_TOKENS)) is not None
+            and (value := recorded(line, metric)) is not None
+        }
+        for run in runs
     ]
     common = sorted(set.intersection(*(set(values) for values in per_run))) if per_run else []
     values = [[float(v[t]) for v in per_run] for t in common]
@@ -327,7 +335,7 @@ def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
     groups = group_by_strategy(runs)
     for index, (strategy, members) in enumerate(groups.items()):
         style = _style(strategy, index, colours)
-        tokens, median, low, high = loss_band(members, "train", "loss")
+        tokens, median, low, high = loss_band(members, schema.LINE_LOSS)
         if tokens:
             axes.plot(
                 tokens,
@@ -339,7 +347,7 @@ def _loss_vs_tokens(runs: list[Run], colours: dict[str, str]) -> FigureFile:
             )
             if len(members) > 1:
                 axes.fill_between(tokens, low, high, color=style["color"], alpha=BAND_ALPHA, linewidth=0)
-        tokens, median, low, high = loss_band(members, "evals", "val_loss")
+        tokens, median, low, high = loss_band(members, schema.VAL_LOSS)
         if tokens:
             axes.errorbar(
                 tokens,
@@ -407,7 +415,3 @@ def _step_time_distribution(runs: list[Run], colours: dict[str, str]) -> FigureF
         "a strategy together: box = quartiles, line = median, whiskers = 1.5 IQR, dots = outliers."
     )
     return FigureFile("step_time_distribution.png", title, caption, _png(figure))
-
-
-def _has_numbers(line: dict[str, Any], *keys: str) -> bool:
-    return all(number(line.get(k)) is not None for k in keys)

@@ -20,17 +20,19 @@ import numpy as np
 from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
 from analysis.prediction import measured_lines
-from analysis.runs import Run, number
+from analysis.runs import Run, number, recorded
 from analysis.scaling import (
     SCALING_FACTS,
+    ranked_throughput,
     scaling_efficiency,
     scaling_lines,
     table_columns,
-    throughput_key,
     throughput_name,
 )
 from analysis.table import Table, build_table, to_csv, to_html, to_markdown
 from analysis.uncertainty import (
+    AVG_LOSS,
+    FINAL_VAL_LOSS,
     HIGHER,
     LOWER,
     MIB,
@@ -43,11 +45,14 @@ from analysis.uncertainty import (
     STEP_PEAK,
     THROUGHPUT,
     TOO_FEW,
+    TRAIN_TIME,
     Comparison,
     Statistics,
     Summary,
+    best_first,
     build_statistics,
 )
+from training import run_schema as schema
 from training.rundir import write_atomic
 
 # Facts that must be equal across runs for the comparison to be like for like, with their names.
@@ -82,8 +87,8 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
     summaries = stats.figures.get(THROUGHPUT, {})
     if len(summaries) < 2:
         return ["Throughput: fewer than two strategies with a throughput; nothing to rank."]
-    which = throughput_name(throughput_key(runs))
-    order = sorted(summaries, key=lambda name: -summaries[name].median)
+    which = throughput_name(ranked_throughput(runs))
+    order = best_first(summaries, schema.THROUGHPUT.better)
     best, rest = order[0], order[1:]
     against = {name: stats.comparison(THROUGHPUT, best, name) for name in rest}
     verdicts = {name: c.verdict if c is not None else TOO_FEW for name, c in against.items()}
@@ -108,7 +113,7 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
         lines.append(ONE_RUN_NOTE)
     elif any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
         lines.append(STEP_NOTE)
-    lines += _per_device_line(runs, throughput_key(runs))
+    lines += _per_device_line(runs, ranked_throughput(runs))
     return lines
 
 
@@ -150,7 +155,7 @@ def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _per_device_line(runs: list[Run], key: str) -> list[str]:
+def _per_device_line(runs: list[Run], key: schema.Metric) -> list[str]:
     """Per-device throughput of each run against its comparable single run's (its scaling efficiency), from
     the same whole-job figure (`key`) that ranked the runs, so the two lines never mix warm-up in and out."""
     parts, baselines = [], {}
@@ -197,7 +202,7 @@ def memory_reading(runs: list[Run], stats: Statistics | None = None) -> list[str
 
 
 def _least_memory(stats: Statistics, peaks: dict[str, Summary], title: str) -> str:
-    order = sorted(peaks, key=lambda name: peaks[name].median)
+    order = best_first(peaks, schema.PEAK_ALLOCATED.better)  # the step peak is one step's allocated peak
     best, rest = order[0], order[1:]
     against = {name: stats.comparison(STEP_PEAK, best, name) for name in rest}
     verdicts = [c.verdict if c is not None else TOO_FEW for c in against.values()]
@@ -345,7 +350,7 @@ CRITERION = (
 def _loss_curve(run: Run) -> tuple[np.ndarray, np.ndarray]:
     by_tokens: dict[float, float] = {}
     for line in run.train:
-        tokens, loss = number(line.get("tokens")), number(line.get("loss"))
+        tokens, loss = number(line.tokens), number(line.loss)
         if tokens is not None and loss is not None and math.isfinite(loss):
             by_tokens[tokens] = loss  # a resumed run may log a step twice: the later line wins
     tokens_sorted = sorted(by_tokens)
@@ -416,13 +421,13 @@ def agreement_lines(result: LossAgreement, check: Fairness) -> list[str]:
 def final_loss_line(runs: list[Run]) -> list[str]:
     parts = []
     for run in runs:
-        train, val = number(run.total.get("final_loss")), number(run.total.get("final_val_loss"))
+        train, val = recorded(run.total, schema.FINAL_LOSS), recorded(run.total, schema.FINAL_VAL_LOSS)
         if train is not None:
             parts.append(f"{run.label} {train:.4f}" + (f" (validation {val:.4f})" if val is not None else ""))
     return [f"Final training loss (nats): {', '.join(parts)}."] if len(parts) > 1 else []
 
 
-LOSS_FIGURES = ("final_val_loss", "avg_loss")
+LOSS_FIGURES = (FINAL_VAL_LOSS, AVG_LOSS)
 
 
 def loss_verdict_lines(stats: Statistics) -> list[str]:
@@ -648,7 +653,7 @@ def training_seconds(runs: list[Run]) -> dict[str, float]:
     """Each strategy's training time (summary.json total.train_time_s) summed over its runs."""
     out: dict[str, float] = {}
     for run in runs:
-        seconds = number(run.total.get("train_time_s"))
+        seconds = recorded(run.total, schema.TRAIN_TIME)
         if seconds is not None and math.isfinite(seconds):
             out[run.strategy] = out.get(run.strategy, 0.0) + seconds
     return out
@@ -660,7 +665,7 @@ def mlperf_lines(stats: Statistics) -> list[str]:
         return []
     parts = [
         f"{name} {value:,.1f} s" if value is not None else f"{name} n/a (fewer than 3 runs)"
-        for name, value in stats.mlperf.get("train_time_s", {}).items()
+        for name, value in stats.mlperf.get(TRAIN_TIME, {}).items()
     ]
     return [f"MLPerf-style training time (mean of the runs less the fastest and the slowest): {', '.join(parts)}."]
 

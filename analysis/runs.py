@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from training import registry
-from training.record import Record, RunSummary
+from training.record import EpochFigures, EvalLine, Record, RunSummary, RunTotals, TrainLine
+from training.run_schema import LINE_KIND_KEY, Metric, Scope
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -23,14 +24,16 @@ SUMMARY_FILE = "summary.json"
 class Run:
     """One training run as read from its directory; `summary` is None when it could not be read.
 
-    `summary` is summary.json's object as read; `record` is the same read into training.record's types.
+    `summary` is summary.json's object as read; `record` is the same read into training.record's types,
+    and `total` and `epochs` are its figures as the run schema's records, as `train` and `evals` are
+    metrics.jsonl's lines.
     """
 
     path: Path
     summary: dict[str, Any] | None = None
     config: dict[str, Any] | None = None
-    train: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl lines of kind "train"
-    evals: list[dict[str, Any]] = field(default_factory=list)  # metrics.jsonl lines of kind "eval"
+    train: list[TrainLine] = field(default_factory=list)  # metrics.jsonl lines of kind "train"
+    evals: list[EvalLine] = field(default_factory=list)  # metrics.jsonl lines of kind "eval"
     problems: list[str] = field(default_factory=list)  # one human-readable sentence each
     label: str = ""  # unique name in tables and legends; set by `assign_labels`
 
@@ -56,14 +59,15 @@ class Run:
         return str(record.strategy if record is not None and record.strategy else "unknown")
 
     @property
-    def total(self) -> dict[str, Any]:
+    def total(self) -> RunTotals:
+        """The whole-run figures; every one None when the run has none."""
         record = self.record
-        return {} if record is None or record.total is None else record.total.to_dict()
+        return RunTotals.from_dict({}) if record is None or record.total is None else record.total
 
     @property
-    def epochs(self) -> list[dict[str, Any]]:
+    def epochs(self) -> list[EpochFigures]:
         record = self.record
-        return [] if record is None or not record.epochs else [e.to_dict() for e in record.epochs]
+        return [] if record is None or not record.epochs else list(record.epochs)
 
     @property
     def step_times_s(self) -> list[float]:
@@ -128,9 +132,9 @@ def _read_json_object(path: Path, problems: list[str], required: bool) -> dict[s
     return value
 
 
-def _read_metrics(path: Path, problems: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    train: list[dict[str, Any]] = []
-    evals: list[dict[str, Any]] = []
+def _read_metrics(path: Path, problems: list[str]) -> tuple[list[TrainLine], list[EvalLine]]:
+    train: list[TrainLine] = []
+    evals: list[EvalLine] = []
     if not path.exists():
         problems.append(f"no {METRICS_FILE}; loss-against-tokens curve missing")
         return train, evals
@@ -146,16 +150,22 @@ def _read_metrics(path: Path, problems: list[str]) -> tuple[list[dict[str, Any]]
             continue
         if not isinstance(record, dict):
             bad.append(number)
-        elif record.get("kind") == "train":
-            train.append(record)
-        elif record.get("kind") == "eval":
-            evals.append(record)
+        elif record.get(LINE_KIND_KEY) == Scope.TRAIN.value:
+            train.append(TrainLine.from_dict(record))
+        elif record.get(LINE_KIND_KEY) == Scope.EVAL.value:
+            evals.append(EvalLine.from_dict(record))
         # Other kinds are newer additions to the format; ignoring them keeps old reports working.
     if bad:
         # One sentence per run, however many lines: a killed run often leaves a torn last line.
         shown = ", ".join(str(n) for n in bad[:5]) + (", ..." if len(bad) > 5 else "")
         problems.append(f"{METRICS_FILE}: {len(bad)} empty or corrupt line(s) skipped (line {shown})")
     return train, evals
+
+
+def recorded(record: Any, metric: Metric) -> float | None:
+    """`metric`'s value in a record built from the schema (RunTotals, a TrainLine, ...) as float, None when
+    absent or not a number."""
+    return number(getattr(record, metric.key, None))
 
 
 def number(value: Any) -> float | None:

@@ -2,7 +2,7 @@
 
 Scaling efficiency = N-device throughput / (N x throughput of a comparable single-device run): 100% is
 perfect scaling. Cost per million tokens = price per device-hour x devices / 3600 / (tokens/s) x 10^6.
-Both use the throughput the reading ranks the runs by (`throughput_key`), so the table, the reading
+Both use the throughput the reading ranks the runs by (`ranked_throughput`), so the table, the reading
 and this section never mix warm-up steps in and out. Torch-free: the experiment driver imports it.
 """
 
@@ -12,9 +12,10 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from analysis.runs import Run, number
+from analysis.runs import Run, recorded
 from analysis.table import COLUMNS, Column, fixed
 from training import registry
+from training.run_schema import MFU, TABLE, THROUGHPUT, THROUGHPUT_EXCL_WARMUP, Metric
 
 # A multi-device run scales against a single run only when these agree: the same device, the same model,
 # the same sequence length and global batch (the same work per optimizer step) and the same precision.
@@ -37,20 +38,20 @@ SECONDS_PER_HOUR = 3600
 MILLION = 1e6
 
 
-def throughput_key(runs: list[Run]) -> str:
+def ranked_throughput(runs: list[Run]) -> Metric:
     """Rank by throughput without warm-up steps when every run has it; otherwise all with it."""
-    if runs and all((number(run.total.get("tokens_per_s_excl_warmup")) or 0.0) > 0 for run in runs):
-        return "tokens_per_s_excl_warmup"
-    return "tokens_per_s"
+    if runs and all((recorded(run.total, THROUGHPUT_EXCL_WARMUP) or 0.0) > 0 for run in runs):
+        return THROUGHPUT_EXCL_WARMUP
+    return THROUGHPUT
 
 
-def throughput_name(key: str) -> str:
-    return "whole job, warm-up steps excluded" if key == "tokens_per_s_excl_warmup" else "whole job"
+def throughput_name(metric: Metric) -> str:
+    return "whole job, warm-up steps excluded" if metric.excludes_warmup else "whole job"
 
 
-def throughput(run: Run, key: str) -> float | None:
-    """The run's whole-job tokens/s under `key` as stored, None unless a positive finite number."""
-    value = number(run.total.get(key))
+def throughput(run: Run, metric: Metric) -> float | None:
+    """The run's whole-job tokens/s as `metric` records it, None unless a positive finite number."""
+    value = recorded(run.total, metric)
     return value if value is not None and math.isfinite(value) and value > 0 else None
 
 
@@ -99,8 +100,8 @@ class Scaling:
     baseline_tokens_per_s: float = math.nan
 
 
-def scaling_efficiency(run: Run, runs: list[Run], key: str) -> Scaling:
-    """`run`'s tokens/s / (its devices x the comparable single run's tokens/s), both under `key`."""
+def scaling_efficiency(run: Run, runs: list[Run], key: Metric) -> Scaling:
+    """`run`'s tokens/s / (its devices x the comparable single run's tokens/s), both as `key` records them."""
     if registry.single_process(run.strategy):
         return Scaling(None, "the single-device baseline")
     devices = world_size(run)
@@ -121,7 +122,7 @@ def cost_per_million_tokens(price_per_device_hour: float, devices: int, tokens_p
     return price_per_device_hour * devices / SECONDS_PER_HOUR / tokens_per_s * MILLION
 
 
-def run_cost(run: Run, key: str, price_per_device_hour: float | None) -> float | None:
+def run_cost(run: Run, key: Metric, price_per_device_hour: float | None) -> float | None:
     devices, tokens = world_size(run), throughput(run, key)
     if price_per_device_hour is None or devices is None or tokens is None:
         return None
@@ -146,7 +147,7 @@ def price_text(price: float) -> str:
 
 def table_columns(runs: list[Run], price_per_device_hour: float | None) -> tuple[Column, ...]:
     """The table's columns with scaling efficiency and cost after MFU."""
-    key = throughput_key(runs)
+    key = ranked_throughput(runs)
     efficiency = {run.label: scaling_efficiency(run, runs, key).efficiency for run in runs}
     added = (
         Column(
@@ -154,13 +155,14 @@ def table_columns(runs: list[Run], price_per_device_hour: float | None) -> tuple
         ),
         Column(COST_HEADER, lambda run: run_cost(run, key, price_per_device_hour), fixed(4)),
     )
-    at = next(i for i, column in enumerate(COLUMNS) if column.header == "MFU (%)") + 1
+    mfu = next(column.header for column in TABLE if column.metric is MFU)
+    at = next(i for i, column in enumerate(COLUMNS) if column.header == mfu) + 1
     return COLUMNS[:at] + added + COLUMNS[at:]
 
 
 def scaling_lines(runs: list[Run], price_per_device_hour: float | None) -> list[str]:
     """The section's sentences: how each run's efficiency was computed or why it is n/a, and the cost."""
-    key = throughput_key(runs)
+    key = ranked_throughput(runs)
     lines = []
     for run in runs:
         result = scaling_efficiency(run, runs, key)
@@ -187,5 +189,5 @@ def scaling_lines(runs: list[Run], price_per_device_hour: float | None) -> list[
             f"Cost per million tokens at {price_text(price_per_device_hour)} per device-hour (the currency of "
             f"--gpu_hour_price): {shown}."
         )
-    lines.append(f"Both use the throughput of the reading ({throughput_name(key)}, `{key}` in summary.json).")
+    lines.append(f"Both use the throughput of the reading ({throughput_name(key)}, `{key.key}` in summary.json).")
     return lines

@@ -13,8 +13,8 @@ import io
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from analysis.runs import Run, number
-from training.metric_table import Metric, table_columns
+from analysis.runs import Run, recorded
+from training.run_schema import TABLE, TableColumn
 
 Cell = str | int | float | bool | None
 
@@ -32,12 +32,12 @@ def _fact(key: str) -> Callable[[Run], Cell]:
     return lambda run: run.fact(key)
 
 
-def _figure(metric: Metric) -> Callable[[Run], Cell]:
+def _figure(column: TableColumn) -> Callable[[Run], Cell]:
     """A whole-run figure as stored; a fraction shown in percent is the only one rescaled."""
 
     def value(run: Run) -> Cell:
-        stored = number(run.total.get(metric.key))
-        if metric.column is not None and metric.column.percent and stored is not None:
+        stored = recorded(run.total, column.metric)
+        if column.percent and stored is not None:
             return 100.0 * stored
         return stored
 
@@ -59,20 +59,18 @@ def text(value: Cell) -> str:
     return "n/a" if value is None else str(value)
 
 
-def metric_column(metric: Metric) -> Column:
-    """The column of a whole-run figure, as the metrics table declares it (header, unit, decimals)."""
-    if metric.column is None:
-        raise ValueError(f"{metric.key} has no comparison-table column")
-    return Column(metric.header, _figure(metric), fixed(metric.column.decimals))
+def metric_column(column: TableColumn) -> Column:
+    """The column of a whole-run figure, as the run schema declares it (header, unit, decimals)."""
+    return Column(column.header, _figure(column), fixed(column.decimals))
 
 
-# The run's identity, its whole-run figures (from the metrics table, in its order), then the facts
+# The run's identity, its whole-run figures (the run schema's TABLE, in its order), then the facts
 # that make runs comparable.
 COLUMNS: tuple[Column, ...] = (
     Column("run", lambda run: run.path.name, text),
     Column("strategy", lambda run: run.strategy, text),
     Column("complete", lambda run: run.complete, lambda v: "yes" if v else "**no (partial)**"),
-    *(metric_column(metric) for metric in table_columns()),
+    *(metric_column(column) for column in TABLE),
     Column("world size (devices)", _fact("world_size"), text),
     Column("global batch (tokens)", _fact("global_batch_tokens"), fixed(0)),
     Column("tokens trained", _fact("tokens_trained"), fixed(0)),

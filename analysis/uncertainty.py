@@ -23,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from analysis.runs import Run, number
-from analysis.scaling import throughput, throughput_key, throughput_name
+from analysis.runs import Run, number, recorded
+from analysis.scaling import ranked_throughput, throughput, throughput_name
 from analysis.survival import Observation, log_rank, median_time
+from training import run_schema as schema
 from training.config import RunConfig
 
 CONFIDENCE = 0.95
@@ -282,7 +283,14 @@ def step_ratio(
 
 MIB = 2**20
 MIN_STEPS = 5  # fewer steps after warm-up than this give no within-run interval
-THROUGHPUT, STEP_PEAK, RESIDENT, RESERVED = "tokens_per_s", "step_peak_bytes", "peak_rss_mib", "peak_reserved_mib"
+# report.json's names of the figures; those that are a summary.json key are spelled by the run schema.
+THROUGHPUT, STEP_PEAK, RESIDENT, RESERVED = (
+    schema.THROUGHPUT.key,
+    "step_peak_bytes",
+    "peak_rss_mib",
+    "peak_reserved_mib",
+)
+TRAIN_TIME, FINAL_VAL_LOSS, AVG_LOSS = schema.TRAIN_TIME.key, schema.FINAL_VAL_LOSS.key, "avg_loss"
 
 
 @dataclass(frozen=True)
@@ -329,6 +337,12 @@ class Comparison:
         }
 
 
+def best_first(summaries: dict[str, Summary], better: schema.Better | None) -> list[str]:
+    """Strategies by their median, the better first as the run schema says which direction is (ties keep
+    the table's order)."""
+    return sorted(summaries, key=lambda name: summaries[name].median, reverse=better is schema.Better.HIGHER)
+
+
 def group_by_strategy(runs: Sequence[Run]) -> dict[str, list[Run]]:
     """Runs by Run.strategy, strategies in the order of their first run (the table's order)."""
     groups: dict[str, list[Run]] = {}
@@ -337,8 +351,8 @@ def group_by_strategy(runs: Sequence[Run]) -> dict[str, list[Run]]:
     return groups
 
 
-def _total(key: str) -> Callable[[Run], float | None]:
-    return lambda run: _finite_or_none(number(run.total.get(key)))
+def _total(metric: schema.Metric) -> Callable[[Run], float | None]:
+    return lambda run: _finite_or_none(recorded(run.total, metric))
 
 
 def _finite_or_none(value: float | None) -> float | None:
@@ -352,13 +366,13 @@ def step_peak_bytes(run: Run) -> float | None:
     ranks = [v for v in (number(x) for x in memory.get("step_peak_bytes") or []) if v is not None]
     if ranks:
         return max(ranks)
-    allocated = number(run.total.get("peak_mem_allocated_mib_max"))
+    allocated = recorded(run.total, schema.PEAK_ALLOCATED)
     return allocated * MIB if allocated is not None and run.fact("device_type") != "cpu" else None
 
 
 def run_figures(runs: Sequence[Run]) -> list[Figure]:
     """The figures of report.json; the memory beside the step peak is the process's resident set on CPU."""
-    key = throughput_key(list(runs))
+    key = ranked_throughput(list(runs))
     cpu = bool(runs) and all(run.fact("device_type") == "cpu" for run in runs)
     beside = (
         Figure(
@@ -366,7 +380,7 @@ def run_figures(runs: Sequence[Run]) -> list[Figure]:
             "peak resident set size (per process, max over processes)",
             "MiB",
             False,
-            _total("peak_mem_allocated_mib_max"),
+            _total(schema.PEAK_ALLOCATED),
         )
         if cpu
         else Figure(
@@ -374,16 +388,16 @@ def run_figures(runs: Sequence[Run]) -> list[Figure]:
             "peak memory reserved (per device, max over devices)",
             "MiB",
             False,
-            _total("peak_mem_reserved_mib_max"),
+            _total(schema.PEAK_RESERVED),
         )
     )
     return [
         Figure(THROUGHPUT, f"throughput ({throughput_name(key)})", "tokens/s", False, lambda run: throughput(run, key)),
         Figure(STEP_PEAK, "live-tensor step peak (per device, max over devices)", "bytes", True, step_peak_bytes),
         beside,
-        Figure("train_time_s", "training time", "s", False, _total("train_time_s")),
-        Figure("final_val_loss", "final validation loss", "nats", False, _total("final_val_loss")),
-        Figure("avg_loss", "mean training loss", "nats", False, _total("loss_mean")),
+        Figure(TRAIN_TIME, "training time", "s", False, _total(schema.TRAIN_TIME)),
+        Figure(FINAL_VAL_LOSS, "final validation loss", "nats", False, _total(schema.FINAL_VAL_LOSS)),
+        Figure(AVG_LOSS, "mean training loss", "nats", False, _total(schema.LOSS_MEAN)),
     ]
 
 
@@ -490,7 +504,7 @@ def _elapsed_at(run: Run) -> Callable[[float], float]:
         {
             int(s): e
             for line in run.train
-            if (s := number(line.get("step"))) is not None and (e := number(line.get("elapsed_s"))) is not None
+            if (s := number(line.step)) is not None and (e := number(line.elapsed_s)) is not None
         }.items()
     )
     steps, elapsed = [0.0, *(float(s) for s, _ in points)], [0.0, *(e for _, e in points)]
@@ -501,7 +515,7 @@ def _eval_points(run: Run) -> list[tuple[float, float, float]]:
     """(step, tokens, val_loss) of each evaluation, in step order; a resumed run's repeat keeps the later line."""
     points: dict[float, tuple[float, float]] = {}
     for line in run.evals:
-        step, tokens, loss = (number(line.get(k)) for k in ("step", "tokens", "val_loss"))
+        step, tokens, loss = number(line.step), number(line.tokens), number(line.val_loss)
         if step is not None and tokens is not None and loss is not None and math.isfinite(loss):
             points[step] = (tokens, loss)
     return [(step, *points[step]) for step in sorted(points)]

@@ -17,8 +17,20 @@ from typing import Any
 
 from analysis.report import write_atomic
 from analysis.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, number
-from training.metric_table import Scope, in_scope, only_in
 from training.record import BatchRecord, EpochFigures, LaunchRecord, RunFacts, RunTotals, run_summary
+from training.run_schema import (
+    ELAPSED,
+    LINE_GRAD_NORM,
+    LINE_KIND_KEY,
+    LINE_LOSS,
+    LINE_SAMPLES_PER_S,
+    LINE_STEP_TIME,
+    LINE_TOKENS,
+    VAL_LOSS,
+    Scope,
+    in_scope,
+    only_in,
+)
 from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
 
 # What an eval line holds besides its step (W&B's own step axis), and what only an eval line holds:
@@ -54,49 +66,53 @@ def metrics_from_history(rows: Iterable[Mapping[str, Any]], namespace: Mapping[s
     for row in rows:
         step = row.get("_step")
         values = {local.get(k, k): v for k, v in row.items() if not k.startswith("_") and v is not None}
-        if "loss" in values:
+        if LINE_LOSS.key in values:
             train = {k: v for k, v in values.items() if k not in EVAL_ONLY_KEYS}
-            records.append({"kind": "train", "step": step, **train})
-        if "val_loss" in values:
-            records.append({"kind": "eval", "step": step, **{k: values[k] for k in EVAL_KEYS if k in values}})
+            records.append({LINE_KIND_KEY: Scope.TRAIN.value, "step": step, **train})
+        if VAL_LOSS.key in values:
+            evals = {k: values[k] for k in EVAL_KEYS if k in values}
+            records.append({LINE_KIND_KEY: Scope.EVAL.value, "step": step, **evals})
     return records
 
 
-def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int, warmup_steps: int) -> list[dict[str, Any]]:
-    """Per-epoch figures from the logged lines (see the module docstring for what is approximate).
+def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int, warmup_steps: int) -> list[EpochFigures]:
+    """Per-epoch figures from the logged lines (see the module docstring for what is approximate); what
+    the lines cannot tell (whether the epoch was partial, the skipped steps) is None.
 
     Means follow train.py's own definition (training.steady_mean.steady_mean, the same warm-up rule and
     non-finite handling), over the logged steps instead of every step.
     """
-    epochs: list[dict[str, Any]] = []
+    epochs: list[EpochFigures] = []
     last_step, last_tokens, last_elapsed = 0, 0, 0.0
     for epoch in sorted({r["epoch"] for r in metrics if r["kind"] == "train" and isinstance(r.get("epoch"), int)}):
         lines = [r for r in metrics if r["kind"] == "train" and r.get("epoch") == epoch]
         evals = [r for r in metrics if r["kind"] == "eval" and r.get("epoch") == epoch]
         end = lines[-1]
-        tokens = (number(end.get("tokens")) or 0) - last_tokens
-        time_s = (number(end.get("elapsed_s")) or 0.0) - last_elapsed
+        tokens = (number(end.get(LINE_TOKENS.key)) or 0) - last_tokens
+        time_s = (number(end.get(ELAPSED.key)) or 0.0) - last_elapsed
         tokens_per_s = tokens / time_s if time_s > 0 else None
         epochs.append(
-            {
-                "epoch": epoch,
-                "steps": (end.get("step") or 0) - last_step,
-                "tokens": int(tokens),
+            EpochFigures(
+                epoch=epoch,
+                partial=None,
+                steps=(end.get("step") or 0) - last_step,
+                tokens=int(tokens),
                 **_step_means(lines, warmup_steps),
-                "time_s": time_s,
-                "tokens_per_s": tokens_per_s,
-                "tokens_per_s_per_device": tokens_per_s / world_size if tokens_per_s and world_size else None,
-                "samples_per_s": _mean(lines, "samples_per_s"),
+                skipped_steps=None,
+                time_s=time_s,
+                tokens_per_s=tokens_per_s,
+                tokens_per_s_per_device=tokens_per_s / world_size if tokens_per_s and world_size else None,
+                samples_per_s=_mean(lines, LINE_SAMPLES_PER_S.key),
                 **_last_values(lines, evals),
-            }
+            )
         )
         last_step, last_tokens, last_elapsed = end.get("step") or 0, tokens + last_tokens, time_s + last_elapsed
     return epochs
 
 
 def _last_values(lines: list[dict[str, Any]], evals: list[dict[str, Any]]) -> dict[str, Any]:
-    """The epoch figures the metrics table declares as the epoch's last value of a line key (peak
-    memory since the epoch started, the last validation), in the table's order."""
+    """The epoch figures the run schema declares as the epoch's last value of a line key (peak
+    memory since the epoch started, the last validation)."""
     train_keys = {m.key for m in in_scope(Scope.TRAIN)}
     figures: dict[str, Any] = {}
     for figure in in_scope(Scope.EPOCH):
@@ -109,12 +125,16 @@ def _last_values(lines: list[dict[str, Any]], evals: list[dict[str, Any]]) -> di
 def _step_means(lines: list[dict[str, Any]], warmup_steps: int) -> dict[str, Any]:
     from training.steady_mean import steady_mean
 
-    figures: dict[str, Any] = {}
-    for key in ("loss", "grad_norm"):
-        mean = steady_mean(((line["step"], line.get(key)) for line in lines), warmup_steps)
-        figures[f"{key}_mean"] = mean.value if mean.steps else None
-        figures[f"{key}_nonfinite_steps"] = mean.nonfinite_left_out
-    return figures
+    loss, norm = (
+        steady_mean(((line["step"], line.get(key)) for line in lines), warmup_steps)
+        for key in (LINE_LOSS.key, LINE_GRAD_NORM.key)
+    )
+    return dict(
+        loss_mean=loss.value if loss.steps else None,
+        loss_nonfinite_steps=loss.nonfinite_left_out,
+        grad_norm_mean=norm.value if norm.steps else None,
+        grad_norm_nonfinite_steps=norm.nonfinite_left_out,
+    )
 
 
 def _mean(lines: list[dict[str, Any]], key: str) -> float | None:
@@ -155,9 +175,9 @@ def run_files_from_wandb(
             steps=steps,
             tokens_trained=steps * (batch.global_batch_tokens or 0),
             complete=bool(total) and steps >= ((launch.schedule.total_steps if launch.schedule else None) or 0),
-            epochs=[EpochFigures.from_dict(e) for e in epochs],
+            epochs=epochs,
             total=RunTotals.from_dict(total),
-            step_times_s=[v for line in train if (v := number(line.get("step_time_s"))) is not None],
+            step_times_s=[v for line in train if (v := number(line.get(LINE_STEP_TIME.key))) is not None],
             skipped_step_numbers=None,
         ),
     )

@@ -5,7 +5,7 @@ grouped by strategy), line plots against tokens trained, bar charts of the whole
 local report's reading. `--dry_run` writes that specification as JSON and needs neither network nor
 login; otherwise `to_wandb_report` turns it into wandb-workspaces objects and `save_report` sends it.
 
-Panels are declared in the metrics table (training/metric_table.py) by the metrics they plot and are
+Panels are declared in the run schema (training/run_schema.py) by the metrics they plot and are
 resolved through the names train.py logs to W&B (training/sinks.py), so a renamed metric fails here
 instead of leaving a panel empty. Exit status: 0 when the report was saved (or written with
 --dry_run); 2 on bad arguments, without a W&B login, or when W&B could not be asked.
@@ -29,7 +29,7 @@ from analysis.report import Reading, build_reading, write_atomic
 from analysis.uncertainty import build_statistics
 from training.cli import DefaultsHelpFormatter, OneLineParser, run_main
 from training.config import RunConfig
-from training.metric_table import BARS, CURVES, X_AXIS, X_TITLE
+from training.run_schema import BARS, CURVES, X_AXIS, X_TITLE
 from training.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key
 
 EXIT_OK, EXIT_ERROR = 0, 2
@@ -46,7 +46,7 @@ class ReportError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# The panels: declared in the metrics table (training/metric_table.py), laid out here
+# The panels: declared in the run schema (training/run_schema.py), laid out here
 
 
 def wandb_metric(key: str) -> str:

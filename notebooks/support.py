@@ -231,8 +231,14 @@ def output_root(out_dir: str) -> Path:
     )
 
 
-def experiment_name(preset: str) -> str:
-    return f"notebook-{preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+def experiment_name(preset: str, root: Path | None = None) -> str:
+    """A new experiment's name, or, when `root` holds an experiment of this preset that never wrote its report
+    (a Colab disconnect, Kaggle's time limit), that one's: running the notebook again continues it."""
+    prefix = f"notebook-{preset}-"
+    unfinished = sorted(
+        p.name for p in (root.glob(f"{prefix}*") if root else []) if p.is_dir() and not (p / "table.md").exists()
+    )
+    return unfinished[-1] if unfinished else f"{prefix}{datetime.datetime.now():%Y%m%d-%H%M%S}"
 
 
 # ---------------------------------------------------------------------------------------------

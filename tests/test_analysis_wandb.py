@@ -118,9 +118,9 @@ def test_a_real_record_rebuilds_the_run_files(recorded_run: Path, tmp_path: Path
     }
     assert all(files.summary[k] is None for k in unknown)
     for got, want in zip(files.summary["epochs"], original.epochs):
-        assert got["steps"] == want["steps"] and got["tokens"] == want["tokens"]
-        assert got["loss_mean"] == pytest.approx(want["loss_mean"], rel=1e-9)
-        assert got["tokens_per_s"] == pytest.approx(want["tokens_per_s"], rel=1e-9)
+        assert got["steps"] == want.steps and got["tokens"] == want.tokens
+        assert got["loss_mean"] == pytest.approx(want.loss_mean, rel=1e-9)
+        assert got["tokens_per_s"] == pytest.approx(want.tokens_per_s, rel=1e-9)
     # Every train line of metrics.jsonl comes back, with its loss.
     local = train_lines(recorded_run)
     fetched = {line["step"]: line for line in files.metrics if line["kind"] == "train"}
@@ -162,8 +162,8 @@ def test_rebuilt_epochs_and_curves_follow_the_logged_lines(tmp_path: Path, names
     epochs = files.summary["epochs"]
     assert [e["epoch"] for e in epochs] == [1, 2, 3] and [e["steps"] for e in epochs] == [20, 20, 20]
     for got, want in zip(epochs, original.epochs):
-        assert got["tokens_per_s"] == pytest.approx(want["tokens_per_s"])
-        assert got["loss_mean"] == pytest.approx(want["loss_mean"])
-        assert got["val_loss"] == pytest.approx(want["val_loss"])
+        assert got["tokens_per_s"] == pytest.approx(want.tokens_per_s)
+        assert got["loss_mean"] == pytest.approx(want.loss_mean)
+        assert got["val_loss"] == pytest.approx(want.val_loss)
     kinds = [r["kind"] for r in files.metrics]
     assert kinds.count("train") == 60 and kinds.count("eval") == 3

@@ -45,7 +45,15 @@ def markdown(spec: dict[str, Any]) -> str:
 
 def total_keys_written_by_training() -> set[str]:
     """The "total" keys of summary.json, from the function train.py computes them with."""
-    from training.metrics import EpochMemory, MetricsTracker, RunTimes, StepRecord, ThroughputFacts, total_summary
+    from training.metrics import (
+        EpochMemory,
+        MetricsTracker,
+        RunTimes,
+        StepRecord,
+        ThroughputFacts,
+        eval_line,
+        total_summary,
+    )
 
     tracker = MetricsTracker.__new__(MetricsTracker)  # no Accelerator: total_summary needs only these
     tracker.perf_warmup_steps = 1
@@ -54,8 +62,8 @@ def total_keys_written_by_training() -> set[str]:
     )
     tracker.records = [StepRecord(i, 1, 1024 * i, 5.0, 1.0, 1e-3, 0.1, warmup=i == 1) for i in range(1, 5)]
     tracker.memory = EpochMemory(100.0, 90.0, 120.0, 110.0)
-    total = total_summary(tracker, [], RunTimes(train_s=0.4), 1.0, {"val_loss": 5.0, "val_ppl": 148.4}, open_epoch=True)
-    return set(total)
+    total = total_summary(tracker, [], RunTimes(train_s=0.4), 1.0, eval_line(4, 1, 4096, 5.0, 0.1), open_epoch=True)
+    return {key for key, value in vars(total).items() if value is not None}
 
 
 # ---------------------------------------------------------------------------------------------

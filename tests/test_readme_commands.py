@@ -312,7 +312,7 @@ def test_the_sample_is_the_runs_own_continuation(readme_runs: tuple[Path, list[R
 
 
 def test_the_wandb_report_spec_names_the_group_and_the_panels_metrics(readme_runs: tuple[Path, list[Ran]]) -> None:
-    from training.metric_table import BARS, CURVES
+    from training.run_schema import BARS, CURVES
 
     runs, _ = readme_runs
     spec = json.loads((runs / "wandb_report.json").read_text())

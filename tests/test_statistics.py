@@ -35,6 +35,7 @@ from analysis.uncertainty import (
     time_to_target,
     verdict,
 )
+from training.record import EvalLine, TrainLine
 
 MIB = 2**20
 
@@ -253,8 +254,8 @@ def test_resident_set_is_ranked_only_outside_its_noise() -> None:
 
 def target_run(evals: list[tuple[int, int, float]], logged: list[tuple[int, float]], world_size: int = 1) -> Run:
     run = make_run("single", world_size=world_size)
-    run.evals = [{"kind": "eval", "step": s, "tokens": t, "val_loss": v} for s, t, v in evals]
-    run.train = [{"kind": "train", "step": s, "elapsed_s": e} for s, e in logged]
+    run.evals = [EvalLine.from_dict({"step": s, "tokens": t, "val_loss": v}) for s, t, v in evals]
+    run.train = [TrainLine.from_dict({"step": s, "elapsed_s": e}) for s, e in logged]
     return run
 
 
@@ -325,6 +326,7 @@ def test_strategies_are_compared_on_time_to_target_by_the_log_rank_test() -> Non
 
 def test_epoch_series_is_the_median_with_min_max_and_marks_partial_epochs() -> None:
     from analysis.plots import epoch_series
+    from training.run_schema import EPOCH_THROUGHPUT
 
     runs = []
     for i, (rate, partial) in enumerate(((100.0, False), (110.0, False), (130.0, True))):
@@ -334,7 +336,17 @@ def test_epoch_series_is_the_median_with_min_max_and_marks_partial_epochs() -> N
             {"epoch": 2, "tokens_per_s": rate * 2, "partial": partial},
         ]
         runs.append(run)
-    series = epoch_series(runs, "tokens_per_s")
+    series = epoch_series(runs, EPOCH_THROUGHPUT)
     assert series.epochs == [1, 2] and series.runs == 3
     assert series.median == [110.0, 220.0] and series.low == [100.0, 200.0] and series.high == [130.0, 260.0]
     assert series.partial == [False, True]
+
+
+def test_the_better_median_comes_first_in_the_schemas_direction_and_ties_keep_their_order() -> None:
+    from analysis.uncertainty import Summary, best_first
+    from training.run_schema import PEAK_ALLOCATED, THROUGHPUT
+
+    medians = {"single": 2.0, "ddp": 3.0, "fsdp": 2.0, "hsdp": 1.0}
+    summaries = {name: Summary(1, m, m, m, m, None, "none") for name, m in medians.items()}
+    assert best_first(summaries, THROUGHPUT.better) == ["ddp", "single", "fsdp", "hsdp"]
+    assert best_first(summaries, PEAK_ALLOCATED.better) == ["hsdp", "single", "fsdp", "ddp"]

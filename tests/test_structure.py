@@ -3,7 +3,8 @@
 (a) no import circle among the project's modules, (b) no import back up a layer
 (data <- model <- training <- planner <- analysis, notebooks, benchmarks, scripts, train.py), (c) no function over
 60 lines outside tests/, (d) no strategy name as a string literal outside training/registry.py and tests/,
-(e) one write_atomic. Imports inside functions and under TYPE_CHECKING count: they are dependencies too.
+(e) one write_atomic, (f) no metric key as a string literal outside training/run_schema.py and tests/.
+Imports inside functions and under TYPE_CHECKING count: they are dependencies too.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from training import registry
+from training import registry, run_schema
 
 REPO = Path(__file__).resolve().parents[1]
 # Bottom to top. A module may import from its own layer and the layers below it, never from one above.
@@ -28,6 +29,12 @@ LAYERS = (
 LAYER_OF = {top: rank for rank, tops in enumerate(LAYERS) for top in tops}
 MAX_FUNCTION_LINES = 60
 REGISTRY_FILE = "training/registry.py"
+# Every metric key is spelled in the schema alone: training/metrics.py writes the typed records built from
+# it (keyword arguments, not strings), and every other module names a metric by the schema's constants.
+SCHEMA_FILE = "training/run_schema.py"
+# Schema keys that are also everyday words with other meanings here (a checkpoint's step and epoch, a
+# config's lr, a corpus's tokens, the planner's loss): only the keys that name one figure are held to it.
+COMMON_WORDS = frozenset({"step", "epoch", "tokens", "loss", "lr", "steps", "partial", "warmup"})
 
 
 @dataclass(frozen=True)
@@ -211,12 +218,11 @@ def test_no_function_over_60_lines() -> None:
     assert not offenders, f"functions over {MAX_FUNCTION_LINES} lines:\n" + "\n".join(sorted(offenders))
 
 
-def test_strategy_names_are_spelled_only_in_the_registry() -> None:
-    names = set(registry.names())
-    assert names, "the registry names no strategy"
+def _literals_outside(values: set[str], allowed: set[str]) -> list[str]:
+    """path:line of each string literal (not a docstring) equal to one of `values` outside tests/ and `allowed`."""
     offenders = []
     for path in _project_files():
-        if _is_test(path) or _rel(path) == REGISTRY_FILE:
+        if _is_test(path) or _rel(path) in allowed:
             continue
         tree = _tree(path)
         docstrings = _docstrings(tree)
@@ -224,13 +230,29 @@ def test_strategy_names_are_spelled_only_in_the_registry() -> None:
             if (
                 isinstance(node, ast.Constant)
                 and isinstance(node.value, str)
-                and node.value in names
+                and node.value in values
                 and id(node) not in docstrings
             ):
                 offenders.append(f"{_rel(path)}:{node.lineno} {node.value!r}")
+    return sorted(offenders)
+
+
+def test_strategy_names_are_spelled_only_in_the_registry() -> None:
+    names = set(registry.names())
+    assert names, "the registry names no strategy"
+    offenders = _literals_outside(names, {REGISTRY_FILE})
     assert not offenders, (
-        "strategy names as string literals outside training/registry.py (ask the registry):\n"
-        + "\n".join(sorted(offenders))
+        "strategy names as string literals outside training/registry.py (ask the registry):\n" + "\n".join(offenders)
+    )
+
+
+def test_metric_keys_are_spelled_only_in_the_schema() -> None:
+    keys = {m.key for m in run_schema.METRICS}
+    assert COMMON_WORDS < keys, "an exempted word is no longer a schema key: drop it from COMMON_WORDS"
+    offenders = _literals_outside(keys - COMMON_WORDS, {SCHEMA_FILE})
+    assert not offenders, (
+        f"metric keys as string literals outside {SCHEMA_FILE} (name the schema's constant, e.g. "
+        "THROUGHPUT.key, or read and write the typed records of training/record.py):\n" + "\n".join(offenders)
     )
 
 
@@ -271,3 +293,22 @@ def test_the_readme_is_one_screen_without_dated_counts() -> None:
     text = (REPO / "README.md").read_text(encoding="utf-8")
     assert len(text.splitlines()) <= 150
     assert not re.search(r"\b\d[\d,]* (tests|passed)\b", text), "a test count in the README"
+
+
+_CONFLICT_MARKER = re.compile(r"^(<{7} |={7}$|>{7} )", re.MULTILINE)
+
+
+def _text_files() -> list[Path]:
+    suffixes = {".py", ".md", ".yaml", ".toml", ".txt", ".sh", ".sbatch", ".ipynb"}
+    skipped = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "runs", "wandb"}
+    return [
+        p
+        for p in REPO.rglob("*")
+        if p.suffix in suffixes and p.is_file() and not skipped & set(p.relative_to(REPO).parts)
+    ]
+
+
+def test_no_merge_conflict_marker_is_left_in_a_file() -> None:
+    marked = [str(p.relative_to(REPO)) for p in _text_files() if _CONFLICT_MARKER.search(p.read_text("utf-8"))]
+    assert marked == []
+    assert _CONFLICT_MARKER.search("text\n<<<<<<< HEAD\nmore") and not _CONFLICT_MARKER.search("a ======= b")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from training.errors import RunError
+from training.faults import during_checkpoint_write
 
 if TYPE_CHECKING:  # only annotations need it: reading a checkpoint does not import accelerate
     from accelerate import Accelerator
@@ -112,6 +113,7 @@ def save_checkpoint(
     accelerator.wait_for_everyone()
     _quiet_tied_weight_notice()
     accelerator.save_state(str(path))
+    during_checkpoint_write(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (path / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))

@@ -96,6 +96,12 @@ class RunConfig:
     overwrite: bool = _help(
         "start afresh in an --output_dir that already holds a run (its files are replaced)", default=False
     )
+    auto_resume: bool = _help(
+        "continue from the newest complete checkpoint in --output_dir when there is one, else start afresh "
+        "(replacing what a crashed attempt left): the same command for the first launch and every restart "
+        "(a re-run notebook cell, a requeued SLURM job); a torchrun restart (--max_restarts) does this anyway",
+        default=False,
+    )
     strategy: str = _help(
         "strategy this run must use: auto (whatever the launch config gives) or one of "
         + ", ".join(registry.names())
@@ -174,6 +180,8 @@ class RunConfig:
             _positive("stop_after_steps", self.stop_after_steps)
         if self.resume and self.overwrite:
             raise ValueError("--resume and --overwrite contradict each other: choose one")
+        if self.auto_resume and self.overwrite:
+            raise ValueError("--auto_resume and --overwrite contradict each other: choose one")
 
 
 @dataclass

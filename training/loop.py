@@ -6,16 +6,17 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from enum import Enum
 from typing import Any
 
 from training.batching import chunks
 from training.checkpoint import save_checkpoint
 from training.errors import RunError
+from training.faults import RankFailed, after_step, rank_failure
 from training.hardware import reset_peak_memory, synchronize
-from training.metrics import epoch_summary, total_summary
-from training.record import EpochFigures, RunFacts, RunSummary, RunTotals, StopRecord, run_summary
+from training.metrics import epoch_summary, eval_line, total_summary
+from training.record import EpochFigures, EvalLine, RunFacts, RunSummary, StopRecord, run_summary
 from training.rundir import write_atomic
 from training.session import Session, set_up
 from training.sinks import wandb_summary_key
@@ -33,10 +34,20 @@ def run_training(cfg: Any) -> dict[str, Any]:
     """
     session = set_up(cfg)
     try:
-        train(session)
-    except RunStopped as stop:
-        return finish(session, stop)
-    return finish(session)
+        try:
+            train(session)
+        except RunStopped as stop:
+            return finish(session, stop)
+        return finish(session)
+    except Exception as exc:  # after set-up a failure is this process's alone: train.py tells it
+        raise _failed(session, exc) from exc
+
+
+def _failed(s: Session, exc: Exception) -> RankFailed:
+    accelerator = s.accelerator
+    return rank_failure(
+        exc, accelerator.process_index, s.state.step, lambda: s.signals.received, accelerator.num_processes > 1
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -63,6 +74,7 @@ def _train_epoch(s: Session, progress: Any) -> None:
     clock = _StepClock(s)
     for micro_batches in chunks(loader, s.geometry.grad_accum_steps):
         health = _optimizer_step(s, micro_batches, clock)
+        after_step(state.step)  # GPT2S_FAULT's test-only fault, if one is set for this step and rank
         paused = _after_step(s, progress, health)
         if state.steps_in_epoch == 0 or state.step >= s.schedule.stop_at:  # the epoch closed, or we stop
             return
@@ -245,14 +257,15 @@ def _warn_nonfinite(s: Session) -> None:
 def _log_interval(s: Session, progress: Any) -> None:
     new = s.tracker.flush()
     line = s.tracker.interval_line(new, s.times.train_s)
-    s.emit(line)
+    s.emit(line.line())
     progress.update(len(new))
-    progress.set_postfix(loss=f"{line['loss']:.3f}", tok_s=f"{line['tokens_per_s']:,.0f}")
+    progress.set_postfix(loss=f"{line.loss:.3f}", tok_s=f"{line.tokens_per_s:,.0f}")
 
 
 def _close_epoch(s: Session, partial: bool) -> None:
     state = s.state
-    state.epochs.append(epoch_summary(s.tracker, state.epoch, evaluate_now(s), partial=partial))
+    # Kept as the JSON object the summary and the checkpoint hold.
+    state.epochs.append(asdict(epoch_summary(s.tracker, state.epoch, evaluate_now(s), partial=partial)))
     state.epoch += 1
     state.steps_in_epoch = 0
 
@@ -261,26 +274,18 @@ def _close_epoch(s: Session, partial: bool) -> None:
 # Evaluating and checkpointing
 
 
-def evaluate_now(s: Session) -> dict[str, float]:
+def evaluate_now(s: Session) -> EvalLine:
     """Validate on the run's validation blocks; the result is logged and kept as the latest."""
     synchronize(s.accelerator.device)
     start = time.perf_counter()
-    result = evaluate(s.accelerator, s.model, s.val_loader)
+    val_loss = evaluate(s.accelerator, s.model, s.val_loader)
     synchronize(s.accelerator.device)
     seconds = time.perf_counter() - start
     s.times.eval_s += seconds
-    s.emit(
-        {
-            "kind": "eval",
-            "step": s.state.step,
-            "epoch": s.state.epoch,
-            "tokens": s.state.step * s.geometry.tokens_per_step,
-            **result,
-            "eval_time_s": seconds,
-        }
-    )
-    s.last_val = result
-    return result
+    line = eval_line(s.state.step, s.state.epoch, s.state.step * s.geometry.tokens_per_step, val_loss, seconds)
+    s.emit(line.line())
+    s.last_val = line
+    return line
 
 
 def checkpoint_now(s: Session) -> None:
@@ -344,9 +349,10 @@ def _shown(value: float | None, spec: str) -> str:
 def _summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunSummary:
     """The run's summary: its launch record and how far it got."""
     geometry, state, records = s.geometry, s.state, s.tracker.records
+    epochs = [EpochFigures.from_dict(e) for e in state.epochs]
     total = total_summary(
         s.tracker,
-        state.epochs,
+        epochs,
         s.times,
         time.perf_counter() - s.wall_start,
         s.last_val,
@@ -364,8 +370,8 @@ def _summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunS
             steps=state.step,
             tokens_trained=state.step * geometry.tokens_per_step,
             complete=complete,
-            epochs=[EpochFigures.from_dict(e) for e in state.epochs],
-            total=RunTotals(**total),
+            epochs=epochs,
+            total=total,
             step_times_s=[r.step_time_s for r in records],
             skipped_step_numbers=[r.step for r in records if r.skipped],
             stop=None if stop is None else StopRecord(stop.reason, stop.exit_status, str(stop)),

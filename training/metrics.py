@@ -3,21 +3,22 @@
 Each step's loss and grad norm stay on the device until the log interval; then one reduction across
 ranks and one host transfer turn them into numbers. That is not the only host synchronization: every
 step also all-reduces its health (training.stopping.step_health) and synchronizes the device for the
-step clock (training.loop). Keys carry their units (see docs/run_directory.md).
+step clock (training.loop). What this writes are records of the run schema: training/run_schema.py
+declares each figure (key with its unit, aggregation, direction), training/record.py builds the records.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import asdict, dataclass
 
 import torch
 from accelerate import Accelerator
 
 from training.hardware import peak_memory_mib
-from training.steady_mean import SteadyMean, steady_mean
+from training.record import EpochFigures, EvalLine, RunTotals, TrainLine
+from training.steady_mean import steady_mean
 
 
 @dataclass
@@ -148,85 +149,116 @@ class MetricsTracker:
             reserved_mean=every_rank[:, 1].mean().item(),
         )
 
-    def interval_line(self, new: list[StepRecord], elapsed_s: float) -> dict[str, Any]:
+    def interval_line(self, new: list[StepRecord], elapsed_s: float) -> TrainLine:
         """The metrics.jsonl train line for an interval of steps (the last step's values + rates)."""
-        last = new[-1]
+        last, m = new[-1], self.memory
         interval_time = sum(r.step_time_s for r in new)
         rates = self.rates(len(new), interval_time)
-        return {
-            "kind": "train",
-            "step": last.step,
-            "epoch": last.epoch,
-            "tokens": last.tokens,
-            "loss": last.loss,
-            "loss_interval": statistics.fmean(r.loss for r in new),
-            "grad_norm": last.grad_norm,
-            "lr": last.lr,
-            "step_time_s": interval_time / len(new),
-            **rates,
-            "peak_mem_allocated_mib": self.memory.allocated_max,
-            "peak_mem_reserved_mib": self.memory.reserved_max,
-            "peak_mem_allocated_mib_mean": self.memory.allocated_mean,
-            "peak_mem_reserved_mib_mean": self.memory.reserved_mean,
-            "elapsed_s": elapsed_s,
-            "warmup": any(r.warmup for r in new),
-            "skipped_steps_interval": sum(r.skipped for r in new),
-            "skipped_steps": sum(r.skipped for r in self.records),
-        }
+        return TrainLine(
+            step=last.step,
+            epoch=last.epoch,
+            tokens=last.tokens,
+            loss=last.loss,
+            loss_interval=statistics.fmean(r.loss for r in new),
+            grad_norm=last.grad_norm,
+            lr=last.lr,
+            step_time_s=interval_time / len(new),
+            **asdict(rates),
+            peak_mem_allocated_mib=m.allocated_max,
+            peak_mem_reserved_mib=m.reserved_max,
+            peak_mem_allocated_mib_mean=m.allocated_mean,
+            peak_mem_reserved_mib_mean=m.reserved_mean,
+            elapsed_s=elapsed_s,
+            warmup=any(r.warmup for r in new),
+            skipped_steps_interval=sum(r.skipped for r in new),
+            skipped_steps=sum(r.skipped for r in self.records),
+        )
 
-    def rates(self, steps: int, seconds: float) -> dict[str, float]:
+    def rates(self, steps: int, seconds: float) -> Rates:
         """Throughput and MFU of `steps` optimizer steps that took `seconds` in all."""
         f = self.facts
         if seconds <= 0:
             nan = float("nan")
-            return {"tokens_per_s": nan, "tokens_per_s_per_device": nan, "samples_per_s": nan, "mfu": nan}
+            return Rates(nan, nan, nan, nan)
         tokens_per_s = steps * f.tokens_per_step / seconds
         per_device = tokens_per_s / f.world_size
-        return {
-            "tokens_per_s": tokens_per_s,
-            "tokens_per_s_per_device": per_device,
-            "samples_per_s": steps * f.samples_per_step / seconds,
-            "mfu": per_device * f.flops_per_token / f.peak_flops_per_device,
-        }
+        return Rates(
+            tokens_per_s=tokens_per_s,
+            tokens_per_s_per_device=per_device,
+            samples_per_s=steps * f.samples_per_step / seconds,
+            mfu=per_device * f.flops_per_token / f.peak_flops_per_device,
+        )
 
 
-def step_mean(tracker: MetricsTracker, records: list[StepRecord], attr: str) -> SteadyMean:
-    """The run's one definition of a per-step mean (see training.steady_mean.steady_mean)."""
-    return steady_mean(((r.step, getattr(r, attr)) for r in records), tracker.perf_warmup_steps)
+@dataclass(frozen=True)
+class Rates:
+    """Throughput and MFU of some optimizer steps, named as the schema names them (all NaN for no time)."""
+
+    tokens_per_s: float
+    tokens_per_s_per_device: float
+    samples_per_s: float
+    mfu: float
 
 
-def step_means(tracker: MetricsTracker, records: list[StepRecord]) -> dict[str, Any]:
-    """Mean loss and grad norm of `records`, how many non-finite steps each left out, and skipped steps."""
-    loss, norm = step_mean(tracker, records, "loss"), step_mean(tracker, records, "grad_norm")
-    return {
-        "loss_mean": loss.value,
-        "loss_nonfinite_steps": loss.nonfinite_left_out,
-        "grad_norm_mean": norm.value,
-        "grad_norm_nonfinite_steps": norm.nonfinite_left_out,
-        "skipped_steps": sum(r.skipped for r in records),
-    }
+def eval_line(step: int, epoch: int, tokens: int, val_loss: float, seconds: float) -> EvalLine:
+    """The metrics.jsonl eval line of a validation that took `seconds`; NaN loss when it had no blocks."""
+    return EvalLine(
+        step=step,
+        epoch=epoch,
+        tokens=tokens,
+        val_loss=val_loss,
+        val_ppl=math.exp(min(val_loss, 700.0)),  # capped: exp overflows a float past 709
+        eval_time_s=seconds,
+    )
 
 
-def epoch_summary(tracker: MetricsTracker, epoch: int, val: dict[str, float] | None, partial: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class StepMeans:
+    """Mean loss and grad norm of some steps, how many non-finite steps each left out, and skipped steps."""
+
+    loss_mean: float
+    loss_nonfinite_steps: int
+    grad_norm_mean: float
+    grad_norm_nonfinite_steps: int
+    skipped_steps: int
+
+
+def step_means(tracker: MetricsTracker, records: list[StepRecord]) -> StepMeans:
+    """Mean loss and grad norm of `records`, how many non-finite steps each left out, and skipped steps;
+    each mean is the run's one definition of a per-step mean (training.steady_mean.steady_mean)."""
+    loss = steady_mean(((r.step, r.loss) for r in records), tracker.perf_warmup_steps)
+    norm = steady_mean(((r.step, r.grad_norm) for r in records), tracker.perf_warmup_steps)
+    return StepMeans(
+        loss_mean=loss.value,
+        loss_nonfinite_steps=loss.nonfinite_left_out,
+        grad_norm_mean=norm.value,
+        grad_norm_nonfinite_steps=norm.nonfinite_left_out,
+        skipped_steps=sum(r.skipped for r in records),
+    )
+
+
+def epoch_summary(tracker: MetricsTracker, epoch: int, val: EvalLine | None, partial: bool) -> EpochFigures:
     """Figures of one epoch; `partial`: the step budget ended before the epoch did."""
     records = [r for r in tracker.records if r.epoch == epoch]
     seconds = sum(r.step_time_s for r in records)
-    m = tracker.memory
-    return {
-        "epoch": epoch,
-        "partial": partial,
-        "steps": len(records),
-        "tokens": len(records) * tracker.facts.tokens_per_step,
-        **step_means(tracker, records),
-        "time_s": seconds,
-        **{k: v for k, v in tracker.rates(len(records), seconds).items() if k != "mfu"},
-        "peak_mem_allocated_mib_max": m.allocated_max,
-        "peak_mem_allocated_mib_mean": m.allocated_mean,
-        "peak_mem_reserved_mib_max": m.reserved_max,
-        "peak_mem_reserved_mib_mean": m.reserved_mean,
-        "val_loss": None if val is None else val["val_loss"],
-        "val_ppl": None if val is None else val["val_ppl"],
-    }
+    rates, m = tracker.rates(len(records), seconds), tracker.memory
+    return EpochFigures(
+        epoch=epoch,
+        partial=partial,
+        steps=len(records),
+        tokens=len(records) * tracker.facts.tokens_per_step,
+        **asdict(step_means(tracker, records)),
+        time_s=seconds,
+        tokens_per_s=rates.tokens_per_s,
+        tokens_per_s_per_device=rates.tokens_per_s_per_device,
+        samples_per_s=rates.samples_per_s,
+        peak_mem_allocated_mib_max=m.allocated_max,
+        peak_mem_allocated_mib_mean=m.allocated_mean,
+        peak_mem_reserved_mib_max=m.reserved_max,
+        peak_mem_reserved_mib_mean=m.reserved_mean,
+        val_loss=None if val is None else val.val_loss,
+        val_ppl=None if val is None else val.val_ppl,
+    )
 
 
 @dataclass
@@ -240,56 +272,66 @@ class RunTimes:
 
 def total_summary(
     tracker: MetricsTracker,
-    epochs: list[dict[str, Any]],
+    epochs: list[EpochFigures],
     times: RunTimes,
     wall_time_s: float,
-    final_val: dict[str, float] | None,
+    final_val: EvalLine | None,
     open_epoch: bool,
-) -> dict[str, Any]:
+) -> RunTotals:
     """Whole-run figures; `open_epoch`: the run stopped inside an epoch that has no epoch summary yet."""
     records = tracker.records
-    m = tracker.memory
-    if open_epoch:  # its memory readings count too
-        epochs = [
-            *epochs,
-            {
-                "peak_mem_allocated_mib_max": m.allocated_max,
-                "peak_mem_allocated_mib_mean": m.allocated_mean,
-                "peak_mem_reserved_mib_max": m.reserved_max,
-                "peak_mem_reserved_mib_mean": m.reserved_mean,
-            },
-        ]
     step_times = [r.step_time_s for r in records]
     steady = [r for r in records if not r.warmup]
-    warmup_time = sum(r.step_time_s for r in records if r.warmup)
     whole = tracker.rates(len(records), sum(step_times))
     excl = tracker.rates(len(steady), sum(r.step_time_s for r in steady)) if steady else whole
-    mem_max = max((e["peak_mem_allocated_mib_max"] for e in epochs), default=float("nan"))
-    res_max = max((e["peak_mem_reserved_mib_max"] for e in epochs), default=float("nan"))
-    mem_mean = statistics.fmean(e["peak_mem_allocated_mib_mean"] for e in epochs) if epochs else float("nan")
-    res_mean = statistics.fmean(e["peak_mem_reserved_mib_mean"] for e in epochs) if epochs else float("nan")
     quantiles = statistics.quantiles(step_times, n=10) if len(step_times) >= 2 else step_times * 9 or [math.nan] * 9
-    return {
-        "train_time_s": times.train_s,
-        "eval_time_s": times.eval_s,
-        "checkpoint_time_s": times.checkpoint_s,
-        "wall_time_s": wall_time_s,
-        "warmup_time_s": warmup_time,
-        "tokens_per_s": whole["tokens_per_s"],
-        "tokens_per_s_per_device": whole["tokens_per_s_per_device"],
-        "tokens_per_s_excl_warmup": excl["tokens_per_s"],
-        "tokens_per_s_per_device_excl_warmup": excl["tokens_per_s_per_device"],
-        "samples_per_s": whole["samples_per_s"],
-        "step_time_s_mean": statistics.fmean(step_times) if step_times else float("nan"),
-        "step_time_s_p50": statistics.median(step_times) if step_times else float("nan"),
-        "step_time_s_p90": quantiles[8],
-        **step_means(tracker, records),
-        "final_loss": records[-1].loss if records else float("nan"),
-        "mfu": excl["mfu"],
-        "peak_mem_allocated_mib_max": mem_max,
-        "peak_mem_allocated_mib_mean": mem_mean,
-        "peak_mem_reserved_mib_max": res_max,
-        "peak_mem_reserved_mib_mean": res_mean,
-        "final_val_loss": None if final_val is None else final_val["val_loss"],
-        "final_val_ppl": None if final_val is None else final_val["val_ppl"],
-    }
+    memory = _run_memory(tracker, epochs, open_epoch)
+    return RunTotals(
+        train_time_s=times.train_s,
+        eval_time_s=times.eval_s,
+        checkpoint_time_s=times.checkpoint_s,
+        wall_time_s=wall_time_s,
+        warmup_time_s=sum(r.step_time_s for r in records if r.warmup),
+        tokens_per_s=whole.tokens_per_s,
+        tokens_per_s_per_device=whole.tokens_per_s_per_device,
+        tokens_per_s_excl_warmup=excl.tokens_per_s,
+        tokens_per_s_per_device_excl_warmup=excl.tokens_per_s_per_device,
+        samples_per_s=whole.samples_per_s,
+        step_time_s_mean=statistics.fmean(step_times) if step_times else float("nan"),
+        step_time_s_p50=statistics.median(step_times) if step_times else float("nan"),
+        step_time_s_p90=quantiles[8],
+        **asdict(step_means(tracker, records)),
+        final_loss=records[-1].loss if records else float("nan"),
+        mfu=excl.mfu,
+        peak_mem_allocated_mib_max=memory.allocated_max,
+        peak_mem_allocated_mib_mean=memory.allocated_mean,
+        peak_mem_reserved_mib_max=memory.reserved_max,
+        peak_mem_reserved_mib_mean=memory.reserved_mean,
+        final_val_loss=None if final_val is None else final_val.val_loss,
+        final_val_ppl=None if final_val is None else final_val.val_ppl,
+    )
+
+
+def _run_memory(tracker: MetricsTracker, epochs: list[EpochFigures], open_epoch: bool) -> EpochMemory:
+    """The run's peaks: max over the epochs of their max over ranks, mean over the epochs of their rank mean.
+    An epoch still open has no summary yet; its readings count too."""
+    readings = [
+        EpochMemory(
+            e.peak_mem_allocated_mib_max,
+            e.peak_mem_allocated_mib_mean,
+            e.peak_mem_reserved_mib_max,
+            e.peak_mem_reserved_mib_mean,
+        )
+        for e in epochs
+    ]
+    if open_epoch:
+        readings.append(tracker.memory)
+    if not readings:
+        nan = float("nan")
+        return EpochMemory(nan, nan, nan, nan)
+    return EpochMemory(
+        allocated_max=max(r.allocated_max for r in readings),
+        allocated_mean=statistics.fmean(r.allocated_mean for r in readings),
+        reserved_max=max(r.reserved_max for r in readings),
+        reserved_mean=statistics.fmean(r.reserved_mean for r in readings),
+    )

@@ -1,7 +1,9 @@
 """What a run records, as types: the launch layout (config.json's "launch") and the summary (summary.json).
 
 train.py writes both files from these dataclasses and analysis/ reads summary.json back into them, so a
-key is spelled once, here. The field order is the files' key order (see docs/run_directory.md).
+key is spelled once, here. The field order is the files' key order (see docs/run_directory.md). The
+figures themselves (metrics.jsonl's lines, summary.json's "epochs" and "total") are records built from
+the run schema (training/run_schema.py), where each figure is declared.
 
 Reading is tolerant, because run folders outlive the code that wrote them: a key the file lacks reads as
 None, a key no field has is ignored. Sub-records that other modules own and describe (the model config,
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, make_dataclass
 from typing import Any, ClassVar, TypeVar
+
+from training.run_schema import LINE_KIND_KEY, Scope, in_scope
 
 R = TypeVar("R", bound="Record")
 
@@ -207,61 +211,38 @@ class LaunchRecord(Record):
 # The summary: summary.json
 
 
-@dataclass(frozen=True)
-class EpochFigures(Record):
-    """One epoch's figures (training.metrics.epoch_summary); `partial`: the step budget ended inside it."""
-
-    epoch: int | None
-    partial: bool | None
-    steps: int | None
-    tokens: int | None
-    loss_mean: float | None
-    loss_nonfinite_steps: int | None
-    grad_norm_mean: float | None
-    grad_norm_nonfinite_steps: int | None
-    skipped_steps: int | None
-    time_s: float | None
-    tokens_per_s: float | None
-    tokens_per_s_per_device: float | None
-    samples_per_s: float | None
-    peak_mem_allocated_mib_max: float | None
-    peak_mem_allocated_mib_mean: float | None
-    peak_mem_reserved_mib_max: float | None
-    peak_mem_reserved_mib_mean: float | None
-    val_loss: float | None
-    val_ppl: float | None
+def _schema_record(name: str, scope: Scope, doc: str, base: type[Record] = Record) -> type[Record]:
+    """A frozen Record with one field per metric the schema declares for `scope`, in its order (the
+    files' key order): a figure is declared once, in training/run_schema.py, and every record has it."""
+    return make_dataclass(
+        name,
+        [(m.key, m.value_type | None) for m in in_scope(scope)],
+        bases=(base,),
+        namespace={"__doc__": doc, "__module__": __name__, "scope": scope},
+        frozen=True,
+    )
 
 
-@dataclass(frozen=True)
-class RunTotals(Record):
-    """Whole-run figures (training.metrics.total_summary): times, throughput, step times, losses, memory."""
+class Line(Record):
+    """A metrics.jsonl line; `scope` says its kind."""
 
-    train_time_s: float | None
-    eval_time_s: float | None
-    checkpoint_time_s: float | None
-    wall_time_s: float | None
-    warmup_time_s: float | None
-    tokens_per_s: float | None
-    tokens_per_s_per_device: float | None
-    tokens_per_s_excl_warmup: float | None
-    tokens_per_s_per_device_excl_warmup: float | None
-    samples_per_s: float | None
-    step_time_s_mean: float | None
-    step_time_s_p50: float | None
-    step_time_s_p90: float | None
-    loss_mean: float | None
-    loss_nonfinite_steps: int | None
-    grad_norm_mean: float | None
-    grad_norm_nonfinite_steps: int | None
-    skipped_steps: int | None
-    final_loss: float | None
-    mfu: float | None
-    peak_mem_allocated_mib_max: float | None
-    peak_mem_allocated_mib_mean: float | None
-    peak_mem_reserved_mib_max: float | None
-    peak_mem_reserved_mib_mean: float | None
-    final_val_loss: float | None
-    final_val_ppl: float | None
+    scope: ClassVar[Scope]
+
+    def line(self) -> dict[str, Any]:
+        """The line for the sinks: its kind first, then the figures as measured (the sinks make them JSON-safe)."""
+        return {LINE_KIND_KEY: self.scope.value, **{f.name: getattr(self, f.name) for f in fields(self)}}  # type: ignore[arg-type]
+
+
+TrainLine = _schema_record(
+    "TrainLine", Scope.TRAIN, "A train line: an interval of logged steps (training.metrics).", Line
+)
+EvalLine = _schema_record("EvalLine", Scope.EVAL, "An eval line: one validation (training.metrics.eval_line).", Line)
+EpochFigures = _schema_record(
+    "EpochFigures",
+    Scope.EPOCH,
+    "One epoch's figures (training.metrics.epoch_summary); `partial`: the budget ended in it.",
+)
+RunTotals = _schema_record("RunTotals", Scope.TOTAL, "Whole-run figures (training.metrics.total_summary).")
 
 
 @dataclass(frozen=True)

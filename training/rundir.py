@@ -12,18 +12,30 @@ import uuid
 from pathlib import Path
 from typing import TextIO
 
-from training.checkpoint import newest_good_checkpoint
+from training.checkpoint import complete_checkpoints, newest_good_checkpoint
 from training.errors import RunError
 
 _RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "wandb_run_id")
 _RUN_DIRS = ("checkpoints", "hf", "wandb")
 
 
-def check_output_dir(out: Path, resume: bool, overwrite: bool) -> Path | None:
-    """Refuse to mix two runs in one directory; return the checkpoint to resume from, if any."""
+def check_output_dir(out: Path, resume: bool, overwrite: bool, auto_resume: bool = False) -> Path | None:
+    """Refuse to mix two runs in one directory; return the checkpoint to resume from, if any.
+
+    `auto_resume`: the newest intact checkpoint when there is a complete one, else None (the caller then
+    starts afresh, replacing what an attempt that crashed before its first checkpoint left); a finished run
+    without a checkpoint is refused rather than replaced.
+    """
     holds_run = any((out / f).exists() for f in _RUN_FILES + _RUN_DIRS)
-    if resume:
+    if resume or (auto_resume and complete_checkpoints(out)):
         return newest_good_checkpoint(out)
+    if auto_resume and (out / "summary.json").exists():  # finished, with no checkpoint to continue from
+        raise RunError(
+            f"{out} holds a finished run and no checkpoint: --auto_resume has nothing to continue; "
+            "pass --overwrite to replace it"
+        )
+    if auto_resume:
+        return None
     if holds_run and not overwrite:
         raise RunError(f"{out} already holds a run; pass --resume to continue it or --overwrite to replace it")
     return None

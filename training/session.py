@@ -34,12 +34,13 @@ from training.batching import EpochOrderSampler
 from training.checkpoint import TrainState, checkpoint_step, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
+from training.faults import fresh_store_on_restart, restart_count
 from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
 from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
-from training.record import BatchRecord, EffectiveRecord, LaunchRecord, RequestedRecord, ScheduleRecord
+from training.record import BatchRecord, EffectiveRecord, EvalLine, LaunchRecord, RequestedRecord, ScheduleRecord
 from training.rundir import (
     acquire_run_lock,
     check_output_dir,
@@ -95,7 +96,7 @@ class Session:
     wandb: WandbSink
     signals: SignalFlag
     wall_start: float
-    last_val: dict[str, float] | None = None
+    last_val: EvalLine | None = None  # the latest validation
     nonfinite_since: int | None = None  # first step of the current streak of non-finite steps
     last_checkpoint: int | None = None  # step of the newest checkpoint this run wrote or resumed from
     # What is sharded when, read from the live tensors in the first step (summary.json's "sharding_observed").
@@ -441,6 +442,7 @@ def _resume(s: Session, checkpoint: Path) -> None:
 def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path, timeout_s: int) -> Accelerator:
     import datetime
 
+    fresh_store_on_restart(os.environ, timeout_s)
     accelerator, precision_warning = create_accelerator(
         requested,
         log_with="wandb" if wandb_mode != "disabled" else None,
@@ -495,10 +497,19 @@ def _claim_as_main(cfg: TrainConfig, out: Path) -> str | None:
     _lock, left = acquire_run_lock(out)  # held until this process exits (released at exit)
     if left is not None:
         print(stale_lock_warning(out, left), file=sys.stderr, flush=True)
-    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite)
-    if cfg.run.overwrite:
+    # A torchrun restart reruns the same command: it must continue, not refuse the folder or start over.
+    restart = restart_count(os.environ)
+    auto_resume = cfg.run.auto_resume or restart > 0
+    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite and not restart, auto_resume)
+    if restart:
+        print(f"restart {restart} of the job: {_continuing(resume_from)}", file=sys.stderr, flush=True)
+    if (cfg.run.overwrite and not restart) or (auto_resume and resume_from is None):
         clear_run_files(out)
     return str(resume_from) if resume_from is not None else None
+
+
+def _continuing(checkpoint: Path | None) -> str:
+    return "no complete checkpoint yet, starting afresh" if checkpoint is None else f"continuing from {checkpoint}"
 
 
 @contextlib.contextmanager

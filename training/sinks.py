@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from training.metric_table import (
+from training.run_schema import (
     LINE_KIND_KEY,
     WANDB_SUMMARY_PREFIX,
     unlogged_line_keys,
@@ -38,7 +38,7 @@ __all__ = [
     "wandb_summary_key",
 ]
 
-# The W&B names come from the metrics table (training/metric_table.py): metrics.jsonl key -> W&B
+# The W&B names come from the run schema (training/run_schema.py): metrics.jsonl key -> W&B
 # history key, and the prefix of the whole-run figures in the W&B run summary. Kept here as names
 # because training/loop.py and the tests import them from the sink that uses them.
 WANDB_KEYS = wandb_history_keys()

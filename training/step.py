@@ -155,8 +155,8 @@ def train_step(
 
 
 @torch.no_grad()
-def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> dict[str, float]:
-    """Mean validation loss (token-weighted; blocks are equal-length) and perplexity over all ranks.
+def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> float:
+    """Mean validation loss (token-weighted; blocks are equal-length) over all ranks; NaN with no blocks.
 
     The loader's blocks are the same under every strategy (see `eval_subset`): it is read to the end,
     so the blocks accelerate repeats to even out the last batch are known and dropped.
@@ -170,9 +170,8 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> 
         losses.append(accelerator.gather_for_metrics(per_block))
     model.train()
     if not losses:
-        return {"val_loss": float("nan"), "val_ppl": float("nan")}
-    val_loss = torch.cat(losses).double().mean().item()
-    return {"val_loss": val_loss, "val_ppl": math.exp(min(val_loss, 700.0))}
+        return float("nan")
+    return torch.cat(losses).double().mean().item()
 
 
 def eval_subset(val: Dataset, eval_blocks: int) -> Dataset:

@@ -1,29 +1,33 @@
-"""The metrics table against what runs record, and the names its consumers take from it."""
+"""The run schema against what runs record, and the names its consumers take from it."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
-from training.metric_table import (
+from training.record import EpochFigures, EvalLine, RunTotals, TrainLine
+from training.run_schema import (
     BARS,
     CURVES,
     LINE_KIND_KEY,
     METRICS,
+    TABLE,
     WANDB_SUMMARY_PREFIX,
     X_AXIS,
     Bars,
-    Column,
     Curve,
     Metric,
+    Ranks,
     Scope,
+    Steps,
+    TableColumn,
     in_scope,
     metric,
-    table_columns,
 )
 
 SAMPLE_RUNS = sorted((Path(__file__).resolve().parents[1] / "docs" / "sample_report" / "runs").iterdir())
@@ -89,7 +93,7 @@ def test_the_wandb_names_and_table_headers_stay_those_already_in_use() -> None:
         "skipped_steps": "skipped_steps",
         "skipped_steps_interval": "skipped_steps_interval",
     }
-    assert [m.header for m in table_columns()] == [
+    assert [column.header for column in TABLE] == [
         "avg loss (nats)",
         "final val loss (nats)",
         "avg grad norm",
@@ -105,17 +109,17 @@ def test_the_wandb_names_and_table_headers_stay_those_already_in_use() -> None:
 
 
 def test_every_column_header_carries_its_unit() -> None:
-    for figure in table_columns():
-        assert figure.column is not None
-        unit = "%" if figure.column.percent else figure.unit
-        assert figure.header.endswith(f" ({unit})") if unit else figure.header == figure.column.label, figure.key
+    for column in TABLE:
+        unit = "%" if column.percent else column.metric.unit
+        assert column.header.endswith(f" ({unit})") if unit else column.header == column.label, column.metric.key
+        assert column.metric in in_scope(Scope.TOTAL)
 
 
 def test_the_comparison_table_shows_the_declared_columns_in_order() -> None:
     from analysis.table import COLUMNS
 
     headers = [column.header for column in COLUMNS]
-    declared = [m.header for m in table_columns()]
+    declared = [column.header for column in TABLE]
     start = headers.index(declared[0])
     assert headers[start : start + len(declared)] == declared
 
@@ -133,11 +137,11 @@ def test_every_panel_refers_to_declared_metrics_of_one_unit_named_in_its_y_title
 
 def test_a_declaration_that_cannot_hold_fails_at_once() -> None:
     with pytest.raises(ValueError, match="only metrics.jsonl lines are logged"):
-        Metric("time_s", (Scope.EPOCH,), "s", "epoch time", wandb_key="time/epoch_s")
+        Metric("time_s", (Scope.EPOCH,), "s", "epoch time", Steps.SUM, Ranks.MAIN, wandb_key="time/epoch_s")
     with pytest.raises(ValueError, match="whole-run figures only"):
-        Metric("loss", (Scope.TRAIN,), "nats", "step loss", column=Column("loss", 4))
+        TableColumn(metric("loss", Scope.TRAIN), "loss", 4)
     with pytest.raises(ValueError, match="only an epoch figure"):
-        Metric("final_loss", (Scope.TOTAL,), "nats", "last loss", epoch_last_of="loss")
+        Metric("final_loss", (Scope.TOTAL,), "nats", "last loss", Steps.LAST, Ranks.MEAN, epoch_last_of="loss")
     with pytest.raises(ValueError, match="logged to the W&B history"):
         Curve("Warm-up", (metric("warmup", Scope.TRAIN),), "")
     with pytest.raises(ValueError, match="whole-run figures"):
@@ -146,9 +150,9 @@ def test_a_declaration_that_cannot_hold_fails_at_once() -> None:
         metric("grad_norm_renamed", Scope.TOTAL)
 
 
-def test_the_table_imports_without_torch() -> None:
+def test_the_schema_and_its_records_import_without_torch() -> None:
     # The report tools import it on machines and in processes that never load torch.
-    code = "import sys, training.metric_table; print('torch' in sys.modules)"
+    code = "import sys, training.run_schema, training.record; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,
@@ -157,3 +161,15 @@ def test_the_table_imports_without_torch() -> None:
         cwd=Path(__file__).resolve().parents[1],
     )
     assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("run_dir", SAMPLE_RUNS, ids=lambda path: path.name)
+def test_the_records_built_from_the_schema_hold_the_files_keys_in_their_order(run_dir: Path) -> None:
+    # The schema's order within a scope is the order train.py writes, so the records keep the files as they were.
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert list(summary["total"]) == [f.name for f in fields(RunTotals)]
+    assert all(list(epoch) == [f.name for f in fields(EpochFigures)] for epoch in summary["epochs"])
+    for line in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()):
+        record = TrainLine if line[LINE_KIND_KEY] == Scope.TRAIN.value else EvalLine
+        assert list(line) == [LINE_KIND_KEY, *(f.name for f in fields(record))]
+        assert record.from_dict(line).line() == line

@@ -1,0 +1,154 @@
+"""One process failing alone, every process killed during a checkpoint write, and torchrun's automatic
+restart, with real two-process DDP launches made to fail by GPT2S_FAULT (training/faults.py).
+
+The launches take the shared runs' flags (tests/launch.py shared_args: 12 steps, seed 3, a checkpoint every 3),
+so the shared DDP run is the uninterrupted reference at no extra cost.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.launch import CONFIGS, SHARED_STEPS, accelerate_command, launch_env, run, train_lines
+from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
+from training.config import RunConfig
+from training.errors import RunError
+from training.faults import (
+    Fault,
+    FaultKind,
+    is_broken_collective,
+    parse_fault,
+    planned_fault,
+    rank_failure,
+    stopped_by_launcher,
+)
+from training.rundir import check_output_dir
+
+# --------------------------------------------------------------------------------------------- no launch
+
+
+def test_a_fault_is_parsed_and_fires_only_on_its_rank_in_the_first_attempt() -> None:
+    assert parse_fault("raise:rank=1:step=5") == Fault(FaultKind.RAISE, 5, 1)
+    assert parse_fault("kill:step=6") == Fault(FaultKind.KILL, 6, None)
+    for bad in ("explode:step=1", "raise:rank=1", "save_error:step=x", "raise:when=3:step=1"):
+        with pytest.raises(ValueError, match="GPT2S_FAULT"):
+            parse_fault(bad)
+    env = {"GPT2S_FAULT": "raise:rank=1:step=5"}
+    assert planned_fault({**env, "RANK": "0"}) is None
+    assert planned_fault({**env, "RANK": "1"}) == Fault(FaultKind.RAISE, 5, 1)
+    assert planned_fault({**env, "RANK": "1", "TORCHELASTIC_RESTART_COUNT": "1"}) is None
+    assert planned_fault({"RANK": "1"}) is None
+
+
+def test_only_the_process_that_failed_tells_it() -> None:
+    broken = RuntimeError("[../gloo/transport/tcp/pair.cc:538] Connection closed by peer [127.0.0.1]:1234")
+    assert is_broken_collective(broken) and not is_broken_collective(OSError(28, "No space left on device"))
+    assert stopped_by_launcher(lambda: 15, grace_s=0) and not stopped_by_launcher(lambda: 0, grace_s=0.1)
+    # A broken collective, then the launcher's SIGTERM: the echo of another process's failure, said by that one.
+    assert rank_failure(broken, 0, 5, lambda: 15, multi=True).quiet
+    # A broken collective and no SIGTERM (the launcher saw nothing fail): this process's own failure to tell.
+    echo = rank_failure(broken, 0, 5, lambda: 0, multi=True)
+    assert not echo.quiet and str(echo).startswith("rank 0 failed after step 5: RuntimeError: ")
+    own = rank_failure(OSError(28, "No space left on device"), 1, 6, lambda: 15, multi=True)
+    assert not own.quiet and str(own) == "rank 1 failed after step 6: OSError: [Errno 28] No space left on device"
+
+
+def _complete(run_dir: Path, step: int) -> None:
+    folder = run_dir / "checkpoints" / f"step_{step:07d}"
+    folder.mkdir(parents=True)
+    (folder / COMPLETE_MARKER).write_text(f'{{"step": {step}, "files": {{}}}}')
+
+
+def test_auto_resume_resumes_when_it_can_and_starts_afresh_when_it_cannot(tmp_path: Path) -> None:
+    assert check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True) is None
+    (tmp_path / "metrics.jsonl").write_text("")  # an attempt that crashed before its first checkpoint
+    assert check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True) is None
+    (tmp_path / "checkpoints" / "step_0000006").mkdir(parents=True)  # a write that never completed
+    _complete(tmp_path, 3)
+    assert check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True).name == "step_0000003"
+    with pytest.raises(ValueError, match="--auto_resume and --overwrite contradict"):
+        RunConfig(auto_resume=True, overwrite=True)
+
+
+def test_auto_resume_refuses_to_replace_a_finished_run_it_cannot_continue(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text("")
+    (tmp_path / "summary.json").write_text("{}")  # finished, checkpoints off
+    with pytest.raises(RunError, match="holds a finished run and no checkpoint: --auto_resume has nothing"):
+        check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]
+    _complete(tmp_path, 3)  # one that stopped with a checkpoint continues
+    assert check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True).name == "step_0000003"
+
+
+# --------------------------------------------------------------------------------------------- launches
+
+FAULT_STEP, SAVE_STEP = 5, 6  # a step between checkpoints (3 and 6), and a checkpoint's step
+
+
+@pytest.fixture(scope="module")
+def args(base_args: list[str]) -> list[str]:
+    # The shared DDP run's flags; the export and W&B change no loss and are left out to save time.
+    return [*base_args, "--strategy", "ddp", "--no-export_hf", "--wandb_mode", "disabled"]
+
+
+def _ddp(out: Path, args: list[str], fault: str = "", launch_args: list[str] = ()) -> subprocess.CompletedProcess:
+    command = accelerate_command(
+        CONFIGS / "ddp.yaml", "train.py", [*args, "--output_dir", str(out)], launch_args=launch_args
+    )
+    env = {**launch_env(), **({"GPT2S_FAULT": fault} if fault else {})}
+    return subprocess.run(command, cwd=CONFIGS.parent, env=env, capture_output=True, text=True, timeout=600)
+
+
+def _errors(result: subprocess.CompletedProcess) -> list[str]:
+    return [line for line in (result.stdout + result.stderr).splitlines() if line.startswith("error:")]
+
+
+def _assert_continues_exactly(run_dir: Path, reference: Path) -> None:
+    got, want = train_lines(run_dir), train_lines(reference)
+    assert sorted(got) == sorted(want) == list(range(1, SHARED_STEPS + 1))
+    for step in want:
+        assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
+
+
+@pytest.mark.multiprocess
+def test_a_restarted_job_continues_from_its_newest_checkpoint_by_itself(
+    tmp_path: Path, args: list[str], shared_runs
+) -> None:
+    run_dir = tmp_path / "restarted"
+    result = _ddp(run_dir, args, f"raise:rank=1:step={FAULT_STEP}", ["--max_restarts", "1"])
+    assert result.returncode == 0, result.stderr[-3000:]
+    (error,) = _errors(result)  # the first attempt's failure, told once, by the process that failed
+    assert error.startswith(f"error: rank 1 failed after step {FAULT_STEP}: InjectedFault: ")
+    assert (run_dir / "failure-rank1.txt").read_text().startswith("Traceback")
+    assert "restart 1 of the job: continuing from " in result.stderr and "step_0000003" in result.stderr
+    _assert_continues_exactly(run_dir, shared_runs["ddp"])
+
+
+@pytest.mark.multiprocess
+def test_a_write_error_on_rank_0_ends_the_job_and_marks_nothing_complete(tmp_path: Path, args: list[str]) -> None:
+    run_dir = tmp_path / "save-error"
+    result = _ddp(run_dir, args, f"save_error:rank=0:step={SAVE_STEP}")
+    assert result.returncode != 0
+    (error,) = _errors(result)
+    assert error.startswith(f"error: rank 0 failed after step {SAVE_STEP}: OSError: [Errno 28] No space left")
+    assert [c.name for c in complete_checkpoints(run_dir)] == ["step_0000003"]
+    written = run_dir / "checkpoints" / f"step_{SAVE_STEP:07d}"
+    assert list(written.iterdir()) and not (written / COMPLETE_MARKER).exists()  # states written, not marked
+
+
+@pytest.mark.multiprocess
+def test_every_rank_killed_during_a_checkpoint_write_resumes_from_the_one_before(
+    tmp_path: Path, args: list[str], shared_runs
+) -> None:
+    run_dir = tmp_path / "killed"
+    result = _ddp(run_dir, args, f"kill:step={SAVE_STEP}")
+    assert result.returncode != 0 and _errors(result) == []  # SIGKILL leaves no line of train.py's
+    assert [c.name for c in complete_checkpoints(run_dir)] == ["step_0000003"]
+    resumed = run(
+        accelerate_command(CONFIGS / "ddp.yaml", "train.py", [*args, "--output_dir", str(run_dir), "--resume"])
+    )
+    assert "resumed from " in resumed.stdout and "step_0000003 at step 3" in resumed.stdout
+    _assert_continues_exactly(run_dir, shared_runs["ddp"])

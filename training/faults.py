@@ -1,0 +1,176 @@
+"""One process failing alone: how its failure is told, and faults made on purpose to try that path.
+
+A process of a multi-process job that fails during training (an exception, a write error) must end the job
+with one `error:` line that names it and the cause. The others notice it only as a broken collective; they
+say nothing when the launcher then stops them (its SIGTERM), so the one line is the cause's.
+
+GPT2S_FAULT makes a fault happen, to try the failure paths (and the restarts) before a long run:
+
+    GPT2S_FAULT="raise:rank=1:step=5"      # rank 1 raises after its optimizer step 5
+    GPT2S_FAULT="save_error:rank=0:step=6" # rank 0 fails writing step 6's checkpoint (no space left)
+    GPT2S_FAULT="kill:step=6"              # every rank SIGKILLs itself half-way through step 6's checkpoint
+
+`rank` left out: every rank. A fault fires only in a job's first attempt (TORCHELASTIC_RESTART_COUNT
+unset or 0), so a job restarted by torchrun (--max_restarts) runs on without it.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+
+FAULT_VARIABLE = "GPT2S_FAULT"
+EXIT_RANK_FAILED = 5
+# How long a process whose collective broke waits for the launcher's SIGTERM before it reports the break as
+# its own failure: torchrun stops the others within its monitor interval (0.1 s under accelerate launch)
+# of seeing the failed process end.
+LAUNCHER_STOP_GRACE_S = 10.0
+
+
+class FaultKind(Enum):
+    RAISE = "raise"  # an exception after the optimizer step
+    SAVE_ERROR = "save_error"  # an OSError (no space left) after the checkpoint's states are written
+    KILL = "kill"  # SIGKILL at that same point: the checkpoint is written but not marked complete
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: FaultKind
+    step: int
+    rank: int | None  # None: every rank
+
+
+class InjectedFault(RuntimeError):
+    """The exception GPT2S_FAULT=raise:... raises."""
+
+
+def parse_fault(text: str) -> Fault:
+    """GPT2S_FAULT's value; ValueError (one line) when it is malformed."""
+    kind, *pairs = text.strip().split(":")
+    kinds = ", ".join(k.value for k in FaultKind)
+    if kind not in {k.value for k in FaultKind}:
+        raise ValueError(f"{FAULT_VARIABLE}={text!r}: the fault must be one of {kinds}")
+    fields: dict[str, int] = {}
+    for pair in pairs:
+        key, _, value = pair.partition("=")
+        if key not in ("rank", "step") or not value.isdigit():
+            raise ValueError(f"{FAULT_VARIABLE}={text!r}: expected {kind}:rank=R:step=N (rank optional)")
+        fields[key] = int(value)
+    if "step" not in fields:
+        raise ValueError(f"{FAULT_VARIABLE}={text!r}: give the step, e.g. {kind}:step=5")
+    return Fault(FaultKind(kind), fields["step"], fields.get("rank"))
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """Which restart of the job this is under torchrun's --max_restarts (0: its first attempt)."""
+    return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def planned_fault(env: Mapping[str, str]) -> Fault | None:
+    """The fault this process is to suffer, if any: only in the job's first attempt, only on its rank."""
+    text = env.get(FAULT_VARIABLE, "")
+    if not text or restart_count(env) > 0:
+        return None
+    fault = parse_fault(text)
+    return fault if fault.rank in (None, int(env.get("RANK", "0"))) else None
+
+
+@functools.cache
+def _this_process_fault() -> Fault | None:
+    return planned_fault(os.environ)
+
+
+def after_step(step: int) -> None:
+    """Called after every optimizer step: GPT2S_FAULT=raise:... raises here."""
+    fault = _this_process_fault()
+    if fault is not None and fault.kind is FaultKind.RAISE and fault.step == step:
+        raise InjectedFault(f"{FAULT_VARIABLE} fault after step {step}")
+
+
+def during_checkpoint_write(step: int) -> None:
+    """Called once a checkpoint's states are on disk and before it is marked complete."""
+    fault = _this_process_fault()
+    if fault is None or fault.step != step:
+        return
+    if fault.kind is FaultKind.SAVE_ERROR:
+        raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_VARIABLE} fault writing step {step})")
+    if fault.kind is FaultKind.KILL:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# Telling a process's failure
+
+
+class RankFailed(Exception):
+    """A process failed during training; `quiet` when it only saw another process go (the launcher stopped it)."""
+
+    def __init__(self, message: str, quiet: bool) -> None:
+        super().__init__(message)
+        self.quiet = quiet
+
+
+def is_broken_collective(exc: BaseException) -> bool:
+    """The error a process gets when a peer of its collective has gone (gloo's closed connection, NCCL's
+    error, a timeout), rather than a failure of its own."""
+    import torch.distributed as dist
+
+    text = str(exc)
+    return isinstance(exc, dist.DistError) or any(
+        mark in text for mark in ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL")
+    )
+
+
+def stopped_by_launcher(received: Callable[[], int], grace_s: float = LAUNCHER_STOP_GRACE_S) -> bool:
+    """Whether SIGTERM (the launcher stopping the job) arrives within `grace_s`; polled, since the handler only
+    sets a flag."""
+    deadline = time.monotonic() + grace_s
+    while not received():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def rank_failure(exc: BaseException, rank: int, step: int, received: Callable[[], int], multi: bool) -> RankFailed:
+    """The failure of this process after optimizer step `step`, quiet when it is the echo of another's."""
+    quiet = multi and is_broken_collective(exc) and stopped_by_launcher(received)
+    return RankFailed(f"rank {rank} failed after step {step}: {type(exc).__name__}: {exc}", quiet)
+
+
+# ---------------------------------------------------------------------------------------------
+# Restarts
+
+
+def fresh_store_on_restart(env: dict[str, str] | os._Environ, timeout_s: int) -> None:
+    """On a torchrun restart, give the new attempt's process group a store of its own (sets MASTER_PORT).
+
+    accelerate launch uses torchrun's static rendezvous, which keeps one TCPStore (the agent's) for every
+    attempt, and the process group's keys in it carry no attempt number: the restarted processes read the
+    dead attempt's gloo addresses and fail ("Connection refused" in connectFullMesh). So rank 0 hosts a new
+    store on a free port and tells the others the port through the agent's store, under this restart's key.
+    """
+    restart = restart_count(env)
+    if restart == 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
+        return
+    import datetime
+    import socket
+
+    from torch.distributed import TCPStore
+
+    agent = TCPStore(
+        env["MASTER_ADDR"], int(env["MASTER_PORT"]), is_master=False, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    key = f"gpt2s/restart_{restart}/master_port"
+    if env.get("RANK", "0") == "0":
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            agent.set(key, str(probe.getsockname()[1]))
+    env["MASTER_PORT"] = agent.get(key).decode()
+    env["TORCHELASTIC_USE_AGENT_STORE"] = str(False)  # rank 0 then hosts the store on that port
