@@ -1,18 +1,27 @@
-"""Train every strategy back to back on the same seed, data and global batch, then compare them.
+"""Train every strategy back to back on the same data and global batch, then compare them.
 
     python -m analysis.experiment --preset tiny --max_steps 30 --out runs/exp1 [--repeats N] [--seeds S1 S2 ...]
 
-Each strategy runs as `accelerate launch --config_file accelerate_configs/<file> train.py ...` into
-OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share one W&B group (the
-experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds: training
-noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs
-beside them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared
-machine's slow drift touches every strategy alike. A run that fails is reported and the others still run;
-the comparison is written into OUT from whatever finished. A strategy that spans machines (HSDP) needs
---main_process_ip; run the same command on every machine with its --machine_rank: machine rank 0 trains every
-strategy and writes the report (its runs hold every rank's memory), the others join the spanning ones only.
-Exit status: 0 when every strategy finished and the report
-was written, 1 when a strategy failed, 2 when the experiment could not be set up.
+What the command is asked is one frozen dataclass, `ExperimentSpec`, and its flags are generated from it
+(training/cli.py); `run(spec)` is the same experiment without a command line. Unless told (--strategies), the
+reference's strategies are trained; each runs as `accelerate launch --config_file accelerate_configs/<file>
+train.py ...` (its registry entry's config file, whose num_processes is read, not assumed) into
+OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share the seed (--seed), the batch and
+one W&B group (the experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds:
+training noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs
+beside them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared machine's
+slow drift touches every strategy alike; OUT/runs/order.json records the order they ran in.
+
+Before launching, the driver prints the global batch and the plan's predicted wall time (written to
+OUT/prediction.json for the report); with --gpu or --gpu_memory_gib it skips, and says so, the strategies the
+planner says will not fit. A run that fails is reported and the others still run; the comparison is written into
+OUT from whatever finished. At the end, --check_exports scores each run's export against its recorded loss and
+--wandb_report builds the W&B report. A strategy that spans machines (HSDP) needs --main_process_ip; run the
+same command on every machine with its --machine_rank: machine rank 0 trains every strategy and writes the report
+(its runs hold every rank's memory), the others join the spanning ones only.
+
+Exit status: 0 when every strategy finished and the report was written; 1 when a strategy failed or an export
+differs from its run's record; 2 when the experiment could not be set up (or no run left a folder to compare).
 """
 
 from __future__ import annotations
@@ -28,24 +37,24 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from analysis.scaling import gpu_hour_price, price_text
+from analysis import scaling
+from analysis.scaling import price_text
 from training import registry
-from training.cli import DefaultsHelpFormatter, run_main
+from training.cli import DefaultsHelpFormatter, OneLineParser, add_flags, config_from, flag, run_main
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
 
 if TYPE_CHECKING:
     from analysis.prediction import Prediction
 
+PROG = "python -m analysis.experiment"
 REPO = Path(__file__).resolve().parents[1]
 CONFIG_DIR = REPO / "accelerate_configs"
 TRAIN_SCRIPT = REPO / "train.py"
-# Each strategy's launch layout is its registry entry's config file; the number of processes is read from
-# the file, not assumed. Unless told, an experiment trains the reference's strategies; the others on request.
-LOG_TAIL_LINES = 20
+LOG_TAIL_LINES = 20  # of a failed run's log, shown on the console
 
 EXIT_OK, EXIT_FAILED, EXIT_SETUP = 0, 1, 2
 
@@ -54,29 +63,91 @@ class SetupError(ValueError):
     """The experiment cannot start (bad batch, missing config); the message is one line."""
 
 
+BUDGET, SEEDING, FIT = "budget", "seeding", "fit"  # groups of flags: give one of; give one of; the fit check
+FIT_MEANING = "skip the strategies the planner says will not fit (python -m planner)"
+_ON_REQUEST = ", ".join(s.name for s in registry.STRATEGIES if not s.reference)
+_MULTI_PROCESS = ", ".join(s.name for s in registry.STRATEGIES if s.multi_process)
+_ONE_PROCESS = ", ".join(s.name for s in registry.STRATEGIES if not s.multi_process)
+_SPANNING = ", ".join(s.name for s in registry.STRATEGIES if s.multi_machine)
+
+
 @dataclass(frozen=True)
 class ExperimentSpec:
-    """What every strategy of one experiment shares."""
+    """What every strategy of one experiment shares, and what the driver does around the runs.
 
-    preset: str
-    out: Path
-    max_steps: int | None = None
-    epochs: int | None = None
-    strategies: tuple[str, ...] = registry.reference_names()
-    data: tuple[str, ...] = ()
-    seed: int = 1337
-    global_batch_tokens: int | None = None  # None: the preset's, raised to fit every world size
-    micro_batch_size: int | None = None  # None: the preset's
-    block_size: int | None = None  # None: the preset's (then not passed to train.py)
-    experiment: str = ""  # the W&B group; empty: <preset>-<timestamp>
-    num_processes: int | None = None  # None: each config file's; else the processes of every multi-process strategy
-    extra: tuple[str, ...] = ()  # passed to train.py as they are, after everything else
-    gpu_hour_price: float | None = None  # per device-hour, for the report's cost per million tokens
-    repeats: int = 1  # runs of each strategy and seed: timing noise
-    seeds: tuple[int, ...] = ()  # several seeds: training noise; empty: `seed` alone, as before
-    target_loss: float | None = None  # passed to the comparison (time to reach this loss)
-    machine_rank: int = 0  # this machine's rank in the strategies that span machines (registry multi_machine)
-    main_process_ip: str | None = None  # machine rank 0's address; needed when such a strategy is trained
+    `python -m analysis.experiment`'s flags are generated from these fields (training/cli.py), one per field;
+    code that runs an experiment without a command line builds one and calls `run`. A spec no experiment can be
+    made of is refused on construction (`SetupError`, one line), so the command line and the API check alike.
+    """
+
+    preset: str = flag("train.py preset shared by every strategy", MISSING)
+    out: Path = flag("experiment folder: runs/<strategy>/ and the report", MISSING)
+    max_steps: int | None = flag("optimizer steps per strategy", group=BUDGET)
+    epochs: int | None = flag("epochs per strategy", group=BUDGET)
+    strategies: tuple[str, ...] = flag(
+        f"strategies to train ({_ON_REQUEST} on request)", registry.reference_names(), choices=registry.names()
+    )
+    data: tuple[str, ...] = flag("train.py --data, the same for all", (), metavar="PATH")
+    seed: int = flag("the seed of every run (model init, data order, dropout)", 1337, group=SEEDING)
+    seeds: tuple[int, ...] = flag(
+        "train each strategy once per seed (training noise), instead of --seed; with several, folders "
+        "OUT/runs/<strategy>/s<seed>",
+        (),
+        metavar="SEED",
+        group=SEEDING,
+    )
+    repeats: int = flag(
+        "train each strategy N times on the same seed (timing noise), interleaved with the other strategies; "
+        "folders OUT/runs/<strategy>/r<k> (s<seed>-r<k> with --seeds)",
+        1,
+        metavar="N",
+    )
+    global_batch_tokens: int | None = flag(
+        "tokens per optimizer step (default: the preset's, raised to a multiple every strategy's world size divides)"
+    )
+    micro_batch_size: int | None = flag("sequences per process per micro-step (default: the preset's)")
+    block_size: int | None = flag("tokens per sequence (default: the preset's)")
+    experiment: str = flag("experiment name = W&B group (default: <preset>-<timestamp>)", "")
+    num_processes: int | None = flag(
+        f"processes of {_MULTI_PROCESS}, overriding their config files (e.g. 1 for FSDP on a one-GPU machine); "
+        f"{_ONE_PROCESS} is always one process"
+    )
+    machine_rank: int = flag(
+        f"this machine's rank for the strategies that span machines ({_SPANNING}); 0 trains every strategy and "
+        "writes the report, the others join the spanning ones",
+        0,
+    )
+    main_process_ip: str | None = flag(f"machine rank 0's address, for {_SPANNING}")
+    gpu_hour_price: float | None = flag(
+        "price of one device for one hour, any currency: the report adds cost per million tokens",
+        metavar="PRICE",
+        parse=scaling.gpu_hour_price,
+    )
+    gpu: str | None = flag("the GPUs the runs will have (python -m planner --gpu)", group=FIT)
+    gpu_memory_gib: float | None = flag("memory per GPU, instead of (or overriding) --gpu's", group=FIT)
+    precision: str = flag(
+        "the precision planned (the accelerate configs' mixed_precision)",
+        "fp16",
+        choices=["fp16", "bf16", "fp32"],
+        group=FIT,
+    )
+    target_loss: float | None = flag(
+        "passed to the comparison (python -m analysis.compare --target_loss)", metavar="LOSS"
+    )
+    dry_run: bool = flag("print the commands and exit", False)
+    wandb_report: bool = flag(
+        "at the end, build the W&B report of the experiment when logged in (python -m analysis.wandb_report); "
+        "otherwise print how to build it later",
+        False,
+    )
+    check_exports: bool = flag(
+        "at the end, score each run's hf/ export on its validation blocks against its recorded final validation "
+        "loss (python -m analysis.export_check); a difference fails the experiment",
+        False,
+    )
+    extra: tuple[str, ...] = flag(
+        "everything after --extra goes to train.py, e.g. --extra --overwrite --lr 3e-4", (), metavar="ARG", rest=True
+    )
 
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
@@ -107,6 +178,8 @@ class ExperimentSpec:
             "block_size",
             "num_processes",
             "repeats",
+            "gpu_hour_price",
+            "gpu_memory_gib",
         ):
             value = getattr(self, name)
             if value is not None and value <= 0:
@@ -564,154 +637,21 @@ def comparison_command(spec: ExperimentSpec, launches: list[Launch]) -> str:
 # Command line
 
 
-def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.experiment",
-        description=__doc__.split("\n\n")[0],
-        formatter_class=DefaultsHelpFormatter,
-    )
-    parser.add_argument("--preset", required=True, help="train.py preset shared by every strategy")
-    budget = parser.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--max_steps", type=int, help="optimizer steps per strategy")
-    budget.add_argument("--epochs", type=int, help="epochs per strategy")
-    parser.add_argument("--out", type=Path, required=True, help="experiment folder: runs/<strategy>/ and the report")
-    on_request = ", ".join(s.name for s in registry.STRATEGIES if not s.reference)
-    parser.add_argument(
-        "--strategies",
-        nargs="+",
-        default=list(registry.reference_names()),
-        choices=list(registry.names()),
-        help=f"strategies to train (default: %(default)s; {on_request} on request)",
-    )
-    parser.add_argument("--data", nargs="+", default=[], metavar="PATH", help="train.py --data, the same for all")
-    seeding = parser.add_mutually_exclusive_group()
-    seeding.add_argument(
-        "--seed", type=int, default=1337, help="the seed of every run (model init, data order, dropout)"
-    )
-    seeding.add_argument(
-        "--seeds",
-        type=int,
-        nargs="+",
-        default=[],
-        metavar="SEED",
-        help="train each strategy once per seed (training noise), instead of --seed; with "
-        "several, folders OUT/runs/<strategy>/s<seed>",
-    )
-    parser.add_argument(
-        "--repeats",
-        type=int,
-        default=1,
-        metavar="N",
-        help="train each strategy N times on the same seed (timing noise), interleaved with the "
-        "other strategies; folders OUT/runs/<strategy>/r<k> (s<seed>-r<k> with --seeds)",
-    )
-    parser.add_argument(
-        "--global_batch_tokens",
-        type=int,
-        help="tokens per optimizer step (default: the preset's, "
-        "raised to a multiple every strategy's world size divides)",
-    )
-    parser.add_argument(
-        "--micro_batch_size", type=int, help="sequences per process per micro-step (default: the preset's)"
-    )
-    parser.add_argument("--block_size", type=int, help="tokens per sequence (default: the preset's)")
-    parser.add_argument("--experiment", help="experiment name = W&B group (default: <preset>-<timestamp>)")
-    _add_launch_arguments(parser)
-    _add_ending_arguments(parser)
-    return parser.parse_args(argv)
+def parser() -> argparse.ArgumentParser:
+    """`python -m analysis.experiment`'s flags, one per ExperimentSpec field, in its order."""
+    result = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0], formatter_class=DefaultsHelpFormatter)
+    groups = {
+        BUDGET: result.add_mutually_exclusive_group(required=True),
+        SEEDING: result.add_mutually_exclusive_group(),
+        FIT: result.add_argument_group(FIT, FIT_MEANING),
+    }
+    add_flags(result, ExperimentSpec, groups)
+    return result
 
 
-def _add_launch_arguments(parser: argparse.ArgumentParser) -> None:
-    """Where the runs go: processes, machines, the GPUs the fit check plans for."""
-    multi = ", ".join(s.name for s in registry.STRATEGIES if s.multi_process)
-    single = ", ".join(s.name for s in registry.STRATEGIES if not s.multi_process)
-    parser.add_argument(
-        "--num_processes",
-        type=int,
-        help=f"processes of {multi}, overriding their config "
-        f"files (e.g. 1 for FSDP on a one-GPU machine); {single} is always one process",
-    )
-    spanning = ", ".join(s.name for s in registry.STRATEGIES if s.multi_machine)
-    parser.add_argument(
-        "--machine_rank",
-        type=int,
-        default=0,
-        help=f"this machine's rank for the strategies that span machines ({spanning}); 0 trains "
-        "every strategy and writes the report, the others join the spanning ones",
-    )
-    parser.add_argument("--main_process_ip", help=f"machine rank 0's address, for {spanning}")
-    parser.add_argument(
-        "--gpu_hour_price",
-        type=gpu_hour_price,
-        metavar="PRICE",
-        help="price of one device for one hour, any currency: the report adds cost per million tokens",
-    )
-    fit = parser.add_argument_group("fit", "skip the strategies the planner says will not fit (python -m planner)")
-    fit.add_argument("--gpu", help="the GPUs the runs will have (python -m planner --gpu)")
-    fit.add_argument("--gpu_memory_gib", type=float, help="memory per GPU, instead of (or overriding) --gpu's")
-    fit.add_argument(
-        "--precision",
-        default="fp16",
-        choices=["fp16", "bf16", "fp32"],
-        help="the precision planned (the accelerate configs' mixed_precision)",
-    )
-
-
-def _add_ending_arguments(parser: argparse.ArgumentParser) -> None:
-    """What happens around the runs: a dry run, the checks and reports at the end, train.py's extras."""
-    parser.add_argument(
-        "--target_loss",
-        type=float,
-        metavar="LOSS",
-        help="passed to the comparison (python -m analysis.compare --target_loss)",
-    )
-    parser.add_argument("--dry_run", action="store_true", help="print the commands and exit")
-    parser.add_argument(
-        "--wandb_report",
-        action="store_true",
-        help="at the end, build the W&B report of the experiment when logged in "
-        "(python -m analysis.wandb_report); otherwise print how to build it later",
-    )
-    parser.add_argument(
-        "--check_exports",
-        action="store_true",
-        help="at the end, score each run's hf/ export on its validation blocks against its recorded "
-        "final validation loss (python -m analysis.perplexity); a difference fails the experiment",
-    )
-    parser.add_argument(
-        "--extra",
-        nargs=argparse.REMAINDER,
-        default=[],
-        metavar="ARG",
-        help="everything after --extra goes to train.py, e.g. --extra --overwrite --lr 3e-4",
-    )
-
-
-def spec_from_args(args: argparse.Namespace) -> ExperimentSpec:
-    from analysis.continuation import recorded_experiment
-
-    name = args.experiment or recorded_experiment(args.out) or f"{args.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
-    return ExperimentSpec(
-        preset=args.preset,
-        out=args.out,
-        max_steps=args.max_steps,
-        epochs=args.epochs,
-        strategies=tuple(args.strategies),
-        data=tuple(args.data),
-        seed=args.seed,
-        global_batch_tokens=args.global_batch_tokens,
-        micro_batch_size=args.micro_batch_size,
-        block_size=args.block_size,
-        experiment=name,
-        num_processes=args.num_processes,
-        extra=tuple(args.extra),
-        gpu_hour_price=args.gpu_hour_price,
-        repeats=args.repeats,
-        seeds=tuple(args.seeds),
-        target_loss=args.target_loss,
-        machine_rank=args.machine_rank,
-        main_process_ip=args.main_process_ip,
-    )
+def parse_spec(argv: Sequence[str]) -> ExperimentSpec:
+    """The spec a command line gives; a malformed flag exits 2 with one line, a bad spec raises SetupError."""
+    return config_from(ExperimentSpec, parser().parse_args(argv))
 
 
 def main(
@@ -720,14 +660,40 @@ def main(
     config_dir: Path = CONFIG_DIR,
     echo: bool = True,
 ) -> int:
-    """`launcher` replaces `accelerate launch` (tests use a stand-in script)."""
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        spec = parse_spec(sys.argv[1:] if argv is None else argv)
+    except SetupError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_SETUP
+    return run(spec, launcher, config_dir, echo)
+
+
+def named(spec: ExperimentSpec) -> ExperimentSpec:
+    """The spec with its experiment name: the one given, else the one OUT's runs recorded (an interrupted experiment
+    run again continues under its name), else <preset>-<timestamp>."""
+    from analysis.continuation import recorded_experiment
+
+    if spec.experiment:
+        return spec
+    name = recorded_experiment(spec.out) or f"{spec.preset}-{datetime.datetime.now():%Y%m%d-%H%M%S}"
+    return replace(spec, experiment=name)
+
+
+def run(
+    spec: ExperimentSpec,
+    launcher: Sequence[str] | None = None,
+    config_dir: Path = CONFIG_DIR,
+    echo: bool = True,
+) -> int:
+    """The experiment, from its batch and plan to the report (with `spec.dry_run`, only the commands); the exit
+    status of `python -m analysis.experiment`. `launcher` replaces `accelerate launch` (tests use a stand-in
+    script)."""
+    spec = named(spec)
     cwd = Path(os.getcwd())
     try:
-        spec = spec_from_args(args)
         sizes = world_sizes(spec.strategies, config_dir, spec.num_processes)
         batch = choose_batch(spec, list(sizes.values()), preset_defaults(spec.preset))
-        spec, skipped = _skip_misfits(spec, sizes, batch, args)
+        spec, skipped = _skip_misfits(spec, sizes, batch)
     except SetupError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_SETUP
@@ -742,14 +708,14 @@ def main(
             f"{len(launches)} runs: {len(spec.strategies)} strategies x {len(spec.run_seeds)} seed(s) x "
             f"{spec.repeats} repeat(s), interleaved"
         )
-    prediction, predicted = predicted_wall_time(spec, sizes, batch, args)
+    prediction, predicted = predicted_wall_time(spec, sizes, batch)
     print(predicted, flush=True)
     to_run = continued_launches(launches)  # an interrupted experiment run again: only what is left
-    if args.dry_run:
+    if spec.dry_run:
         for launch in to_run:
             print(shlex.join(launch.argv))
         print(comparison_command(spec, launches))
-        if args.wandb_report:
+        if spec.wandb_report:
             print(wandb_report_command(spec, launches))
         return EXIT_OK
     if prediction is not None:
@@ -757,9 +723,9 @@ def main(
 
         write_prediction(spec.out, prediction)  # the report sets it against the runs
     status = run_experiment(spec, launches, cwd, echo, skipped, to_run)
-    if args.check_exports:
+    if spec.check_exports:
         status = max(status, check_exports([launch.run_dir for launch in launches]))
-    if args.wandb_report:
+    if spec.wandb_report:
         # The report never changes the exit status: it is a view of runs that are already recorded.
         from analysis.wandb_report import report_after_experiment
 
@@ -779,9 +745,7 @@ def continued_launches(launches: list[Launch]) -> list[Launch]:
     return continuation.launches
 
 
-def predicted_wall_time(
-    spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, args: argparse.Namespace
-) -> tuple[Prediction | None, str]:
+def predicted_wall_time(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch) -> tuple[Prediction | None, str]:
     """The plan's training time for the whole experiment (analysis/prediction.py) on the --gpu given, else on
     this CPU, and the line that says it; no prediction with --epochs (the steps depend on the data)."""
     from analysis.prediction import Planned, hardware_for, predict
@@ -796,10 +760,10 @@ def predicted_wall_time(
         "block_size": batch.block_size,
         "micro_batch_size": batch.micro_batch_size,
         "global_batch_tokens": batch.global_batch_tokens,
-        "precision": args.precision,
+        "precision": spec.precision,
     }
     try:
-        hw, basis = hardware_for(args.gpu, args.gpu_memory_gib, args.precision)
+        hw, basis = hardware_for(spec.gpu, spec.gpu_memory_gib, spec.precision)
         prediction = predict(plans, workload, hw, basis)
     except PlanError as err:
         return None, f"predicted wall time: none ({err})"
@@ -808,13 +772,11 @@ def predicted_wall_time(
     return prediction, prediction.line()
 
 
-def _skip_misfits(
-    spec: ExperimentSpec, sizes: dict[str, int], batch: Batch, args: argparse.Namespace
-) -> tuple[ExperimentSpec, list[str]]:
+def _skip_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch) -> tuple[ExperimentSpec, list[str]]:
     """The experiment without the strategies that will not fit (said once here, and in the report)."""
-    if args.gpu is None and args.gpu_memory_gib is None:
+    if spec.gpu is None and spec.gpu_memory_gib is None:
         return spec, []
-    misfits = planned_misfits(spec, sizes, batch, args.gpu, args.gpu_memory_gib, args.precision)
+    misfits = planned_misfits(spec, sizes, batch, spec.gpu, spec.gpu_memory_gib, spec.precision)
     for line in misfits.values():
         print(f"skipping {line}", flush=True)
     kept = tuple(s for s in spec.strategies if s not in misfits)
@@ -829,7 +791,7 @@ def _skip_misfits(
 def check_exports(run_dirs: list[Path]) -> int:
     """EXIT_FAILED when an export's loss differs from its run's record; a run that left no export failed
     already and was reported, so it is skipped here."""
-    from analysis.perplexity import ExportError, check_export, differ_line  # torch: only when asked
+    from analysis.export_check import ExportError, check_export, differ_line  # torch: only when asked
 
     status = EXIT_OK
     for run_dir in [d for d in run_dirs if (d / "hf").is_dir()]:

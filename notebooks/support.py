@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 from training import registry
 
 if TYPE_CHECKING:
+    from analysis.experiment import ExperimentSpec
     from planner.request import PlanRequest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -507,36 +508,44 @@ def expected_time(plan: Plan, devices: Devices) -> str:
 # Running the driver and reading its report
 
 
-def experiment_command(
+def experiment_spec(
     plan: Plan, out: Path, name: str, data: DataChoice, train_args: str = "", wandb_report: bool = False
-) -> list[str]:
-    """`python -m analysis.experiment ...` for the plan; flags the defaults already get right are left out.
-    `wandb_report`: also build the W&B report at the end (the notebook asks for it when W&B is online)."""
-    command = [
-        sys.executable,
-        "-m",
-        "analysis.experiment",
-        "--preset",
-        plan.preset,
-        "--max_steps",
-        str(plan.max_steps),
-        "--out",
-        str(out),
-        "--experiment",
-        name,
-        "--strategies",
-        *plan.strategies,
-    ]
-    if plan.num_processes is not None and any(registry.get(s).multi_process for s in plan.strategies):
-        command += ["--num_processes", str(plan.num_processes)]
-    if wandb_report:
-        command.append("--wandb_report")
-    if data.paths:
-        command += ["--data", *data.paths]
-    extra = [*data.train_args, *shlex.split(train_args)]
-    if extra:
-        command += ["--extra", *extra]
-    return command
+) -> ExperimentSpec:
+    """The experiment of the plan, as the driver takes it. `wandb_report`: also build the W&B report at the end
+    (the notebook asks for it when W&B is online)."""
+    from analysis.experiment import ExperimentSpec  # the project's requirements are installed by now
+
+    multi_process = any(registry.get(s).multi_process for s in plan.strategies)
+    return ExperimentSpec(
+        preset=plan.preset,
+        out=out,
+        max_steps=plan.max_steps,
+        experiment=name,
+        strategies=tuple(plan.strategies),
+        num_processes=plan.num_processes if multi_process else None,
+        data=tuple(data.paths),
+        wandb_report=wandb_report,
+        extra=(*data.train_args, *shlex.split(train_args)),
+    )
+
+
+def experiment_command(spec: ExperimentSpec) -> list[str]:
+    """`python -m analysis.experiment` with the flags that give `spec` back (the defaults left out).
+
+    The driver runs in a process of its own rather than in the kernel: it passes the launches' output through as
+    bytes, which a kernel's stdout does not take, and a driver that fails or is interrupted leaves the kernel as
+    it was."""
+    from training.cli import command_line
+
+    return [sys.executable, "-m", "analysis.experiment", *command_line(spec)]
+
+
+def run_driver(spec: ExperimentSpec) -> int:
+    """Run the experiment of `spec`, its command printed first (to repeat it in a shell) and its output streamed;
+    the driver's exit code."""
+    command = experiment_command(spec)
+    print(shlex.join(command), flush=True)
+    return stream(command)
 
 
 def stream(command: list[str]) -> int:

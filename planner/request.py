@@ -8,14 +8,11 @@ of is refused on construction (`PlanRequestError`, one line), so the command lin
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from planner.gpus import PLANNER_GPUS
-from training.cli import OneLineParser
+from training.cli import OneLineParser, add_flags, config_from, flag
 from training.presets import PRESETS
 
 DESCRIPTION = "Plan a run before it starts, and put finished runs beside their plan."
@@ -33,70 +30,65 @@ class PlanRequestError(ValueError):
     """A request no plan can be made of; the message is one line naming the flags."""
 
 
-def _flag(help: str, default: Any = None, *, choices: list[str] | None = None, group: str | None = None,
-          metavar: str | None = None) -> Any:  # fmt: skip
-    return field(default=default, metadata={"help": help, "choices": choices, "group": group, "metavar": metavar})
-
-
 @dataclass(frozen=True)
 class PlanRequest:
-    run: tuple[Path, ...] | None = _flag("finished runs to put beside their plan", metavar="RUN_DIR")
-    preset: str = _flag("training preset (default gpt2)", "gpt2", choices=sorted(PRESETS))
-    gpu: str | None = _flag(f"one of {', '.join(PLANNER_GPUS)}")
-    gpu_memory_gib: float | None = _flag("memory per GPU, instead of (or overriding) --gpu's")
-    num_gpus: int = _flag("GPUs per machine", 1)
-    num_nodes: int = _flag("machines (default 1); several add the strategies made for them (hybrid sharding)", 1)
-    inter_node_gb_s: float | None = _flag(
+    run: tuple[Path, ...] | None = flag("finished runs to put beside their plan", metavar="RUN_DIR")
+    preset: str = flag("training preset (default gpt2)", "gpt2", choices=sorted(PRESETS))
+    gpu: str | None = flag(f"one of {', '.join(PLANNER_GPUS)}")
+    gpu_memory_gib: float | None = flag("memory per GPU, instead of (or overriding) --gpu's")
+    num_gpus: int = flag("GPUs per machine", 1)
+    num_nodes: int = flag("machines (default 1); several add the strategies made for them (hybrid sharding)", 1)
+    inter_node_gb_s: float | None = flag(
         "network bandwidth of each machine to the others, GB/s, all its ports together (with --num_nodes 2 or "
         "more): about 10 for one 100 Gb/s Ethernet port, 45 for one 400 Gb/s InfiniBand port, 180 for eight "
         "200 Gb/s InfiniBand rails"
     )
-    micro_batch_size: int | None = _flag("default: the preset's")
-    block_size: int | None = _flag("default: the preset's")
-    global_batch_tokens: int | None = _flag("default: the preset's")
-    precision: str = _flag("the precision planned", "fp16", choices=["fp16", "bf16", "fp32"])
-    attn_impl: str = _flag("attention kernel", "sdpa", choices=["sdpa", "math"])
-    activation_checkpointing: bool | None = _flag("default: the preset's (off but for gpt2-xl)")
-    mfu: float = _flag("assumed model FLOPs utilisation (0-1]", DEFAULT_MFU)
-    link_gb_s: float | None = _flag("all-reduce bus bandwidth between GPUs, GB/s", group=LINK)
-    link_from: Path | None = _flag(
+    micro_batch_size: int | None = flag("default: the preset's")
+    block_size: int | None = flag("default: the preset's")
+    global_batch_tokens: int | None = flag("default: the preset's")
+    precision: str = flag("the precision planned", "fp16", choices=["fp16", "bf16", "fp32"])
+    attn_impl: str = flag("attention kernel", "sdpa", choices=["sdpa", "math"])
+    activation_checkpointing: bool | None = flag("default: the preset's (off but for gpt2-xl)")
+    mfu: float = flag("assumed model FLOPs utilisation (0-1]", DEFAULT_MFU)
+    link_gb_s: float | None = flag("all-reduce bus bandwidth between GPUs, GB/s", group=LINK)
+    link_from: Path | None = flag(
         "the bus bandwidth a multi-process run measured at start (its config.json)", group=LINK, metavar="RUN_DIR"
     )
-    overlap: str = _flag(
+    overlap: str = flag(
         "FSDP's prefetching: full (default; FSDP2's own, each unit's all-gather behind the previous unit's "
         "compute) or none (FSDP waits for its collectives). DDP's all-reduce runs during backward either way: its "
         "bucket hooks do that, no setting turns it off",
         "full",
         choices=list(OVERLAP_MEANING),
     )
-    json: bool = _flag("print one JSON object", False)
-    launch: bool = _flag(
+    json: bool = flag("print one JSON object", False)
+    launch: bool = flag(
         "print the accelerate launch of the fastest strategy that fits, with the micro-batch and levers it needs, "
         "and why",
         False,
         group=ADAPTIVE,
     )
-    execute: bool = _flag(
+    execute: bool = flag(
         "with --launch: run that command (--run already names finished runs to compare)", False, group=ADAPTIVE
     )
-    main_process_ip: str = _flag(
+    main_process_ip: str = flag(
         "with --launch and --num_nodes: machine 0's address in the printed lines (default: the shell variable, as "
         "scripts/slurm/train_multinode.sbatch sets it)",
         "$MAIN_PROCESS_IP",
         group=ADAPTIVE,
     )
-    cpu: bool = _flag(
+    cpu: bool = flag(
         "with --launch: plan CPU processes (fp32, gloo, no offload) with --gpu_memory_gib as each process's memory",
         False,
         group=ADAPTIVE,
     )
-    sweep: bool = _flag(
+    sweep: bool = flag(
         "every training preset x strategy on --gpu/--num_gpus: per-device peak, fit, the largest model each "
         "strategy trains",
         False,
         group=ADAPTIVE,
     )
-    figure: Path | None = _flag("with --sweep: write the memory-wall figure here (.png)", group=ADAPTIVE)
+    figure: Path | None = flag("with --sweep: write the memory-wall figure here (.png)", group=ADAPTIVE)
 
     def __post_init__(self) -> None:
         for problem in (*_range_problems(self), *_combination_problems(self)):
@@ -142,40 +134,17 @@ def _combination_problems(r: PlanRequest) -> list[str]:
 # The command line, generated from the fields
 
 
-def _add_flag(target: Any, f: dataclasses.Field[Any], hint: Any) -> None:
-    kinds = [t for t in typing.get_args(hint) if t is not type(None)] or [hint]
-    kind = typing.get_origin(kinds[0]) or kinds[0]
-    meta = {k: f.metadata[k] for k in ("help", "choices", "metavar") if f.metadata[k] is not None}
-    flag = f"--{f.name}"
-    if kind is bool and f.default is None:
-        target.add_argument(flag, action=argparse.BooleanOptionalAction, **meta)
-    elif kind is bool:
-        target.add_argument(flag, action="store_true", **meta)
-    elif kind is tuple:
-        target.add_argument(flag, nargs="+", type=Path, **meta)
-    else:
-        target.add_argument(flag, type=kind, default=f.default, **meta)
-
-
 def parser() -> argparse.ArgumentParser:
     """`python -m planner`'s flags, one per PlanRequest field, in its order."""
     result = OneLineParser(prog="python -m planner", description=DESCRIPTION)
-    hints = typing.get_type_hints(PlanRequest)
-    groups: dict[str, Any] = {
-        LINK: result.add_mutually_exclusive_group(),
-        ADAPTIVE: result.add_argument_group(ADAPTIVE),
-    }
-    for f in dataclasses.fields(PlanRequest):
-        _add_flag(groups[f.metadata["group"]] if f.metadata["group"] else result, f, hints[f.name])
+    groups = {LINK: result.add_mutually_exclusive_group(), ADAPTIVE: result.add_argument_group(ADAPTIVE)}
+    add_flags(result, PlanRequest, groups)
     return result
 
 
 def parse_args(argv: list[str]) -> PlanRequest:
     flags = parser()
-    values = vars(flags.parse_args(argv))
-    if values["run"] is not None:
-        values["run"] = tuple(values["run"])
     try:
-        return PlanRequest(**values)
+        return config_from(PlanRequest, flags.parse_args(argv))
     except PlanRequestError as exc:
         flags.error(str(exc))

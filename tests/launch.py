@@ -98,6 +98,9 @@ def launch_env() -> dict[str, str]:
     that turn W&B off say so with --wandb_mode disabled, next to a twin that keeps the default.
     """
     env = {**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "NETRC": os.devnull}
+    # The commands a user types (`python`, `accelerate`) are this interpreter's, as in an activated venv,
+    # also when the tests were started by the venv's python without activating it.
+    env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     for name in ("RANK", "WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
         env.pop(name, None)
     return env

@@ -433,3 +433,26 @@ def test_bad_machine_settings_are_one_line_and_exit_2(tmp_path: Path, capsys, ar
     assert main(argv, launcher=("accelerate", "launch")) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0]
+
+
+def test_the_command_line_and_the_spec_are_one_thing(tmp_path: Path) -> None:
+    """Every field is a flag: a spec with each one changed from its default comes back whole from the command line
+    it gives (the notebook runs the driver that way), and a hand-written command line gives the hand-built spec."""
+    from dataclasses import fields
+
+    from analysis.experiment import parse_spec
+    from training.cli import command_line
+
+    changed = ExperimentSpec(
+        preset="tiny", out=tmp_path / "exp", epochs=2, strategies=("fsdp", "hsdp"), data=("a.csv", "b c.csv"),
+        seeds=(3, 4), repeats=2, global_batch_tokens=4096, micro_batch_size=2, block_size=64, experiment="e",
+        num_processes=1, machine_rank=1, main_process_ip="10.0.0.1", gpu_hour_price=1.75, gpu="T4",
+        gpu_memory_gib=15.0, precision="bf16", target_loss=5.5, dry_run=True, wandb_report=True, check_exports=True,
+        extra=("--overwrite", "--lr", "3e-4"),
+    )  # fmt: skip
+    defaults = ExperimentSpec(preset="tiny", out=tmp_path, max_steps=1)
+    unchanged = {f.name for f in fields(ExperimentSpec) if getattr(changed, f.name) == getattr(defaults, f.name)}
+    assert unchanged == {"preset", "seed"}  # --seeds stands for --seed
+    assert parse_spec(command_line(changed)) == changed
+    written = ["--preset", "tiny", "--max_steps", "3", "--out", str(tmp_path), "--seed", "5", "--extra", "--lr", "1"]
+    assert parse_spec(written) == ExperimentSpec(preset="tiny", out=tmp_path, max_steps=3, seed=5, extra=("--lr", "1"))

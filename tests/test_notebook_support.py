@@ -32,14 +32,19 @@ def test_plan_follows_the_devices(gpus: int, strategies: list[str], processes: i
 
 
 def test_driver_command_passes_only_what_the_plan_needs(tmp_path: Path) -> None:
+    from analysis.experiment import parse_spec
+
     one_gpu = support.plan_run("auto", 7, 1)
     data = support.DataChoice(["a.csv", "b.csv"], ["--hf_dataset", "x"], "")
-    command = support.experiment_command(one_gpu, tmp_path, "exp", data, "--text_column article")
+    spec = support.experiment_spec(one_gpu, tmp_path, "exp", data, "--text_column article")
+    command = support.experiment_command(spec)
     assert command[:3] == [sys.executable, "-m", "analysis.experiment"]
     joined = " ".join(command)
     assert "--strategies single --data a.csv b.csv" in joined  # one process each: no --num_processes
     assert joined.endswith("--extra --hf_dataset x --text_column article")
-    cpu = support.experiment_command(support.plan_run("tiny", 4, 0), tmp_path, "exp", support.DataChoice([], [], ""))
+    assert parse_spec(command[3:]) == spec  # the driver reads back the experiment the notebook built
+    empty = support.DataChoice([], [], "")
+    cpu = support.experiment_command(support.experiment_spec(support.plan_run("tiny", 4, 0), tmp_path, "exp", empty))
     assert "--num_processes" not in cpu and "--data" not in cpu and "--extra" not in cpu
 
 
@@ -171,8 +176,9 @@ def test_one_gpu_runs_single_and_says_why_ddp_and_fsdp_are_skipped() -> None:
 
 def test_the_wandb_report_is_asked_for_only_when_told(tmp_path: Path) -> None:
     plan, data = support.plan_run("tiny", 4, 0), support.DataChoice([], [], "")
-    assert "--wandb_report" in support.experiment_command(plan, tmp_path, "exp", data, wandb_report=True)
-    assert "--wandb_report" not in support.experiment_command(plan, tmp_path, "exp", data)
+    asked = support.experiment_spec(plan, tmp_path, "exp", data, wandb_report=True)
+    assert "--wandb_report" in support.experiment_command(asked)
+    assert "--wandb_report" not in support.experiment_command(support.experiment_spec(plan, tmp_path, "exp", data))
 
 
 def _logged_run(out: Path, strategy: str, entity: str | None, project: str) -> None:

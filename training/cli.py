@@ -1,7 +1,13 @@
-"""The command line, generated from the config dataclasses and the named presets.
+"""Command lines: what every command of the project shares, and train.py's.
 
-Precedence: dataclass defaults < the preset's values < flags given on the command line. Flags keep
-the field names (`--max_steps`, `--block_size`); `DataConfig.paths` is spelled `--data`.
+Shared: `run_main` (exit with main's status; a reader that goes away ends the command quietly), `OneLineParser`
+(bad input is one `error:` line, exit 2), `DefaultsHelpFormatter`, and a command line generated from a frozen
+config dataclass (`flag`, `add_flags`, `config_from`, `command_line`), which the planner's `PlanRequest` and the
+experiment driver's `ExperimentSpec` are.
+
+train.py's (`build_parser`, `parse_config`): generated from the config dataclasses and the named presets.
+Precedence: dataclass defaults < the preset's values < flags given on the command line. Flags keep the field
+names (`--max_steps`, `--block_size`); `DataConfig.paths` is spelled `--data`.
 """
 
 from __future__ import annotations
@@ -12,13 +18,15 @@ import os
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
 
 from training.config import ModelChoice, OptimConfig, RunConfig, SpeedConfig, TrainConfig
 from training.presets import PRESETS, preset_overrides
 
 EXIT_BAD_INPUT = 2
+C = TypeVar("C")
 
 
 def run_main(main: Callable[[], int | None]) -> NoReturn:
@@ -56,18 +64,38 @@ class DefaultsHelpFormatter(argparse.HelpFormatter):
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         # By identity: a default of 0 equals False and must still show.
-        says_nothing = action.default is None or action.default is False or action.default is argparse.SUPPRESS
-        if "(default" in text or action.required or says_nothing or action.default == [] or not action.option_strings:
+        says_nothing = any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))
+        empty = action.default in ([], (), "")
+        if "(default" in text or action.required or says_nothing or empty or not action.option_strings:
             return text
-        return f"{text} (default: %(default)s)".lstrip()
+        shown = action.default
+        if isinstance(shown, (list, tuple)):
+            shown = " ".join(map(str, shown))  # as it is typed: single ddp fsdp, not ('single', 'ddp', 'fsdp')
+        return f"{text} (default: {str(shown).replace('%', '%%')})".lstrip()
 
 
-# Fields whose flag is not the field name.
-_FLAG_NAMES = {"paths": "data"}
+# ---------------------------------------------------------------------------------------------------
+# A command line generated from a frozen config dataclass: one flag per field, named after it, in its order.
+# The planner (planner/request.py) and the experiment driver (analysis/experiment.py) are built this way, so code
+# that runs them without a command line builds the same object the command line does, checked alike.
 
 
-def _flag(field_name: str) -> str:
-    return _FLAG_NAMES.get(field_name, field_name)
+def flag(
+    help: str,
+    default: Any = None,
+    *,
+    choices: Sequence[str] | None = None,
+    group: str | None = None,
+    metavar: str | None = None,
+    parse: Callable[[str], Any] | None = None,
+    rest: bool = False,
+) -> Any:
+    """A dataclass field that is also a flag. `default=dataclasses.MISSING`: a required flag. `group`: the name of a
+    group of `add_flags`'s `groups` (mutually exclusive or titled). `parse`: reads the value in place of the field's
+    type (argparse passes a default that is a string through it too, so it must take its own output). `rest`: a
+    tuple field that takes everything after the flag, as it is (it must come last in a command)."""
+    metadata = {"help": help, "choices": choices, "group": group, "metavar": metavar, "parse": parse, "rest": rest}
+    return dataclasses.field(default=default, metadata=metadata)
 
 
 def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
@@ -80,39 +108,113 @@ def _unwrap_optional(tp: Any) -> tuple[Any, bool]:
     return tp, False
 
 
-def _add_fields(group: argparse._ArgumentGroup, cls: type, preset_values: dict[str, Any], preset: str) -> None:
+def _is_sequence(tp: Any) -> bool:
+    return typing.get_origin(tp) in (list, Sequence, tuple)
+
+
+def kind_options(hint: Any, negatable: bool) -> dict[str, Any]:
+    """How a field of type `hint` is spelled on a command line: argparse's action, or its nargs and type.
+    `negatable`: a bool gets --no-NAME too, to turn off what a default or a preset turns on."""
+    kind, _ = _unwrap_optional(hint)
+    if kind is bool:
+        return {"action": argparse.BooleanOptionalAction if negatable else "store_true"}
+    if _is_sequence(kind):
+        (item,) = typing.get_args(kind)[:1] or (str,)
+        return {"nargs": "+", "type": item}
+    if kind in (int, float, str, Path):
+        return {"type": kind}
+    raise TypeError(f"no command-line form for {hint}")
+
+
+def _add_flag(target: Any, f: dataclasses.Field[Any], hint: Any) -> None:
+    meta = f.metadata
+    # A bool that is off unless given is a switch; one that may be None (unsaid) or is on by default gets --no-NAME.
+    options = kind_options(hint, negatable=f.default is not False)
+    options.update({k: meta[k] for k in ("help", "choices", "metavar") if meta[k] is not None})
+    if meta["parse"] is not None:
+        options["type"] = meta["parse"]
+    if meta["rest"]:
+        options.update(nargs=argparse.REMAINDER, type=None)
+    if f.default is dataclasses.MISSING:
+        options["required"] = True
+    else:
+        options["default"] = f.default
+    target.add_argument(f"--{f.name}", **options)
+
+
+def add_flags(parser: argparse.ArgumentParser, cls: type, groups: Mapping[str, Any] | None = None) -> None:
+    """One flag per field of `cls` made with `flag`, in field order; a field whose metadata names a group goes into
+    `groups[name]` (an argument group or a mutually exclusive group the caller made)."""
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        tp, optional = _unwrap_optional(hints[f.name])
-        help_text = f.metadata.get("help", "")
-        if f.name in preset_values:
-            shown = f"{preset_values[f.name]}, from --preset {preset}"
-        else:
-            shown = (
-                f.default
-                if f.default is not dataclasses.MISSING
-                else (
-                    f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
-                )
-            )
-        if shown is None or shown == []:
-            # Help texts of optional fields say what "none" means; a "(default: none)" would repeat it.
-            if "none" not in help_text:
-                help_text = f"{help_text} (default: none)"
-        else:
-            help_text = f"{help_text} (default: {shown})"
-        name = f"--{_flag(f.name)}"
-        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": help_text}
-        if tp is bool:
-            group.add_argument(name, action=argparse.BooleanOptionalAction, **kwargs)
-        elif typing.get_origin(tp) in (list, Sequence, tuple):
-            (item,) = typing.get_args(tp)[:1] or (str,)
-            group.add_argument(name, nargs="+", type=item, metavar=f.name.upper(), **kwargs)
-        elif tp in (int, float, str):
-            group.add_argument(name, type=tp, metavar=tp.__name__.upper(), **kwargs)
-        else:
-            raise TypeError(f"no command-line form for {cls.__name__}.{f.name}: {tp}")
-        del optional  # None is reachable only as the default, never typed on the command line
+        _add_flag((groups or {}).get(f.metadata["group"], parser), f, hints[f.name])
+
+
+def config_from(cls: type[C], namespace: argparse.Namespace) -> C:
+    """The parsed flags as `cls`; its own checks (`__post_init__`) run, and what they raise is the caller's."""
+    hints = typing.get_type_hints(cls)
+    values = vars(namespace)
+    for f in dataclasses.fields(cls):
+        kind, _ = _unwrap_optional(hints[f.name])
+        if typing.get_origin(kind) is tuple and isinstance(values.get(f.name), list):
+            values[f.name] = tuple(values[f.name])
+    return cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)})
+
+
+def command_line(config: Any) -> list[str]:
+    """The flags that give `config` back when parsed (`add_flags`, `config_from`): its required fields and those
+    that differ from their defaults, a `rest` field last."""
+    words: list[str] = []
+    last: list[str] = []
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if f.default is not dataclasses.MISSING and value == f.default:
+            continue
+        if isinstance(value, bool):
+            words.append(f"--{f.name}" if value else f"--no-{f.name}")
+        elif isinstance(value, (tuple, list)):
+            (last if f.metadata["rest"] else words).extend([f"--{f.name}", *map(str, value)])
+        elif value is not None:
+            words += [f"--{f.name}", str(value)]
+    return words + last
+
+
+# Fields whose flag is not the field name.
+_FLAG_NAMES = {"paths": "data"}
+
+
+def _flag(field_name: str) -> str:
+    return _FLAG_NAMES.get(field_name, field_name)
+
+
+def _help_with_default(f: dataclasses.Field[Any], preset_values: dict[str, Any], preset: str) -> str:
+    help_text = f.metadata.get("help", "")
+    if f.name in preset_values:
+        shown = f"{preset_values[f.name]}, from --preset {preset}"
+    elif f.default is not dataclasses.MISSING:
+        shown = f.default
+    else:
+        shown = f.default_factory() if f.default_factory is not dataclasses.MISSING else None  # type: ignore[misc]
+    if shown is None or shown == []:
+        # Help texts of optional fields say what "none" means; a "(default: none)" would repeat it.
+        return help_text if "none" in help_text else f"{help_text} (default: none)"
+    return f"{help_text} (default: {shown})"
+
+
+def _add_fields(group: argparse._ArgumentGroup, cls: type, preset_values: dict[str, Any], preset: str) -> None:
+    """train.py's flags of one config section. Unlike `add_flags`, a flag absent from the command line is absent
+    from the result (the preset's value then applies), its help shows the preset's value, and every bool has a
+    --no- form (to turn off what a preset turns on)."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        try:
+            options = kind_options(hints[f.name], negatable=True)
+        except TypeError as err:
+            raise TypeError(f"{cls.__name__}.{f.name}: {err}") from None
+        if "type" in options:
+            options["metavar"] = f.name.upper() if "nargs" in options else options["type"].__name__.upper()
+        help_text = _help_with_default(f, preset_values, preset)
+        group.add_argument(f"--{_flag(f.name)}", dest=f.name, default=argparse.SUPPRESS, help=help_text, **options)
 
 
 def _config_classes() -> dict[str, type]:

@@ -1,6 +1,10 @@
-"""Setting a run up: the accelerator, data, model, optimizer, loaders, resume, launch record and sinks.
+"""Setting a run up, in `set_up`'s order: the processes (the accelerator for the launch's strategy, the signal
+flag, the output folder claimed or the checkpoint to resume found, the seed, the speed levers), the data and its
+steps and epochs, the model and optimizer prepared for the strategy (then checked against the request), the
+loaders, the launch record (with the device's peak FLOP/s and the link between processes, both measured) and
+config.json, the sinks (metrics.jsonl, W&B), the resume last, and the probe of the memory peak.
 
-`set_up` returns a `Session`, everything the training loop (training/loop.py) works on.
+`set_up` returns a `Session`: what was set up, and the state the training loop (training/loop.py) advances.
 """
 
 from __future__ import annotations

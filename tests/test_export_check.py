@@ -1,4 +1,4 @@
-"""The project's perplexity metric (analysis/metrics/perplexity) and `python -m analysis.perplexity`.
+"""The project's perplexity metric (analysis/metrics/perplexity) and the export check, `python -m analysis.export_check`.
 
 The metric is checked against a hand loop of torch cross-entropy on a tiny random model; the command is
 checked on real single, DDP and FSDP runs: their exports, scored on the rebuilt validation blocks, give the
@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import transformers
 from safetensors.torch import load_file, save_file
 
-from analysis import perplexity
+from analysis import export_check
 from tests.launch import REPO, SHARED_EVAL_BLOCKS, launch_env
 
 OFFLINE = {"HF_HUB_OFFLINE": "1", "HF_EVALUATE_OFFLINE": "1"}
@@ -48,7 +48,7 @@ def metric(monkeypatch: pytest.MonkeyPatch):
         monkeypatch.setenv(name, value)
     import evaluate
 
-    return evaluate.load(str(perplexity.METRIC_DIR))
+    return evaluate.load(str(export_check.METRIC_DIR))
 
 
 def _hand_loss(folder: Path, sequences: list[list[int]]) -> tuple[float, int]:
@@ -94,7 +94,7 @@ def runs(shared_runs) -> dict[str, Path]:
 
 def _check(run_dir: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "analysis.perplexity", str(run_dir), "--json"],
+        [sys.executable, "-m", "analysis.export_check", str(run_dir), "--json"],
         cwd=REPO,
         env={**launch_env(), **OFFLINE},
         capture_output=True,
@@ -146,7 +146,7 @@ def test_a_bf16_export_is_scored_in_bf16_and_agrees(bf16_runs: dict[str, Path], 
 def test_a_bf16_export_of_other_weights_differs(bf16_runs: dict[str, Path], tmp_path: Path, capsys) -> None:
     run_dir = _copy_run(bf16_runs["fsdp"], tmp_path / "changed")
     _scale_embedding(run_dir, 1.1)
-    assert perplexity.main([str(run_dir)]) == perplexity.EXIT_DIFFER
+    assert export_check.main([str(run_dir)]) == export_check.EXIT_DIFFER
     captured = capsys.readouterr()
     assert f"scored in {BF16_SCORED_IN['fsdp']}" in captured.out
     err = captured.err.strip().splitlines()
@@ -171,13 +171,13 @@ def test_an_export_of_other_weights_differs_with_exit_1(
 ) -> None:
     run_dir = _copy_run(runs["single"], tmp_path / "changed")
     _scale_embedding(run_dir, 1.1)
-    assert perplexity.main([str(run_dir)]) == perplexity.EXIT_DIFFER
+    assert export_check.main([str(run_dir)]) == export_check.EXIT_DIFFER
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "differ" in err[0]
 
 
 def test_a_folder_that_is_not_a_run_is_one_error_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert perplexity.main([str(tmp_path)]) == 2
+    assert export_check.main([str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"error: {tmp_path} is not a run directory (no config.json and summary.json)"]
 
@@ -188,7 +188,7 @@ def test_a_run_without_export_is_one_error_line(
 ) -> None:
     run_dir = _copy_run(runs["single"], tmp_path / "no_export")
     shutil.rmtree(run_dir / "hf")
-    assert perplexity.main([str(run_dir), "--json"]) == 2
+    assert export_check.main([str(run_dir), "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and "no Hugging Face export" in err[0]
 

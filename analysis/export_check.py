@@ -1,6 +1,6 @@
 """Cross-check a run's Hugging Face export: its loss on the run's own validation blocks against the recorded one.
 
-    python -m analysis.perplexity RUN_DIR [--json] [--batch_size N]
+    python -m analysis.export_check RUN_DIR [--json] [--batch_size N]
 
 The validation blocks are rebuilt from config.json's data section through data/'s own pipeline (the packed
 cache is keyed by content, so an existing entry is reused and a missing one rebuilt identically), and the
@@ -44,7 +44,7 @@ SIGMAS = 4.0
 TORCH_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 FSDP_WRAPPER = "FSDPModule"  # summary.json `wrapper` of a run whose parameters FSDP gathers
 EXIT_OK, EXIT_DIFFER = 0, 1
-PROG = "python -m analysis.perplexity"
+PROG = "python -m analysis.export_check"
 
 
 class ExportError(ValueError):
