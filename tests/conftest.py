@@ -23,9 +23,8 @@ from filelock import FileLock
 from tests.launch import (
     BF16_EXTRA,
     OFFLINE,
-    SHARED_EXTRA,
-    SHARED_VARIANTS,
     shared_args,
+    shared_flags,
     train,
     train_on_machines,
     write_news_csv,
@@ -97,7 +96,7 @@ class SharedRuns:
         root.mkdir(exist_ok=True)
 
     def __getitem__(self, name: str) -> Path:
-        strategy, extra = SHARED_VARIANTS.get(name, (name, SHARED_EXTRA.get(name, [])))
+        strategy, extra = shared_flags(name)
         return self.launch(name, strategy, extra)
 
     def launch(self, key: str, name: str, extra: list[str], launch_args: list[str] = ()) -> Path:

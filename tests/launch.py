@@ -35,13 +35,22 @@ MACHINES_BATCH = ["--global_batch_tokens", str(24 * 64), "--micro_batch_size", "
 SHARED_EXTRA = {"fsdp_offload": ["--activation_checkpointing"], "hsdp": MACHINES_BATCH}
 # Shared runs beyond the registry's entries: name -> (the strategy it trains, its extra flags).
 SHARED_VARIANTS = {"single_24": ("single", ["--global_batch_tokens", str(24 * 64), "--micro_batch_size", "12"])}
+
+
+def shared_flags(name: str) -> tuple[str, list[str]]:
+    """The strategy a shared run (a registry entry or a SHARED_VARIANTS name) trains, and its extra flags."""
+    return SHARED_VARIANTS.get(name, (name, SHARED_EXTRA.get(name, [])))
+
+
 SLURM_LAUNCH_LINE = REPO / "scripts" / "slurm" / "launch_node.sh"
 # The shared bf16 runs (tests/conftest.py `bf16_runs`): single and FSDP under accelerate's --mixed_precision
-# bf16, which CPU honours; W&B off and no checkpoints, the export on (its check compares like with like).
+# bf16, which CPU honours; W&B off, the export on (its check compares like with like).
 # As long as the fp32 runs: 6 steps leave the validation loss at 10.2, next to the uniform guess's 10.8, where
 # an export check would say little.
 BF16_STEPS = SHARED_STEPS
-BF16_EXTRA = ["--max_steps", str(BF16_STEPS), "--checkpoint_interval", "0", "--wandb_mode", "disabled"]
+# A checkpoint at step 9 (and one at the end) for the exact bf16 resume (tests/test_resume_anywhere.py).
+BF16_CHECKPOINT = 9
+BF16_EXTRA = ["--max_steps", str(BF16_STEPS), "--checkpoint_interval", str(BF16_CHECKPOINT), "--wandb_mode", "disabled"]
 
 
 def shared_args(corpus: Path, cache_dir: Path) -> list[str]:

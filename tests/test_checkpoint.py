@@ -1,4 +1,5 @@
-"""Checkpoints: only complete ones count, the newest `keep` are kept, and loading picks the newest."""
+"""Checkpoints: only complete ones count, the newest `keep` are kept, loading picks the newest, and what a
+checkpoint holds comes back (weights, optimizer, grad scaler, random states)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from training.checkpoint import (
     checkpoint_step,
     complete_checkpoints,
     load_model_from_checkpoint,
+    load_states,
     newest_checkpoint,
     save_checkpoint,
 )
@@ -25,19 +27,19 @@ CONFIG = GPT2Config.from_preset("tiny", vocab_size=256, n_positions=32)
 
 
 @pytest.fixture(scope="module")
-def prepared() -> tuple[Accelerator, torch.nn.Module]:
+def prepared() -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
     """One process on CPU, a model and its optimizer prepared as training prepares them."""
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = GPT2(CONFIG)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     model, optimizer = accelerator.prepare(model, optimizer)
-    return accelerator, model
+    return accelerator, model, optimizer
 
 
 def save(prepared, out: Path, step: int, keep: int = 3) -> Path:
-    accelerator, _ = prepared
-    return save_checkpoint(accelerator, out, step, CONFIG.to_dict(), keep=keep)
+    accelerator, model, optimizer = prepared
+    return save_checkpoint(accelerator, model, optimizer, out, step, CONFIG.to_dict(), keep=keep)
 
 
 def names(out: Path) -> list[str]:
@@ -58,7 +60,9 @@ def test_save_writes_a_complete_checkpoint_with_the_model_config(prepared, tmp_p
     path = save(prepared, tmp_path, 7)
     assert path == tmp_path / "checkpoints" / "step_0000007"
     assert checkpoint_step(path) == 7
-    assert (path / "model.safetensors").is_file() and (path / "optimizer.bin").is_file()
+    # Model and optimizer through torch.distributed.checkpoint, one layout whatever the strategy.
+    assert (path / "model" / ".metadata").is_file() and (path / "optimizer" / ".metadata").is_file()
+    assert json.loads((path / "origin.json").read_text())["format"] == 2
     assert GPT2Config.from_dict(json.loads((path / "model_config.json").read_text())) == CONFIG
 
 
@@ -100,7 +104,7 @@ def test_no_complete_checkpoint_means_none(tmp_path: Path) -> None:
 
 
 def test_loading_a_run_directory_takes_its_newest_complete_checkpoint(prepared, tmp_path: Path) -> None:
-    _, model = prepared
+    _, model, _ = prepared
     weights = {}
     for step in (1, 2):
         with torch.no_grad():
@@ -133,14 +137,14 @@ def test_a_truncated_or_corrupted_checkpoint_is_skipped_for_the_newest_intact_on
 
     for step in (2, 4, 6):
         save(prepared, tmp_path, step)
-    weights = checkpoint_path(tmp_path, 6) / "model.safetensors"
+    weights = checkpoint_path(tmp_path, 6) / "model" / "__0_0.distcp"
     weights.write_bytes(weights.read_bytes()[:-100])  # a copy cut short
-    optimizer = checkpoint_path(tmp_path, 4) / "optimizer.bin"
+    optimizer = checkpoint_path(tmp_path, 4) / "optimizer" / "__0_0.distcp"
     data = bytearray(optimizer.read_bytes())
     data[len(data) // 2] ^= 0xFF  # one flipped byte, same size
     optimizer.write_bytes(bytes(data))
-    assert "model.safetensors has" in checkpoint_problem(checkpoint_path(tmp_path, 6))
-    assert "optimizer.bin is corrupted" in checkpoint_problem(checkpoint_path(tmp_path, 4))
+    assert "model/__0_0.distcp has" in checkpoint_problem(checkpoint_path(tmp_path, 6))
+    assert "optimizer/__0_0.distcp is corrupted" in checkpoint_problem(checkpoint_path(tmp_path, 4))
     assert newest_good_checkpoint(tmp_path) == checkpoint_path(tmp_path, 2)
     warnings = capsys.readouterr().err.strip().splitlines()
     assert [w.split(":")[1].strip() for w in warnings] == [
@@ -154,7 +158,7 @@ def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path
     from training.errors import RunError
 
     save(prepared, tmp_path, 3)
-    (checkpoint_path(tmp_path, 3) / "model.safetensors").unlink()
+    (checkpoint_path(tmp_path, 3) / "model" / "__0_0.distcp").unlink()
     with pytest.raises(RunError, match=r"no intact checkpoint .* \(1 complete, all damaged\)") as error:
         newest_good_checkpoint(tmp_path)
     assert "\n" not in str(error.value)
@@ -163,8 +167,8 @@ def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path
 
 
 def test_resuming_unpickles_nothing(prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every file a resume or an export reads is safetensors, JSON or torch.load(weights_only=True)."""
-    accelerator, model = prepared
+    """Every file a resume or an export reads is JSON or torch.load(weights_only=True)."""
+    accelerator, model, optimizer = prepared
     path = save(prepared, tmp_path, 5)
     calls = []
     real_load = torch.load
@@ -174,9 +178,38 @@ def test_resuming_unpickles_nothing(prepared, tmp_path: Path, monkeypatch: pytes
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(torch, "load", recording_load)
-    accelerator.load_state(str(path))
+    load_states(accelerator, model, optimizer, path)
     load_model_from_checkpoint(path)
     assert calls and all(weights_only is True for weights_only in calls), calls
+
+
+def test_the_model_the_optimizer_and_the_random_states_come_back(prepared, tmp_path: Path) -> None:
+    """What a resume restores equals what was saved: weights, AdamW's moments and step, the random states."""
+    accelerator, model, optimizer = prepared
+    model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[1].backward()
+    optimizer.step()  # AdamW has moments to save
+    optimizer.zero_grad()
+    saved_weights = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_moments = {k: v.clone() for k, v in optimizer.state_dict()["state"][0].items()}
+    path = save(prepared, tmp_path, 1)
+    draw = torch.rand(4)  # what the random state gives next, at the save
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    optimizer.step()  # no gradients: moments unchanged, so change them by hand
+    optimizer.state[next(iter(optimizer.state))]["exp_avg"].add_(1.0)
+    assert load_states(accelerator, model, optimizer, path)  # the same (one) process: its own random states
+    assert all(torch.equal(v, saved_weights[k]) for k, v in model.state_dict().items())
+    assert all(torch.equal(v, saved_moments[k]) for k, v in optimizer.state_dict()["state"][0].items())
+    assert torch.equal(torch.rand(4), draw)
+
+
+def test_an_earlier_layout_is_refused_in_one_line(tmp_path: Path) -> None:
+    path = fake_checkpoint(tmp_path, 3, complete=True)  # model.safetensors: accelerate's save_state layout
+    (path / "model_config.json").write_text(json.dumps(CONFIG.to_dict()))
+    with pytest.raises(ValueError, match="earlier version of this project") as error:
+        load_model_from_checkpoint(tmp_path)
+    assert "\n" not in str(error.value)
 
 
 def test_the_grad_scaler_state_is_checkpointed(tmp_path: Path) -> None:
@@ -197,11 +230,11 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path: Path) -> None:
             if attempt == 0:
                 accelerator.scaler.scale(torch.ones(()))  # the scale tensor exists from the first scaled loss
                 accelerator.scaler.update(new_scale=2.0**7)  # where a few overflows would have brought it
-                save_checkpoint(accelerator, tmp_path, 1, CONFIG.to_dict(), keep=1)
+                save_checkpoint(accelerator, model, optimizer, tmp_path, 1, CONFIG.to_dict(), keep=1)
             else:
-                accelerator.load_state(str(checkpoint_path(tmp_path, 1)))
+                load_states(accelerator, model, optimizer, checkpoint_path(tmp_path, 1))
             scales.append(accelerator.scaler.get_scale())
         assert scales == [2.0**7, 2.0**7]
-        assert (checkpoint_path(tmp_path, 1) / "scaler.pt").is_file()
+        assert (checkpoint_path(tmp_path, 1) / "grad_scaler.json").is_file()
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)

@@ -121,9 +121,9 @@ def test_a_signal_stops_every_rank_with_a_checkpoint_of_the_last_step(interrupte
     assert list((run_dir / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
-# The file damaged before the resume (one flipped byte, same size): the single process's weights, one FSDP
-# shard; DDP resumes from its intact newest checkpoint.
-DAMAGE = {"single": "model.safetensors", "ddp": None, "fsdp": "pytorch_model_fsdp_0/*.distcp"}
+# The file damaged before the resume (one flipped byte, same size): the single process's weights, one rank's
+# optimizer shard under FSDP; DDP resumes from its intact newest checkpoint.
+DAMAGE = {"single": "model/*.distcp", "ddp": None, "fsdp": "optimizer/*.distcp"}
 
 
 def _flip_one_byte(file: Path) -> None:

@@ -1,8 +1,12 @@
-"""Checkpoints that work under every strategy, and loading one back into a single process.
+"""Checkpoints in one format for every strategy and process count, and loading one back into a single process.
 
-A checkpoint is an `accelerator.save_state` folder (model, optimizer, grad scaler and RNG states;
-sharded through torch.distributed.checkpoint under FSDP) plus `train_state.json`, the loop's position
-and measurements and the learning-rate schedule, kept as JSON so that resuming unpickles nothing of ours.
+A checkpoint folder holds the model's and the optimizer's state dicts by parameter name, written through
+torch.distributed.checkpoint (DCP: every rank writes its shards, and a reader of any world size takes
+the pieces it needs, so a checkpoint of FSDP over 2 processes resumes in one process and the other way
+round), each rank's random states, the grad scaler, `train_state.json` (the loop's position and
+measurements and the learning-rate schedule) and `origin.json` (who wrote it: strategy, process count,
+and what a resume must match to continue exactly, checked by training/resume.py). All of it but the DCP
+shards is JSON, so resuming unpickles nothing of ours.
 It counts as complete only once `complete.json` is written, after every rank has finished writing:
 an interrupted save is never resumed from. `complete.json` lists every file with its size and CRC-32,
 so a checkpoint truncated or corrupted later (a full disk, a copy cut short) is recognised and skipped.
@@ -10,12 +14,14 @@ so a checkpoint truncated or corrupted later (a full disk, a copy cut short) is 
 
 from __future__ import annotations
 
+import contextlib
 import json
-import logging
 import os
 import shutil
 import sys
+import warnings
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,14 +29,24 @@ from typing import TYPE_CHECKING, Any
 from training.errors import RunError
 from training.faults import during_checkpoint_write
 
-if TYPE_CHECKING:  # only annotations need it: reading a checkpoint does not import accelerate
+if TYPE_CHECKING:  # only annotations need them: reading a checkpoint imports neither accelerate nor torch at first
+    import torch
     from accelerate import Accelerator
 
 CHECKPOINTS_DIR = "checkpoints"
 COMPLETE_MARKER = "complete.json"
 MODEL_CONFIG = "model_config.json"
 TRAIN_STATE = "train_state.json"
-_FSDP_MODEL_DIR = "pytorch_model_fsdp_0"
+ORIGIN = "origin.json"
+# The layout's version, in origin.json; a checkpoint without it is an `accelerator.save_state` folder of
+# earlier versions, whose layout depended on the strategy.
+FORMAT = 2
+MODEL_DIR = "model"  # DCP: the model's state dict, by parameter name
+OPTIMIZER_DIR = "optimizer"  # DCP: the optimizer's tensors (moments, step counts), by parameter name
+# The optimizer's param groups (learning rate, betas, ...: numbers, no tensors) as JSON: DCP would pickle them.
+OPTIMIZER_GROUPS = "optimizer_param_groups.json"
+RNG_DIR = "rng"  # rank_<i>.json: each rank's random states
+SCALER = "grad_scaler.json"  # fp16's loss scale; absent without one
 _CRC_CHUNK = 1 << 22
 
 
@@ -77,48 +93,35 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-# accelerate logs this at every save of a model with tied weights (lm_head.weight is wte.weight here):
-# safetensors keeps one copy of a shared tensor and the load ties it again, so the line is expected
-# noise. Only this exact message is dropped; every other accelerate warning still shows.
-_TIED_WEIGHT_NOTICE = "Removed shared tensor {'lm_head.weight'} while saving"
-
-
-def _drop_tied_weight_notice(record: logging.LogRecord) -> bool:
-    return _TIED_WEIGHT_NOTICE not in record.getMessage()
-
-
-def _quiet_tied_weight_notice() -> None:
-    # The logger that emits it: accelerate.utils.other.clean_state_dict_for_safetensors.
-    emitter = logging.getLogger("accelerate.utils.other")
-    if _drop_tied_weight_notice not in emitter.filters:
-        emitter.addFilter(_drop_tied_weight_notice)
-
-
 def save_checkpoint(
     accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
     output_dir: Path,
     step: int,
     model_config: dict[str, Any],
     keep: int,
     train_state: dict[str, Any] | None = None,
+    origin: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint on every rank, mark it complete, keep the newest `keep` complete ones.
 
-    `train_state`: what the loop needs besides accelerate's states (position, measurements, schedule),
-    written as JSON by the main process.
+    `train_state`: what the loop needs besides the model's and optimizer's states (position, measurements,
+    schedule); `origin`: who wrote it and what a resume must match (training/resume.py); both JSON, written
+    by the main process.
     """
     path = checkpoint_path(output_dir, step)
     if accelerator.is_main_process and path.exists():
         shutil.rmtree(path)  # a leftover of an interrupted save at the same step
     accelerator.wait_for_everyone()
-    _quiet_tied_weight_notice()
-    accelerator.save_state(str(path))
+    _save_states(accelerator, model, optimizer, path)
     during_checkpoint_write(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (path / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))
         if train_state is not None:
             (path / TRAIN_STATE).write_text(json.dumps(train_state))
+        (path / ORIGIN).write_text(json.dumps({"format": FORMAT, **(origin or {})}, indent=2))
         # Last, after every file: the marker that makes the checkpoint count, with what it must hold.
         (path / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": _manifest(path)}))
         for old in complete_checkpoints(output_dir)[:-keep]:
@@ -130,8 +133,128 @@ def save_checkpoint(
     return path
 
 
+def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path) -> None:
+    """Model and optimizer through DCP (each rank its part), this rank's random states, the grad scaler."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    # By parameter name, whatever wraps the model (DDP's `module.`, FSDP2's DTensor shards, checkpoint wrappers).
+    model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
+    single = _single_process()
+    with _one_process_quiet():
+        dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR), no_dist=single)
+        dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR), no_dist=single)
+    (path / RNG_DIR).mkdir(exist_ok=True)
+    (path / RNG_DIR / f"rank_{accelerator.process_index}.json").write_text(json.dumps(rng_states()))
+    if accelerator.is_main_process:
+        (path / OPTIMIZER_GROUPS).write_text(json.dumps(optimizer_state["param_groups"]))
+        if accelerator.scaler is not None:
+            (path / SCALER).write_text(json.dumps(accelerator.scaler.state_dict()))
+
+
+def _writer(folder: Path) -> Any:
+    """DCP's file writer without an fsync per file: complete.json's sizes and checksums already catch a file
+    that did not reach the disk whole, and a save must fit in the seconds a launcher allows after a signal
+    (accelerate's single-process launcher: 5), which fsyncs on a busy disk exceeded."""
+    import torch.distributed.checkpoint as dcp
+
+    return dcp.FileSystemWriter(folder, sync_files=False)
+
+
+def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path) -> bool:
+    """Restore the model, optimizer, grad scaler and random states a checkpoint holds, at this world size.
+
+    DCP re-shards the model and optimizer to this launch's layout. Each rank takes the random states its
+    rank saved; under another number of processes there is no such correspondence (each rank draws its
+    own dropout masks for its own share of the batch), so every rank takes the main process's states.
+    Returns whether the random states are the saved ones of this very rank.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    # Templates laid out for this launch (with optimizer state initialised), filled in place by DCP.
+    model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
+    single = _single_process()
+    with _one_process_quiet():
+        dcp.load(model_state, checkpoint_id=path / MODEL_DIR, no_dist=single)
+        dcp.load(optimizer_state["state"], checkpoint_id=path / OPTIMIZER_DIR, no_dist=single)
+    optimizer_state["param_groups"] = json.loads((path / OPTIMIZER_GROUPS).read_text())
+    set_state_dict(model, _unwrapped(optimizer), model_state_dict=model_state, optim_state_dict=optimizer_state)
+    if accelerator.scaler is not None and (path / SCALER).is_file():
+        accelerator.scaler.load_state_dict(json.loads((path / SCALER).read_text()))
+    own = path / RNG_DIR / f"rank_{accelerator.process_index}.json"
+    same_rank = saved_num_processes(path) == accelerator.num_processes
+    set_rng_states(json.loads((own if same_rank else path / RNG_DIR / "rank_0.json").read_text()))
+    return same_rank
+
+
+def _unwrapped(optimizer: Any) -> Any:
+    """The torch optimizer inside accelerate's AcceleratedOptimizer (DCP asks its param_groups and state)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def _single_process() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized())
+
+
+@contextlib.contextmanager
+def _one_process_quiet() -> Iterator[None]:
+    """DCP warns at every save and load in one process that it assumes one process, which is the case here;
+    only that message is dropped."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+        yield
+
+
+def saved_num_processes(path: Path) -> int:
+    """How many processes wrote the checkpoint: one random-state file each."""
+    return len(list((path / RNG_DIR).glob("rank_*.json")))
+
+
+def rng_states() -> dict[str, Any]:
+    """This process's random states (Python, NumPy, torch's CPU and current CUDA generators) as JSON values."""
+    import random
+
+    import numpy as np
+    import torch
+
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": [kind, keys.tolist(), position, has_gauss, cached],
+        "torch": torch.get_rng_state().tolist(),
+    }
+    if torch.cuda.is_available():
+        states["cuda"] = torch.cuda.get_rng_state().tolist()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    """Put back what `rng_states` returned (read back from JSON: tuples came back as lists)."""
+    import random
+
+    import numpy as np
+    import torch
+
+    version, internal, gauss = states["python"]
+    random.setstate((version, tuple(internal), gauss))
+    kind, keys, position, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, np.array(keys, dtype=np.uint32), position, has_gauss, cached))
+    torch.set_rng_state(torch.tensor(states["torch"], dtype=torch.uint8))
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(torch.tensor(states["cuda"], dtype=torch.uint8))
+
+
 def checkpoint_step(path: Path) -> int:
     return int(json.loads((path / COMPLETE_MARKER).read_text())["step"])
+
+
+def read_origin(path: Path) -> dict[str, Any] | None:
+    """origin.json of a checkpoint (format, writer, what a resume must match); None for an earlier layout."""
+    file = path / ORIGIN
+    return json.loads(file.read_text()) if file.is_file() else None
 
 
 def _manifest(folder: Path) -> dict[str, list[int]]:
@@ -199,27 +322,34 @@ def is_checkpoint_or_run(path: Path) -> bool:
     return (path / COMPLETE_MARKER).is_file() or newest_checkpoint(path) is not None
 
 
+def earlier_layout_error(path: Path) -> str:
+    """The one line that refuses a checkpoint of the earlier, strategy-dependent layout."""
+    return (
+        f"{path} was written by an earlier version of this project (accelerate's save_state layout, which "
+        f"depends on the strategy); this version reads only its own checkpoints: load it with the version "
+        f"that wrote it, or start a new run"
+    )
+
+
 def load_model_state_dict(path: Path) -> dict[str, Any]:
-    """The full model state dict of a checkpoint written by any strategy, read in one process."""
+    """The full model state dict of a checkpoint written by any strategy and process count, read in one process."""
     import torch
+    import torch.distributed.checkpoint as dcp
 
-    if (path / "model.safetensors").is_file():
-        from safetensors.torch import load_file
-
-        return load_file(str(path / "model.safetensors"))
-    if (path / "pytorch_model.bin").is_file():
-        return torch.load(path / "pytorch_model.bin", map_location="cpu", weights_only=True)
-    if (path / _FSDP_MODEL_DIR).is_dir():
-        # torch.distributed.checkpoint's sharded files, merged into one state dict without a process group.
-        import tempfile
-
-        from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-        with tempfile.TemporaryDirectory() as tmp:
-            merged = Path(tmp) / "model.pt"
-            dcp_to_torch_save(str(path / _FSDP_MODEL_DIR), str(merged))
-            return torch.load(merged, map_location="cpu", weights_only=True)["model"]
-    raise FileNotFoundError(f"{path}: no model weights (model.safetensors or {_FSDP_MODEL_DIR}/) in checkpoint")
+    model_dir = path / MODEL_DIR
+    if not (model_dir / ".metadata").is_file():
+        # ValueError: what the export and sampling commands report as one `error:` line.
+        raise ValueError(earlier_layout_error(path) if read_origin(path) is None else f"{model_dir}: no DCP metadata")
+    # Empty full-size tensors, laid out as DCP's metadata says, which it fills from whichever shards hold them.
+    metadata = dcp.FileSystemReader(str(model_dir)).read_metadata()
+    state = {
+        name: torch.empty(entry.size, dtype=entry.properties.dtype)
+        for name, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, dcp.metadata.TensorStorageMetadata)
+    }
+    with _one_process_quiet():
+        dcp.load(state, checkpoint_id=model_dir, no_dist=True)
+    return state
 
 
 def load_model_from_checkpoint(path: str | Path):  # -> model.GPT2
@@ -235,7 +365,7 @@ def load_model_from_checkpoint(path: str | Path):  # -> model.GPT2
     config = GPT2Config.from_dict(json.loads((path / MODEL_CONFIG).read_text()))
     model = GPT2(config)
     state = load_model_state_dict(path)
-    # Checkpoints store the tied lm_head once or twice depending on the writer; the tie restores it.
+    # The tied lm_head may be stored once or twice; the tie restores it.
     state.setdefault("lm_head.weight", state["transformer.wte.weight"])
     model.load_state_dict(state)
     return model

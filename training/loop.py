@@ -17,6 +17,7 @@ from training.faults import RankFailed, after_step, rank_failure
 from training.hardware import reset_peak_memory, synchronize
 from training.metrics import epoch_summary, eval_line, total_summary
 from training.record import EpochFigures, EvalLine, RunFacts, RunSummary, StopRecord, run_summary
+from training.resume import origin_record
 from training.rundir import write_atomic
 from training.session import Session, set_up
 from training.sinks import wandb_summary_key
@@ -294,7 +295,19 @@ def checkpoint_now(s: Session) -> None:
     state.records = [vars(r) for r in s.tracker.records]
     state.times = {"train_s": s.times.train_s, "eval_s": s.times.eval_s, "checkpoint_s": s.times.checkpoint_s}
     train_state = {"state": state.state_dict(), "scheduler": s.scheduler.state_dict()}
-    save_checkpoint(s.accelerator, s.out, state.step, s.model_config.to_dict(), s.cfg.run.keep_checkpoints, train_state)
+    effective = s.launch.effective
+    origin = origin_record(effective.strategy, s.accelerator.num_processes, effective.precision, s.identity)
+    save_checkpoint(
+        s.accelerator,
+        s.model,
+        s.optimizer,
+        s.out,
+        state.step,
+        s.model_config.to_dict(),
+        s.cfg.run.keep_checkpoints,
+        train_state,
+        origin,
+    )
     s.times.checkpoint_s += time.perf_counter() - start
     s.last_checkpoint = state.step
 

@@ -141,6 +141,19 @@ class ScheduleRecord(Record):
 
 
 @dataclass(frozen=True)
+class ResumedFromRecord(Record):
+    """The checkpoint a resumed launch continued from (training/resume.py): its step and who wrote it."""
+
+    step: int | None
+    strategy: str | None  # the strategy in effect when it was written
+    num_processes: int | None
+    precision: str | None
+    # Whether every rank took back the random states its own rank saved (same process count); otherwise
+    # every rank took the main process's, and dropout's masks differ from an uninterrupted run's.
+    random_states_exact: bool | None = None
+
+
+@dataclass(frozen=True)
 class LinkRecord(Record):
     """The all-reduce bus bandwidth a multi-process run measured at start (training/link.py).
 
@@ -188,6 +201,7 @@ class LaunchRecord(Record):
     # An experiment's repeat of the same strategy and seed (train.py --repeat); None outside repeats.
     repeat: int | None = None
     link: LinkRecord | None = None  # the measured link; None for one process
+    resumed_from: ResumedFromRecord | None = None  # the checkpoint --resume continued; None for a fresh start
 
     _nested: ClassVar[dict[str, type[Record]]] = {
         "requested": RequestedRecord,
@@ -195,10 +209,11 @@ class LaunchRecord(Record):
         "batch": BatchRecord,
         "schedule": ScheduleRecord,
         "link": LinkRecord,
+        "resumed_from": ResumedFromRecord,
     }
     # Absent rather than null when None, so a run folder written before them reads back as it was written.
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link"}
+        {"peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link", "resumed_from"}
     )
 
     @property

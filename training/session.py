@@ -31,7 +31,7 @@ from torch.utils.data import DataLoader
 from data.errors import DataError
 from training import registry
 from training.batching import EpochOrderSampler
-from training.checkpoint import TrainState, checkpoint_step, read_train_state
+from training.checkpoint import TrainState, checkpoint_step, load_states, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
 from training.faults import fresh_store_on_restart, restart_count
@@ -40,7 +40,16 @@ from training.hardware import PeakFlops, peak_flops
 from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
-from training.record import BatchRecord, EffectiveRecord, EvalLine, LaunchRecord, RequestedRecord, ScheduleRecord
+from training.record import (
+    BatchRecord,
+    EffectiveRecord,
+    EvalLine,
+    LaunchRecord,
+    RequestedRecord,
+    ResumedFromRecord,
+    ScheduleRecord,
+)
+from training.resume import ResumeIdentity, refusal, resumed_from
 from training.rundir import (
     acquire_run_lock,
     check_output_dir,
@@ -102,6 +111,8 @@ class Session:
     # What is sharded when, read from the live tensors in the first step (summary.json's "sharding_observed").
     sharding_observed: dict[str, Any] = field(default_factory=dict)
     memory: MemoryProbe | None = None  # the measured memory (summary.json's "memory"); set last
+    # What a resume of this run's checkpoints must match (saved in each one's origin.json).
+    identity: ResumeIdentity | None = None
 
     @property
     def is_main(self) -> bool:
@@ -132,6 +143,9 @@ def set_up(cfg: TrainConfig) -> Session:
     model_config = _model_config(cfg)  # fails alike in every process, which then leave together (train.py)
     resume_from = processes.resume_from
     data = _data(cfg, processes)
+    identity = _identity(cfg, model_config, data)
+    # Before anything is loaded or written: a launch that cannot continue the checkpoint exactly leaves it be.
+    resumed = None if resume_from is None else _agree_on_resume(processes.accelerator, resume_from, identity)
     trainable = _trainable(cfg, model_config, processes, data.schedule)
     loaders = _loaders(cfg, processes.accelerator, data, processes.levers)
     # Cached per machine and thread count: the best measurement seen, measured again while its trials spread
@@ -142,13 +156,14 @@ def set_up(cfg: TrainConfig) -> Session:
     record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
     # The link as this run found it, before any training traffic; with the repeat, part of the record.
     link = measure_link(processes.accelerator.device, trainable.n_params, next(trainable.model.parameters()).dtype)
-    record = dataclasses.replace(record, repeat=cfg.run.repeat, link=link)
+    record = dataclasses.replace(record, repeat=cfg.run.repeat, link=link, resumed_from=resumed)
     resolved = _write_config(cfg, processes.accelerator, out, record)
     log_on_main(processes.accelerator, _start_line(record, data.geometry))
     session = _session(cfg, out, processes, data, trainable, loaders, record, peak.flops_per_s, wall_start)
+    session.identity = identity
     _start_wandb(session, resolved, record)
     if resume_from is not None:
-        _resume(session, resume_from)  # last: nothing after it draws from the random state it restores
+        _resume(session, resume_from, resumed)  # last: nothing after it draws from the random state it restores
     session.memory = MemoryProbe(
         processes.accelerator.device,
         _probe_step(cfg, session.state.step, data.schedule),
@@ -426,8 +441,43 @@ def _probe_step(cfg: TrainConfig, resumed_at: int, schedule: Schedule) -> int:
     return min(2, cfg.run.perf_warmup_steps, schedule.stop_at)
 
 
-def _resume(s: Session, checkpoint: Path) -> None:
-    s.accelerator.load_state(str(checkpoint))  # weights, optimizer, grad scaler, every rank's RNG states
+def _identity(cfg: TrainConfig, model_config: Any, data: _Data) -> ResumeIdentity:
+    return ResumeIdentity(
+        model_config=model_config.to_dict(),
+        global_batch_tokens=data.geometry.tokens_per_step,
+        seed=cfg.run.seed,
+        data_key=data.packed.stats.cache_key,
+        block_size=cfg.data.block_size,
+        tokenizer=cfg.data.tokenizer,
+    )
+
+
+def _agree_on_resume(accelerator: Accelerator, checkpoint: Path, identity: ResumeIdentity) -> ResumedFromRecord:
+    """The main process decides whether this launch continues `checkpoint` exactly; every process learns the
+    outcome and fails alike (one `error:` line, nothing touched). Returns the run record's note of it."""
+    outcome: tuple[str | None, dict[str, Any] | None] = (None, None)
+    if accelerator.is_main_process:
+        try:
+            failure = refusal(checkpoint, identity)
+            outcome = (failure, None if failure else resumed_from(checkpoint).to_dict())
+        except (OSError, ValueError) as exc:  # an origin.json that cannot be read
+            outcome = (f"--resume: {checkpoint}: {exc}", None)
+    failure, record = broadcast_object_list([outcome], from_process=0)[0]
+    if failure is not None:
+        raise RunError(failure)
+    exact = record["num_processes"] == accelerator.num_processes
+    return dataclasses.replace(ResumedFromRecord.from_dict(record), random_states_exact=exact)
+
+
+def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
+    # Weights and optimizer re-sharded to this launch, grad scaler, random states.
+    load_states(s.accelerator, s.model, s.optimizer, checkpoint)
+    if not origin.random_states_exact and s.cfg.model.dropout > 0:
+        s.log(
+            f"warning: {checkpoint.name} was written by {origin.num_processes} process(es), this launch has "
+            f"{s.accelerator.num_processes}: dropout's per-rank random states cannot follow, so every rank starts "
+            f"from the main process's; the steps continue correctly but not as an uninterrupted run's"
+        )
     saved = read_train_state(checkpoint)
     s.state.load_state_dict(saved["state"])
     s.scheduler.load_state_dict(saved["scheduler"])
@@ -436,7 +486,10 @@ def _resume(s: Session, checkpoint: Path) -> None:
     s.last_checkpoint = s.state.step
     if s.is_main:
         truncate_metrics(s.out / "metrics.jsonl", checkpoint_step(checkpoint))
-    s.log(f"resumed from {checkpoint} at step {s.state.step}")
+    s.log(
+        f"resumed from {checkpoint} at step {s.state.step}, written by {origin.strategy} on "
+        f"{origin.num_processes} process(es)"
+    )
 
 
 def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path, timeout_s: int) -> Accelerator:
