@@ -218,3 +218,12 @@ def three_strategies(root: Path, **overrides: dict) -> list[Path]:
         for key, value in changes.items():
             setattr(fakes[name], key, value)
     return [write_run(root / name, fake) for name, fake in fakes.items()]
+
+
+def write_launch_configs(tmp_path: Path) -> Path:
+    """Launch configs like the project's (one process for single, two for ddp and fsdp), in tmp_path/configs."""
+    folder = tmp_path / "configs"
+    folder.mkdir()
+    for name, processes in (("single_gpu", 1), ("ddp", 2), ("fsdp", 2)):
+        (folder / f"{name}.yaml").write_text(f"distributed_type: X\nnum_processes: {processes}\n")
+    return folder

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from analysis.experiment import Batch, ExperimentSpec, SetupError, build_launches, choose_batch, main, world_sizes
+from tests.analysis_fixtures import write_launch_configs
 from training.registry import config_files
 
 CONFIG_FILES = config_files()  # each strategy's launch config, as the driver takes it from the registry
@@ -22,12 +23,7 @@ TINY = {"block_size": 64, "micro_batch_size": 8, "global_batch_tokens": 16 * 64}
 
 @pytest.fixture
 def configs(tmp_path: Path) -> Path:
-    """Launch configs like the project's: one process for single, two for ddp and fsdp."""
-    folder = tmp_path / "configs"
-    folder.mkdir()
-    for name, processes in (("single_gpu", 1), ("ddp", 2), ("fsdp", 2)):
-        (folder / f"{name}.yaml").write_text(f"distributed_type: X\nnum_processes: {processes}\n")
-    return folder
+    return write_launch_configs(tmp_path)
 
 
 def spec(tmp_path: Path, **changes) -> ExperimentSpec:

@@ -14,7 +14,7 @@ import pytest
 
 from analysis.continuation import RunProgress, continue_experiment, run_progress
 from analysis.experiment import Launch, default_launcher, main
-from tests.analysis_fixtures import FakeRun, write_run
+from tests.analysis_fixtures import FakeRun, write_launch_configs, write_run
 from tests.launch import SHARED_STEPS, train_lines
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,11 +38,7 @@ FAKE_TRAIN = """
 
 @pytest.fixture
 def configs(tmp_path: Path) -> Path:
-    folder = tmp_path / "configs"
-    folder.mkdir()
-    for name, processes in (("single_gpu", 1), ("ddp", 2), ("fsdp", 2)):
-        (folder / f"{name}.yaml").write_text(f"distributed_type: X\nnum_processes: {processes}\n")
-    return folder
+    return write_launch_configs(tmp_path)
 
 
 @pytest.fixture
