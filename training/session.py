@@ -17,10 +17,10 @@ import math
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 import torch.nn as nn
@@ -455,18 +455,22 @@ def _identity(cfg: TrainConfig, model_config: Any, data: _Data) -> ResumeIdentit
 def _agree_on_resume(accelerator: Accelerator, checkpoint: Path, identity: ResumeIdentity) -> ResumedFromRecord:
     """The main process decides whether this launch continues `checkpoint` exactly; every process learns the
     outcome and fails alike (one `error:` line, nothing touched). Returns the run record's note of it."""
-    outcome: tuple[str | None, dict[str, Any] | None] = (None, None)
-    if accelerator.is_main_process:
-        try:
-            failure = refusal(checkpoint, identity)
-            outcome = (failure, None if failure else resumed_from(checkpoint).to_dict())
-        except (OSError, ValueError) as exc:  # an origin.json that cannot be read
-            outcome = (f"--resume: {checkpoint}: {exc}", None)
-    failure, record = broadcast_object_list([outcome], from_process=0)[0]
-    if failure is not None:
-        raise RunError(failure)
+    record = _decided_by_main(accelerator, lambda: _resume_origin(checkpoint, identity))
     exact = record["num_processes"] == accelerator.num_processes
     return dataclasses.replace(ResumedFromRecord.from_dict(record), random_states_exact=exact)
+
+
+def _resume_origin(checkpoint: Path, identity: ResumeIdentity) -> dict[str, Any]:
+    """Who wrote `checkpoint`, as the run record notes it; RunError (one line) when this launch cannot continue it
+    exactly or its origin.json cannot be read."""
+    try:
+        failure = refusal(checkpoint, identity)
+        origin = None if failure else resumed_from(checkpoint).to_dict()
+    except (OSError, ValueError) as exc:  # an origin.json that cannot be read
+        failure = f"--resume: {checkpoint}: {exc}"
+    if failure is not None:
+        raise RunError(failure)
+    return origin
 
 
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
@@ -533,16 +537,26 @@ def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> 
     One lock holder per job: the other processes would otherwise see the folder locked by their own
     main process. Returns the checkpoint to resume from, if any.
     """
-    outcome: tuple[str | None, str | None] = (None, None)  # (failure, checkpoint to resume from)
+    resume_from = _decided_by_main(accelerator, lambda: _claim_as_main(cfg, out))
+    return Path(resume_from) if resume_from is not None else None
+
+
+_Decision = TypeVar("_Decision")
+
+
+def _decided_by_main(accelerator: Accelerator, decide: Callable[[], _Decision]) -> _Decision:
+    """`decide()` run by the main process alone, its value given to every process in one collective; when it
+    fails on bad input, every process raises its one-line error alike (RunError)."""
+    outcome: tuple[str | None, Any] = (None, None)  # (failure, value)
     if accelerator.is_main_process:
         try:
-            outcome = (None, _claim_as_main(cfg, out))
+            outcome = (None, decide())
         except _BAD_INPUT as exc:
             outcome = (str(exc), None)
-    failure, resume_from = broadcast_object_list([outcome], from_process=0)[0]
+    failure, value = broadcast_object_list([outcome], from_process=0)[0]
     if failure is not None:
         raise RunError(failure)
-    return Path(resume_from) if resume_from is not None else None
+    return value
 
 
 def _claim_as_main(cfg: TrainConfig, out: Path) -> str | None:
