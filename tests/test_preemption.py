@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import time
@@ -142,9 +143,11 @@ def _warnings(output: str) -> list[str]:
 
 @pytest.mark.parametrize("strategy", list(CONFIG))
 def test_the_resumed_run_equals_the_uninterrupted_one_bit_for_bit(
-    interrupted, uninterrupted, args: list[str], strategy: str
+    interrupted, uninterrupted, args: list[str], tmp_path: Path, strategy: str
 ) -> None:
-    run_dir, _, _, first_output = interrupted[strategy]
+    stopped, _, _, first_output = interrupted[strategy]
+    # A copy is damaged and resumed: the stopped run stays as the signal left it for the other tests.
+    run_dir = shutil.copytree(stopped, tmp_path / "run")
     newest, before = complete_checkpoints(run_dir)[-2:][::-1]
     resumed_from = int(newest.name.removeprefix("step_"))
     if DAMAGE[strategy]:
