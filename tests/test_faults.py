@@ -147,8 +147,9 @@ def test_every_rank_killed_during_a_checkpoint_write_resumes_from_the_one_before
     result = _ddp(run_dir, args, f"kill:step={SAVE_STEP}")
     assert result.returncode != 0 and _errors(result) == []  # SIGKILL leaves no line of train.py's
     assert [c.name for c in complete_checkpoints(run_dir)] == ["step_0000003"]
+    # Run again as a re-run notebook cell or a requeued job runs it: --auto_resume finds the checkpoint itself.
     resumed = run(
-        accelerate_command(CONFIGS / "ddp.yaml", "train.py", [*args, "--output_dir", str(run_dir), "--resume"])
+        accelerate_command(CONFIGS / "ddp.yaml", "train.py", [*args, "--output_dir", str(run_dir), "--auto_resume"])
     )
     assert "resumed from " in resumed.stdout and "step_0000003 at step 3" in resumed.stdout
     _assert_continues_exactly(run_dir, shared_runs["ddp"])

@@ -91,7 +91,11 @@ def test_a_checkpoint_resumes_exactly_under_another_strategy(
     output = resume_under(target, run_dir, base_args)
     source_world = summary(shared_runs[source])["world_size"]
     target_world = summary(shared_runs[target])["world_size"]
-    assert f"resumed from {checkpoint_path(run_dir, RESUME_AT)} at step {RESUME_AT}" in output
+    # The start line names the checkpoint's writer, which the user may no longer remember.
+    assert (
+        f"resumed from {checkpoint_path(run_dir, RESUME_AT)} at step {RESUME_AT}, written by {_strategy(source)} "
+        f"on {source_world} process(es)"
+    ) in output
     assert_continues_exactly(run_dir, shared_runs[target], SHARED_STEPS, REL)
     launch = json.loads((run_dir / "config.json").read_text())["launch"]
     assert launch["effective"]["strategy"] == _strategy(target)
