@@ -22,6 +22,7 @@ from tests.launch import (
     REPO,
     SHARED_STEPS,
     accelerate_command,
+    copy_cut_at_checkpoint,
     launch_env,
     metric_lines,
     rank_process,
@@ -261,3 +262,17 @@ def test_a_streak_of_non_finite_steps_stops_the_run_and_keeps_the_last_good_chec
     s = summary(run_dir)
     assert s["stop"]["reason"] == "nonfinite" and s["stop"]["exit_status"] == 4 and s["steps"] == 7
     assert json.loads((run_dir / "config.json").read_text())["run"]["max_nonfinite_steps"] == 3
+
+
+def test_a_resume_on_another_process_count_says_that_dropout_cannot_follow(
+    uninterrupted, args: list[str], tmp_path: Path
+) -> None:
+    """One process's checkpoint (dropout on) resumed by two: each rank would need its own random state, which
+    one process never wrote, so the launch says so once instead of claiming an exact continuation."""
+    run_dir = copy_cut_at_checkpoint(uninterrupted["single"], tmp_path / "run", 9)
+    resume = [*args, "--resume", "--stop_after_steps", "10", "--wandb_mode", "disabled"]
+    output, _ = _launch("ddp", run_dir, resume).communicate(timeout=600)
+    dropout = [w for w in _warnings(output) if "dropout" in w]
+    assert len(dropout) == 1 and "written by 1 process(es), this launch has 2" in dropout[0], output[-3000:]
+    assert json.loads((run_dir / "config.json").read_text())["launch"]["resumed_from"]["random_states_exact"] is False
+    assert max(train_lines(run_dir)) == 10
