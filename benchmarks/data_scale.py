@@ -37,6 +37,7 @@ import psutil
 from data.clean import clean_text
 from data.config import SAMPLE_CSV
 from data.tokenizer import load_document_tokenizer, load_tokenizer
+from training.cli import run_main
 
 REPO = Path(__file__).resolve().parents[1]
 KAGGLE_HEADER = ["", "id", "title", "publication", "author", "date", "year", "month", "url", "content"]
@@ -213,6 +214,9 @@ def main() -> None:
         "--reuse", action="store_true", help="take the articles*.csv already in --dir instead of writing them"
     )
     parser.add_argument("--bare_articles", type=int, default=2_000, help="articles the bare tokenizers run on")
+    parser.add_argument(
+        "--bare_seconds", type=float, default=5.0, help="CPU seconds each bare tokenizer runs (a rate, not a count)"
+    )
     args = parser.parse_args()
 
     folder = Path(args.dir)
@@ -231,7 +235,7 @@ def main() -> None:
     full = run_prepare(common)
     tokens = full.stats["train"]["tokens"] + full.stats["val"]["tokens"]
     repack = run_prepare([*common, "--block_size", "128"])
-    bare = bare_tokens_per_s(_first_articles(paths[0], args.bare_articles))
+    bare = bare_tokens_per_s(_first_articles(paths[0], args.bare_articles), args.bare_seconds)
     rate = tokens / full.wall_s
     rows = [
         ("articles", f"{full.stats['documents_read']:,}"),
@@ -255,4 +259,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

@@ -6,6 +6,7 @@ import csv
 import json
 import os
 import random
+import shutil
 import socket
 import subprocess
 import sys
@@ -85,10 +86,29 @@ def shared_args(corpus: Path, cache_dir: Path) -> list[str]:
     ]
 
 
+# Ports for launches come from below the kernel's ephemeral range (32768-60999 by default), so no socket the
+# kernel numbers itself can take one between the check and the launch, and each pytest-xdist worker has a
+# range of its own, so the two workers never hand out the same port. Within a worker, each port once.
+_PORTS_PER_WORKER = 2000
+_FIRST_PORT = 20000
+_ports_given: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port no other test of this session has been given and nothing listens on now."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = _FIRST_PORT + _PORTS_PER_WORKER * (int(worker) if worker.isdigit() else 0)
+    for port in range(first, first + _PORTS_PER_WORKER):
+        if port in _ports_given:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue  # taken by another program of the machine
+        _ports_given.add(port)
+        return port
+    raise RuntimeError(f"no free port in {first}-{first + _PORTS_PER_WORKER - 1}")
 
 
 def launch_env() -> dict[str, str]:
@@ -245,7 +265,27 @@ def metric_lines(output_dir: Path, kind: str) -> list[dict[str, Any]]:
 
 
 def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:
-    return {line["step"]: line for line in metric_lines(output_dir, "train")}
+    """The run's train lines by step. A step logged twice or out of order (a resume that did not cut
+    metrics.jsonl back, or that wrote a step again) fails here, where a dict by step would keep only the last."""
+    lines = metric_lines(output_dir, "train")
+    steps = [line["step"] for line in lines]
+    assert steps == sorted(set(steps)), f"train steps not each once and in order: {steps}"
+    return {line["step"]: line for line in lines}
+
+
+def copy_cut_at_checkpoint(run: Path, to: Path, step: int) -> Path:
+    """`run`'s folder as a pre-emption right after `step`'s checkpoint leaves it: the later checkpoints, the
+    summary and every metrics line past `step` gone (and no W&B or export folder), so that whatever a resume
+    shows past `step` it wrote itself. The cut is made here, not by the project's own truncation, which the
+    resume under test is meant to exercise."""
+    later = {p.name for p in (run / "checkpoints").iterdir() if int(p.name.split("_")[1].split(".")[0]) > step}
+    shutil.copytree(
+        run, to, ignore=lambda folder, names: [n for n in names if n in later or n in ("wandb", "hf", "summary.json")]
+    )
+    metrics = to / "metrics.jsonl"
+    kept = [line for line in metrics.read_text().splitlines() if line.strip() and json.loads(line)["step"] <= step]
+    metrics.write_text("".join(line + "\n" for line in kept))
+    return to
 
 
 def summary(output_dir: Path) -> dict[str, Any]:

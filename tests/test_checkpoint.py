@@ -4,6 +4,7 @@ checkpoint holds comes back (weights, optimizer, grad scaler, random states)."""
 from __future__ import annotations
 
 import json
+import pickle
 from pathlib import Path
 
 import pytest
@@ -166,21 +167,37 @@ def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path
         newest_good_checkpoint(tmp_path / "elsewhere")
 
 
-def test_resuming_unpickles_nothing(prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every file a resume or an export reads is JSON or torch.load(weights_only=True)."""
+def test_resuming_unpickles_nothing_but_the_checkpoint_formats_own_index(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every file a resume or an export reads is JSON or torch.load(weights_only=True), except the index
+    torch.distributed.checkpoint writes (`.metadata`), which PyTorch itself reads with pickle.load: a resume
+    is as safe as the folder it reads, and nothing the project writes adds to what is unpickled."""
     accelerator, model, optimizer = prepared
     path = save(prepared, tmp_path, 5)
-    calls = []
-    real_load = torch.load
+    torch_loads, unpickled = [], []
+    real_torch_load, real_pickle_load, real_pickle_loads = torch.load, pickle.load, pickle.loads
 
-    def recording_load(*args, **kwargs):
-        calls.append(kwargs.get("weights_only"))
-        return real_load(*args, **kwargs)
+    def recording_torch_load(*args, **kwargs):
+        torch_loads.append(kwargs.get("weights_only"))
+        return real_torch_load(*args, **kwargs)
 
-    monkeypatch.setattr(torch, "load", recording_load)
+    def recording_pickle_load(file, *args, **kwargs):
+        unpickled.append(Path(getattr(file, "name", "?")).name)
+        return real_pickle_load(file, *args, **kwargs)
+
+    def recording_pickle_loads(data, *args, **kwargs):
+        unpickled.append("<bytes>")
+        return real_pickle_loads(data, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", recording_torch_load)
+    monkeypatch.setattr(pickle, "load", recording_pickle_load)
+    monkeypatch.setattr(pickle, "loads", recording_pickle_loads)
     load_states(accelerator, model, optimizer, path)
     load_model_from_checkpoint(path)
-    assert calls and all(weights_only is True for weights_only in calls), calls
+    assert all(weights_only is True for weights_only in torch_loads), torch_loads
+    # Each state dict (the model's, the optimizer's) is read through its own DCP index, and through nothing else.
+    assert unpickled and set(unpickled) == {".metadata"}, unpickled
 
 
 def test_the_model_the_optimizer_and_the_random_states_come_back(prepared, tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ import pytest
 from analysis.continuation import RunProgress, continue_experiment, run_progress
 from analysis.experiment import Launch, default_launcher, main
 from tests.analysis_fixtures import FakeRun, write_launch_configs, write_run
-from tests.launch import SHARED_STEPS, train_lines
+from tests.launch import SHARED_STEPS, copy_cut_at_checkpoint, train_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -144,11 +144,9 @@ def test_the_interrupted_run_resumes_exactly_on_the_machine_that_came_back_with_
 ) -> None:
     out = tmp_path / "exp"
     shutil.copytree(shared_runs["single"], out / "runs" / "single")
-    cut = shutil.copytree(shared_runs["fsdp"], out / "runs" / "fsdp")
-    # As if the 2-process machine went away after step 9's checkpoint (the last checkpoint and the summary are
-    # gone) and the experiment is run again where one process is all there is.
-    (cut / "summary.json").unlink()
-    shutil.rmtree(cut / "checkpoints" / f"step_{SHARED_STEPS:07d}")
+    # As if the 2-process machine went away after step 9's checkpoint (the later checkpoint, metrics lines and
+    # the summary are gone) and the experiment is run again where one process is all there is.
+    cut = copy_cut_at_checkpoint(shared_runs["fsdp"], out / "runs" / "fsdp", 9)
     argv = _driver_args(base_args, out, ("single", "fsdp"), "--num_processes", "1")
     assert main(argv, launcher=default_launcher(), echo=False) == 0
     printed = capsys.readouterr().out.splitlines()

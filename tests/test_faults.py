@@ -117,14 +117,21 @@ def _assert_continues_exactly(run_dir: Path, reference: Path) -> None:
 def test_a_restarted_job_continues_from_its_newest_checkpoint_by_itself(
     tmp_path: Path, args: list[str], shared_runs
 ) -> None:
+    """W&B at its default here (offline without a login), the twin of the launches above that turn it off: the
+    restarted attempt reopens the first attempt's W&B run rather than starting another."""
     run_dir = tmp_path / "restarted"
-    result = _ddp(run_dir, args, f"raise:rank=1:step={FAULT_STEP}", ["--max_restarts", "1"])
+    with_wandb = [a for a in args if a not in ("--wandb_mode", "disabled")]
+    assert len(with_wandb) == len(args) - 2
+    result = _ddp(run_dir, with_wandb, f"raise:rank=1:step={FAULT_STEP}", ["--max_restarts", "1"])
     assert result.returncode == 0, result.stderr[-3000:]
     (error,) = _errors(result)  # the first attempt's failure, told once, by the process that failed
     assert error.startswith(f"error: rank 1 failed after step {FAULT_STEP}: InjectedFault: ")
     assert (run_dir / "failure-rank1.txt").read_text().startswith("Traceback")
     assert "restart 1 of the job: continuing from " in result.stderr and "step_0000003" in result.stderr
     _assert_continues_exactly(run_dir, shared_runs["ddp"])
+    run_id = (run_dir / "wandb_run_id").read_text().strip()
+    attempts = sorted((run_dir / "wandb").glob("offline-run-*"))
+    assert len(attempts) == 2 and all(a.name.endswith(f"-{run_id}") for a in attempts), attempts
 
 
 @pytest.mark.multiprocess
@@ -147,8 +154,9 @@ def test_every_rank_killed_during_a_checkpoint_write_resumes_from_the_one_before
     result = _ddp(run_dir, args, f"kill:step={SAVE_STEP}")
     assert result.returncode != 0 and _errors(result) == []  # SIGKILL leaves no line of train.py's
     assert [c.name for c in complete_checkpoints(run_dir)] == ["step_0000003"]
+    # Run again as a re-run notebook cell or a requeued job runs it: --auto_resume finds the checkpoint itself.
     resumed = run(
-        accelerate_command(CONFIGS / "ddp.yaml", "train.py", [*args, "--output_dir", str(run_dir), "--resume"])
+        accelerate_command(CONFIGS / "ddp.yaml", "train.py", [*args, "--output_dir", str(run_dir), "--auto_resume"])
     )
     assert "resumed from " in resumed.stdout and "step_0000003 at step 3" in resumed.stdout
     _assert_continues_exactly(run_dir, shared_runs["ddp"])

@@ -2,15 +2,15 @@
 a launch that cannot continue it exactly is refused in one line and leaves it untouched.
 
 The shared runs (tests/conftest.py: 12 steps, checkpoints at 9 and 12) are the uninterrupted references. Each
-pair of the cycle copies the source's run folder with only its step-9 checkpoint, resumes it under the
-target strategy (one launch), and compares steps 10-12 with the target's own shared run.
+pair of the cycle copies the source's run folder as a pre-emption after step 9 leaves it (no later checkpoint,
+metrics or summary), resumes it under the target strategy (one launch), and compares steps 10-12, which only
+that launch can have written, with the target's own shared run.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -20,6 +20,7 @@ from tests.launch import (
     BF16_EXTRA,
     BF16_STEPS,
     SHARED_STEPS,
+    copy_cut_at_checkpoint,
     shared_flags,
     summary,
     train,
@@ -60,16 +61,6 @@ def test_the_cycle_has_every_strategy_once_as_source_and_once_as_target() -> Non
     assert sources == targets == sorted(registry.names())
 
 
-def copy_at_checkpoint(run: Path, to: Path, step: int) -> Path:
-    """The run folder as it was when `step`'s checkpoint had just been written: the later checkpoints left out.
-
-    The metrics, summary and config of the whole run come along, as after a pre-emption that came late; the
-    resume cuts metrics.jsonl back to the checkpoint."""
-    later = {p.name for p in (run / "checkpoints").iterdir() if p.name > checkpoint_path(run, step).name}
-    shutil.copytree(run, to, ignore=lambda folder, names: [n for n in names if n in later or n in ("wandb", "hf")])
-    return to
-
-
 def resume_under(target: str, run_dir: Path, base_args: list[str], launch_args: list[str] = ()) -> str:
     """Resume `run_dir` under the shared run `target`'s strategy and flags; what the launch printed."""
     strategy, extra = shared_flags(target)
@@ -83,8 +74,9 @@ def resume_under(target: str, run_dir: Path, base_args: list[str], launch_args: 
 
 
 def assert_continues_exactly(resumed: Path, reference: Path, steps: int, rel: float) -> None:
+    # The folder was cut at the checkpoint: steps past it are the resumed launch's own, each once.
     got, want = train_lines(resumed), train_lines(reference)
-    assert sorted(got) == list(range(1, steps + 1))  # each step once: metrics.jsonl was cut back to the checkpoint
+    assert sorted(got) == list(range(1, steps + 1))
     for step in range(RESUME_AT + 1, steps + 1):
         for key in ("loss", "grad_norm"):
             assert got[step][key] == pytest.approx(want[step][key], rel=rel, abs=0), (step, key)
@@ -95,11 +87,15 @@ def assert_continues_exactly(resumed: Path, reference: Path, steps: int, rel: fl
 def test_a_checkpoint_resumes_exactly_under_another_strategy(
     shared_runs, base_args: list[str], tmp_path: Path, source: str, target: str
 ) -> None:
-    run_dir = copy_at_checkpoint(shared_runs[source], tmp_path / "run", RESUME_AT)
+    run_dir = copy_cut_at_checkpoint(shared_runs[source], tmp_path / "run", RESUME_AT)
     output = resume_under(target, run_dir, base_args)
     source_world = summary(shared_runs[source])["world_size"]
     target_world = summary(shared_runs[target])["world_size"]
-    assert f"resumed from {checkpoint_path(run_dir, RESUME_AT)} at step {RESUME_AT}" in output
+    # The start line names the checkpoint's writer, which the user may no longer remember.
+    assert (
+        f"resumed from {checkpoint_path(run_dir, RESUME_AT)} at step {RESUME_AT}, written by {_strategy(source)} "
+        f"on {source_world} process(es)"
+    ) in output
     assert_continues_exactly(run_dir, shared_runs[target], SHARED_STEPS, REL)
     launch = json.loads((run_dir / "config.json").read_text())["launch"]
     assert launch["effective"]["strategy"] == _strategy(target)
@@ -114,7 +110,7 @@ def test_a_checkpoint_resumes_exactly_under_another_strategy(
 
 def test_a_bf16_fsdp_checkpoint_resumes_bit_for_bit(bf16_runs, base_args: list[str], tmp_path: Path) -> None:
     assert BF16_CHECKPOINT == RESUME_AT
-    run_dir = copy_at_checkpoint(bf16_runs["fsdp"], tmp_path / "run", RESUME_AT)
+    run_dir = copy_cut_at_checkpoint(bf16_runs["fsdp"], tmp_path / "run", RESUME_AT)
     args = [*base_args, "--strategy", "fsdp", *BF16_EXTRA, *QUIET, "--resume"]
     train(registry.get("fsdp").config_file, run_dir, args, launch_args=["--mixed_precision", "bf16"])
     assert_continues_exactly(run_dir, bf16_runs["fsdp"], BF16_STEPS, rel=0)
@@ -131,7 +127,7 @@ def test_a_resume_that_cannot_be_exact_is_refused_and_touches_nothing(
     shared_runs, base_args: list[str], tmp_path: Path
 ) -> None:
     """Two processes, another model and another global batch: one line naming both, the folder unchanged."""
-    run_dir = copy_at_checkpoint(shared_runs["ddp"], tmp_path / "run", SHARED_STEPS)
+    run_dir = copy_cut_at_checkpoint(shared_runs["ddp"], tmp_path / "run", SHARED_STEPS)
     before = _folder_digest(run_dir)
     args = [*base_args, "--strategy", "ddp", *QUIET, "--resume", "--n_layer", "3", "--global_batch_tokens", "2048"]
     result = train(registry.get("ddp").config_file, run_dir, args, check=False)

@@ -52,7 +52,7 @@ def test_a_lock_naming_a_gone_holder_is_taken_over(tmp_path: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+def args(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> list[str]:
     workdir = tmp_path_factory.mktemp("run_lock")
     corpus = workdir / "news.csv"
     write_news_csv(corpus, articles=40, words=200)
@@ -62,7 +62,7 @@ def args(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
         "--data",
         str(corpus),
         "--cache_dir",
-        str(workdir / "cache"),
+        str(shared_cache),  # the session's: the corpus tokenized and the CPU peak measured once
         "--wandb_mode",
         "disabled",
         "--log_interval",

@@ -90,8 +90,8 @@ sys.meta_path.insert(0, _PatchWandbOnImport())
 
 
 @pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("cache")  # shared: only the first run tokenizes
+def cache_dir(shared_cache: Path) -> Path:
+    return shared_cache  # the session's: the corpus tokenized and the CPU peak measured once
 
 
 class FailedRun:

@@ -98,7 +98,7 @@ def _sync(closing_line: str, env: dict[str, str]) -> subprocess.CompletedProcess
 
 
 @pytest.fixture(scope="module")
-def dropped_run(tmp_path_factory: pytest.TempPathFactory) -> DroppedRun:
+def dropped_run(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> DroppedRun:
     root = tmp_path_factory.mktemp("wandb_network_drop")
     out = root / "run"
     server = FakeWandbServer(drop_when=_is_file_stream).start()
@@ -117,7 +117,7 @@ def dropped_run(tmp_path_factory: pytest.TempPathFactory) -> DroppedRun:
                 "--output_dir",
                 str(out),
                 "--cache_dir",
-                str(root / "cache"),
+                str(shared_cache),
                 "--block_size",
                 "32",
                 "--micro_batch_size",
