@@ -1,12 +1,13 @@
 """Mutation score of one module: how many small deliberate bugs in it the given tests catch.
 
-    python scripts/mutation_score.py data/packing.py --tests tests/test_data_packing.py tests/test_packing_properties.py
+    python scripts/mutation_score.py data/packing.py --tests tests/test_data_packing_properties.py tests/test_data_packing.py
 
-Copies the project's tracked files (as they are in the working tree) to a scratch folder, writes a mutmut 3
-configuration there that mutates only MODULE and runs only the named test files, runs `mutmut run` one
-mutant at a time at the lowest CPU priority, then prints one table line (mutants, killed, survived, no tests,
-timeout, score = killed / mutants) and writes each surviving mutant's diff to a file it names. The scratch
-folder is kept, so `mutmut show NAME` or `mutmut browse` can be run there afterwards.
+Copies the project's files as they are in the working tree (tracked ones and new ones git does not ignore)
+to a scratch folder, writes a mutmut 3 configuration there that mutates only MODULE and runs only the named
+test files, runs `mutmut run` one mutant at a time at the lowest CPU priority, then prints a table line
+(mutants, killed, survived, no tests, timeout, other, score = killed / mutants) and writes each surviving
+mutant's diff to a file it names. The scratch folder is kept, so `mutmut show NAME` or `mutmut browse` can be
+run there afterwards. docs/testing.md holds the scores and the equivalent mutants.
 
 mutmut is a developer tool, not a requirement of the project: `pip install mutmut==3.8.1`.
 """
@@ -23,6 +24,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # run as a script from the repository root
+
+from training.cli import OneLineParser, run_main  # noqa: E402
+
 # Files beside the packages that the tests read (the launcher's configs, the training entry point).
 EXTRA_COPIES = ("train.py", "accelerate_configs", "pyproject.toml")
 # mutmut's names for the outcomes of one mutant, as `mutmut results --all true` prints them.
@@ -48,7 +53,7 @@ class Score:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("module", type=Path, help="the module to mutate, e.g. data/packing.py")
     parser.add_argument("--tests", nargs="+", required=True, type=Path, help="test files to run against each mutant")
     parser.add_argument("--work", type=Path, help="scratch folder (default: a new one under the system's temp)")
@@ -164,7 +169,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
-    from training.cli import run_main
-
     run_main(main)
