@@ -33,7 +33,7 @@ from planner.cost_model import (
     step_memory,
     step_time,
 )
-from planner.plan import plan
+from planner.plan import measured_link, plan
 from planner.request import PlanRequest
 from training.registry import STRATEGIES as ENTRIES
 from training.registry import names
@@ -551,3 +551,42 @@ def test_planning_without_a_command_line_takes_the_flags_defaults() -> None:
         PlanRequest(num_gpu=2)  # a misspelt field is refused, not planned at its default
     with pytest.raises(PlanRequestError, match="--num_nodes 2 or more and --inter_node_gb_s go together"):
         PlanRequest(num_nodes=2)  # the API refuses what the command line refuses
+
+
+# ---------------------------------------------------------------------------------------------------
+# Predicted step time beside a finished run's
+
+
+def test_a_measured_link_is_the_latency_and_the_bandwidth_net_of_one_call() -> None:
+    link = {"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001}
+    measured = measured_link({"launch": {"link": link}}, Path("run"))
+    # 10 MB in 10 ms of which 1 ms is the call's own cost: 10 MB in 9 ms of bandwidth.
+    assert measured.latency_s == 0.001 and measured.gb_s == pytest.approx(1.0 * 0.010 / 0.009)
+    before = measured_link({"launch": {"link": {"bus_gb_s": 1.0}}}, Path("run"))  # no latency recorded yet
+    assert before.gb_s == 1.0 and before.latency_s == Link(1.0).latency_s
+
+
+@pytest.mark.multiprocess
+def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs) -> None:
+    """The session's 2-process DDP run on the CPU: its steady-state mean step (the steps after the warm-up,
+    from summary.json) beside the planner's step at the given MFU of the run's measured peak, over the link
+    (bandwidth and latency) the run measured at start."""
+    run = shared_runs["ddp"]
+    summary = json.loads((run / "summary.json").read_text())
+    warmup = json.loads((run / "config.json").read_text())["run"]["perf_warmup_steps"]
+    steady = summary["step_times_s"][warmup:]
+    link = summary["link"]
+    assert 0 < link["latency_s"] < link["seconds_per_all_reduce"]  # a one-element all-reduce: the per-call cost
+    (entry,) = json.loads(_plan("--run", str(run), "--mfu", "0.2", "--json").stdout)["runs"]
+    t = entry["step_time"]
+    assert t["measured_s"] == pytest.approx(sum(steady) / len(steady)) and t["measured_steps"] == len(steady)
+    assert t["latency_s"] == link["latency_s"] and t["link_gb_s"] > link["bus_gb_s"]
+    assert t["error_pct"] == pytest.approx(100 * (t["predicted_s"] - t["measured_s"]) / t["measured_s"])
+    low, high = t["range_s"]
+    assert low < t["predicted_s"] < high and t["mfu"] == 0.2
+    slower = json.loads(_plan("--run", str(run), "--mfu", "0.1", "--json").stdout)["runs"][0]["step_time"]
+    assert slower["predicted_s"] > t["predicted_s"] and slower["measured_s"] == t["measured_s"]
+    text = _plan("--run", str(run), "--mfu", "0.2").stdout
+    (row,) = (line for line in text.splitlines() if "step_time" in line)
+    assert f"{t['predicted_s']:.4f} s" in row and f"{t['measured_s']:.4f} s" in row and f"{t['error_pct']:+.1f}%" in row
+    assert "measured by the run" in text
