@@ -42,8 +42,8 @@ CUDA_RESERVE_GIB = 0.5
 MFU_SPREAD = 0.25  # the MFU, relative: 0.30 stands for 0.225-0.375, the 25-40% eager PyTorch reaches
 LINK_SPREAD_ASSUMED = 0.30  # a link from the GPU table: T4 pairs measure 5-8 GB/s against the 6 assumed
 LINK_SPREAD_MEASURED = 0.15  # a link given or measured: run-to-run and message-size differences remain
-# What the time model leaves out (per-collective latency, kernel launches, the wrappers' hooks, the
-# optimizer step), different for every strategy, so not shared between two predictions.
+# What the time model leaves out (kernel launches, the wrappers' hooks, the optimizer step on a GPU, gradient
+# clipping), different for every strategy, so not shared between two predictions.
 MODEL_SPREAD = 0.05
 
 
@@ -493,12 +493,16 @@ def _compare_step_time(
         "measured_s": measured.value if measured.steps else None,
         "measured_steps": measured.steps,
         "warmup_steps_left_out": warmup,
-        "mfu": mfu,
+        "mfu_given": mfu,
         "peak_flops": peak,
     }
+    try:
+        link = measured_link(config, run_dir) if w.world_size > 1 else Link(1.0)  # one process: no link used
+    except PlanError as exc:
+        return {**result, "predicted_s": None, "range_s": None, "error_pct": None, "why_not": str(exc)}
     if not _positive(peak):
-        return {**result, "predicted_s": None, "range_s": None, "error_pct": None}
-    link = measured_link(config, run_dir) if w.world_size > 1 else Link(1.0)  # one process: no link used
+        why = "no peak FLOP/s recorded"
+        return {**result, "predicted_s": None, "range_s": None, "error_pct": None, "why_not": why}
     if host_update_gb_s is not None:
         link = replace(link, host_update_gb_s=host_update_gb_s)
     hw = Hardware("run", float("nan"), float(peak), link, "measured by the run", LINK_SPREAD_MEASURED)
@@ -647,7 +651,7 @@ def _step_time_lines(t: dict[str, Any]) -> list[str]:
     span = "" if not t.get("range_s") else f"  (range {t['range_s'][0]:.4f}-{t['range_s'][1]:.4f} s)"
     row = f"step_time   {predicted:>13} {measured:>13} {error:>8}{span}"
     if t["predicted_s"] is None:
-        return [row, "  note: no peak FLOP/s recorded: no step time predicted"]
+        return [row, f"  note: no step time predicted: {t['why_not']}"]
     link = (
         ""
         if t.get("link_gb_s") is None
@@ -656,7 +660,7 @@ def _step_time_lines(t: dict[str, Any]) -> list[str]:
     )
     return [
         row,
-        f"  note: step time at MFU {t['mfu']:g} of the run's peak {t['peak_flops'] / 1e9:,.1f} GFLOP/s{link}, "
+        f"  note: step time at MFU {t['mfu_given']:g} of the run's peak {t['peak_flops'] / 1e9:,.1f} GFLOP/s{link}, "
         f"AdamW on a host core at {t['host_update_gb_s']:g} GB/s; measured: mean of {t['measured_steps']} steps "
         f"after {t['warmup_steps_left_out']} warm-up",
     ]

@@ -583,7 +583,7 @@ def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs) -
     assert t["latency_s"] == link["latency_s"] and t["link_gb_s"] > link["bus_gb_s"]
     assert t["error_pct"] == pytest.approx(100 * (t["predicted_s"] - t["measured_s"]) / t["measured_s"])
     low, high = t["range_s"]
-    assert low < t["predicted_s"] < high and t["mfu"] == 0.2
+    assert low < t["predicted_s"] < high and t["mfu_given"] == 0.2
     slower = json.loads(_plan("--run", str(run), "--mfu", "0.1", "--json").stdout)["runs"][0]["step_time"]
     assert slower["predicted_s"] > t["predicted_s"] and slower["measured_s"] == t["measured_s"]
     text = _plan("--run", str(run), "--mfu", "0.2").stdout
