@@ -5,7 +5,7 @@
                     [--attn_impl sdpa|math] [--gpu_memory_gib X] [--mfu F]
                     [--link_gb_s X | --link_from RUN_DIR] [--overlap full|none]
                     [--num_nodes M --inter_node_gb_s Y] [--json]
-  python -m planner --run RUN_DIR... [--json]
+  python -m planner --run RUN_DIR... [--mfu F] [--host_update_gb_s X] [--json]
   python -m planner --preset P (--gpu G | --cpu --gpu_memory_gib X) --num_gpus N --launch [--execute]
   python -m planner --sweep --gpu G --num_gpus N [--figure PATH]
 
@@ -13,7 +13,8 @@ The first form prints, for every strategy, the predicted bytes per device by kin
 fits the GPU, the largest micro-batch that fits, the predicted step time and tokens/s with the range
 its assumptions allow, and a recommendation, or "no clear winner" when the fastest are closer than
 that. The second reads finished runs and puts each prediction beside what the run measured
-(summary.json's "memory"), with the error in percent. --launch (planner/launch.py) prints the
+(summary.json's "memory", and the steady-state mean of its step times, predicted at --mfu of the run's
+own peak over the link it measured), with the error in percent. --launch (planner/launch.py) prints the
 command of the fastest strategy that fits; --sweep (planner/sweep.py) plans every preset. The model behind both: planner/cost_model.py;
 its formulas and their sources: docs/planning.md. Exit status 0, or 2 with one error line.
 """
@@ -34,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
         if args.run:
-            entries = [compare_run(path) for path in args.run]
+            entries = [compare_run(path, args.mfu, args.host_update_gb_s) for path in args.run]
             print(json.dumps({"runs": entries}, indent=2) if args.json else runs_text(entries))
         elif args.launch or args.sweep:
             return (launch_main if args.launch else sweep_main)(args)

@@ -434,6 +434,15 @@ ADAMW_HOST_DECAY_PASS = ("param.mul_(1 - lr * weight_decay)", 8)
 HOST_UPDATE_CORE_GB_S = 10.0
 
 
+# A collective's per-call cost on a GPU link when none was measured (alpha of the alpha-beta model): NCCL's
+# small-message all-reduce between two GPUs of one machine takes about 10-30 us (nccl-tests, 8-byte
+# all_reduce_perf), and the wrapper's launch of it (DDP's bucket hook, FSDP2's copy-in and copy-out) adds
+# some; 30 us is assumed. A multi-process run measures its own (training/link.py, `latency_s`).
+GPU_COLLECTIVE_LATENCY_S = 30e-6
+DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: the first bucket rebuilt is 1 MiB
+
+
 @dataclass(frozen=True)
 class Link:
     gb_s: float  # all-reduce bus bandwidth between the devices, 10^9 bytes per second
@@ -444,6 +453,14 @@ class Link:
     # crosses a machine's boundary once per direction): it runs at the slower of the two links. Hybrid
     # sharding sends only its replicas' all-reduce over it, every device of the machine at once.
     inter_node_gb_s: float | None = None
+    latency_s: float = GPU_COLLECTIVE_LATENCY_S  # per collective call, whatever its size (alpha)
+
+    def seconds(self, bus_bytes: float, calls: int, gb_s: float | None = None) -> float:
+        """The alpha-beta time of `calls` collectives moving `bus_bytes` per device in all: a per-call latency
+        plus the bytes over the bus bandwidth (`gb_s`, the device link's unless given)."""
+        if calls == 0:
+            return 0.0
+        return calls * self.latency_s + bus_bytes / ((gb_s or self.gb_s) * 1e9)
 
 
 @dataclass(frozen=True)
@@ -455,75 +472,162 @@ class StepTime:
     # Hidden however the run is configured: DDP's bucketed all-reduce runs during the backward by
     # construction (its gradient hooks), while FSDP hides its collectives only by prefetching.
     built_in_hidden_s: float = 0.0
+    collective_calls: int = 0  # collectives each device takes part in per step (each pays the latency)
+    # The optimizer's update where it runs on the same core as the compute (a CPU run; an offloaded update is
+    # in communication_s instead): never overlapped.
+    update_s: float = 0.0
 
     @property
     def step_s(self) -> float:
         """Each strategy overlapping as far as it can (DDP's buckets, FSDP's prefetch): `--overlap full`."""
-        return self.compute_s + self.exposed_s
+        return self.compute_s + self.exposed_s + self.update_s
 
     @property
     def step_s_without_prefetch(self) -> float:
         """DDP still overlapped, FSDP's collectives waited for (prefetching off): `--overlap none`."""
-        return self.compute_s + self.communication_s - self.built_in_hidden_s
+        return self.compute_s + self.communication_s - self.built_in_hidden_s + self.update_s
 
     @property
     def step_s_no_overlap(self) -> float:
         """Nothing hidden at all: an upper bound for every strategy."""
-        return self.compute_s + self.communication_s
+        return self.compute_s + self.communication_s + self.update_s
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The step's collectives as they run: seconds in all, the seconds no compute hid, bytes and calls."""
+
+    seconds: float
+    exposed_s: float
+    bytes: float
+    calls: int
+
+
+NO_COLLECTIVES = Schedule(0.0, 0.0, 0.0, 0)
 
 
 def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: float, link: Link) -> StepTime:
-    """Compute at `mfu` of `peak_flops`, plus the step's collectives over `link`, overlapped as each strategy can.
+    """Compute at `mfu` of `peak_flops`, plus the step's collectives over `link`, overlapped as the schedule of
+    each strategy under accumulation allows (docs/planning.md, "Step time").
 
-    Ring collectives: an all-reduce sends 2(N-1)/N of the buffer from every device, an all-gather or a
-    reduce-scatter (N-1)/N; NCCL's "bus bandwidth" is defined so that time = those bytes / bandwidth.
-    DDP overlaps its bucketed all-reduce with the backward (two thirds of the compute); FSDP prefetches
-    the next unit's all-gather during forward and backward, so its compute can hide communication. What no
-    compute can hide (_exposed_bytes): the collectives with nothing left to overlap, namely the tied embedding's
-    gradient (it is complete only after the lookup's backward, the last compute), the root unit's first
-    all-gather of each micro-step, and, across machines, hybrid sharding's replica all-reduce.
+    Each collective costs `link.seconds`: a per-call latency plus its ring bytes over the bus bandwidth (an
+    all-reduce sends 2(N-1)/N of the buffer from every device, an all-gather or a reduce-scatter (N-1)/N).
+    Under accumulation the gradient collectives (DDP's all-reduce, FSDP's reduce-scatter, HSDP's replica
+    all-reduce) run only in the last micro-step's backward, so only that backward can hide them, while
+    FSDP's all-gathers run in every micro-step, each behind that micro-step's compute. What is ready only
+    after the last compute (DDP's tied-embedding bucket, FSDP's root unit) is always exposed. On a CPU every
+    core computes (one process per core), so nothing overlaps, and the AdamW update runs on the same core.
     """
     s = checked(strategy, w)
     cfg = w.model
     tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps
     recompute = 4 / 3 if w.activation_checkpointing else 1.0  # one more forward: 2N of the 6N per token
     compute_s = tokens * flops_per_token(cfg, w.block_size) * recompute / (mfu * peak_flops)
-    params = total_parameters(cfg)
-    volume, overlappable = _collective_bytes(w, s, params, compute_s)
-    ring_bytes_s = _ring_gb_s(w, s, link) * 1e9
-    collectives_s = volume / ring_bytes_s if volume else 0.0
-    exposed_s = _exposed_bytes(w, s) / ring_bytes_s
-    across = _replica_all_reduce_bytes(w, s, params)
-    across_s = across * shard_group_size(w, s) / ((link.inter_node_gb_s or link.gb_s) * 1e9) if across else 0.0
-    host_s = _offload_seconds(w, s, params, link)
-    hidden = min(collectives_s - exposed_s, overlappable)
+    # The backward's share of a micro-step: 4N of 6N FLOPs per token, 6N of 8N with the recomputed forward.
+    micro_step_s = compute_s / w.grad_accum_steps
+    backward_s = micro_step_s * (3 / 4 if w.activation_checkpointing else 2 / 3)
+    if w.device == "cpu":  # one process per core: a collective needs the core its compute has
+        micro_step_s = backward_s = 0.0
+    inside = _collectives(w, s, link, micro_step_s, backward_s)
+    across = _replica_all_reduce(w, s, link, backward_s)
+    host_s = _offload_seconds(w, s, total_parameters(cfg), link)
+    update_s = host_update_bytes(w, s) / (link.host_update_gb_s * 1e9) if w.device == "cpu" and not s.offloads else 0
+    hidden = inside.seconds - inside.exposed_s
     built_in = hidden if s.communication is Communication.ALL_REDUCE else 0.0
-    exposed = collectives_s - hidden + across_s + host_s
-    return StepTime(compute_s, collectives_s + across_s + host_s, exposed, volume + across, built_in)
+    return StepTime(
+        compute_s,
+        inside.seconds + across.seconds + host_s,
+        inside.exposed_s + across.exposed_s + host_s,
+        inside.bytes + across.bytes,
+        built_in,
+        inside.calls + across.calls,
+        update_s,
+    )
 
 
-def _exposed_bytes(w: Workload, s: Strategy) -> float:
-    """Bytes of the step's main collectives (_collective_bytes) that no compute can hide, per device.
+def _backward_order(cfg: GPT2Config, block_size: int) -> list[tuple[list[str], float]]:
+    """The units of backward in the order it runs them, each with the parameters whose gradients it completes
+    and the fraction of the backward done when it ends: the output head (it computes, but the tied embedding's
+    gradient is complete only at the end) with ln_f, each block from the last, then the embeddings' lookups
+    (no compute). A unit's share is its FLOPs per token: 6 per parameter of its matmuls, 12 C T for a block's
+    attention."""
+    shapes = parameter_shapes(cfg)
+    units = [([n for n in shapes if n.startswith("transformer.ln_f.")], 6.0 * numel(shapes[WTE]))]
+    for layer in reversed(range(cfg.n_layer)):
+        names = [n for n in reversed(shapes) if n.startswith(f"transformer.h.{layer}.")]  # last tensor first
+        units.append((names, 6.0 * sum(numel(shapes[n]) for n in names) + 12.0 * cfg.n_embd * block_size))
+    units.append(([n for n in shapes if n.startswith("transformer.w")], 0.0))  # wte and wpe
+    total, done, order = sum(f for _, f in units), 0.0, []
+    for names, flops in units:
+        done += flops
+        order.append((names, min(1.0, done / total)))
+    return order
 
-    DDP: the bucket of the tied embedding's gradient, ready only when the lookup's backward (the step's last
-    compute) has added its part; it is all-reduced after all compute, in fp32. FSDP: the root unit (wte, wpe,
-    ln_f: about 31% of GPT-2 124M) is all-gathered at the start of each micro-step's forward, before any
-    compute, and its gradients are reduce-scattered after the lookup's backward, once per step (the other
-    units' collectives can hide behind the compute around them). Hybrid sharding's replica all-reduce crosses
-    the network and is counted apart (step_time), all of it exposed.
+
+def ddp_buckets(cfg: GPT2Config, block_size: int) -> list[tuple[int, float]]:
+    """DDP's gradient buckets as its reducer rebuilds them after the first step: fp32 gradients in the order
+    backward completes them, a bucket closed once it holds 1 MiB (the first) or 25 MiB (the others); each as
+    (bytes, the fraction of the backward done when its last gradient is ready)."""
+    shapes = parameter_shapes(cfg)
+    buckets: list[tuple[int, float]] = []
+    size = 0
+    for names, done in _backward_order(cfg, block_size):
+        for name in names:
+            size += numel(shapes[name]) * FP32
+            if size >= (DDP_FIRST_BUCKET_BYTES if not buckets else DDP_BUCKET_BYTES):
+                buckets.append((size, done))
+                size = 0
+    if size:
+        buckets.append((size, 1.0))
+    return buckets
+
+
+def _queue_end(jobs: list[tuple[float, float]]) -> float:
+    """When the last of `jobs` (ready time, seconds), run one after another on one link, is done."""
+    end = 0.0
+    for ready, seconds in jobs:
+        end = max(end, ready) + seconds
+    return end
+
+
+def _collectives(w: Workload, s: Strategy, link: Link, micro_step_s: float, backward_s: float) -> Schedule:
+    """The main collectives of a step over the devices (for hybrid sharding, those inside one machine).
+
+    DDP: its buckets are all-reduced in the last micro-step's backward, each once ready, one after another;
+    what is left when the backward ends is exposed (the tied embedding's bucket, ready last, always is).
+    FSDP: every micro-step gathers the root unit before any compute (exposed) and each block once or twice
+    (forward, and backward when resharded), prefetched behind that micro-step's compute; the last micro-step
+    also reduce-scatters the blocks behind its compute, and the root after it (exposed).
     """
     n = shard_group_size(w, s)
     if s.communication is Communication.NONE or n == 1:
-        return 0.0
-    share = (n - 1) / n
+        return NO_COLLECTIVES
+    share, gb_s = (n - 1) / n, _ring_gb_s(w, s, link)
     if s.communication is Communication.ALL_REDUCE:
-        return 2 * share * numel(parameter_shapes(w.model)[WTE]) * FP32
+        buckets = ddp_buckets(w.model, w.block_size)
+        jobs = [(done * backward_s, link.seconds(2 * share * size, 1, gb_s)) for size, done in buckets]
+        seconds = sum(t for _, t in jobs)
+        exposed = max(0.0, _queue_end(jobs) - backward_s)
+        return Schedule(seconds, exposed, 2 * share * sum(size for size, _ in buckets), len(buckets))
+    half, layers, gathers, a = DTYPE_BYTES[w.precision], w.model.n_layer, s.gathers_per_micro_step, w.grad_accum_steps
     root = sum(numel(parameter_shapes(w.model)[name]) for name in _root_names(w.model))
-    return share * root * DTYPE_BYTES[w.precision] * (w.grad_accum_steps + 1)
+    blocks = layers * _block_numel(w.model)
+    root_s = link.seconds(share * root * half, 1, gb_s)  # one all-gather, or the one reduce-scatter
+    block_gathers_s = link.seconds(share * blocks * half * gathers, layers * gathers, gb_s)
+    block_scatters_s = link.seconds(share * blocks * half, layers, gb_s)
+    seconds = a * (root_s + block_gathers_s) + block_scatters_s + root_s
+    exposed = (
+        a * root_s
+        + (a - 1) * max(0.0, block_gathers_s - micro_step_s)
+        + max(0.0, block_gathers_s + block_scatters_s - micro_step_s)
+        + root_s
+    )
+    volume = share * half * (a * (root + gathers * blocks) + root + blocks)
+    return Schedule(seconds, exposed, volume, a * (1 + layers * gathers) + layers + 1)
 
 
 def _ring_gb_s(w: Workload, s: Strategy, link: Link) -> float:
-    """The bus bandwidth of the step's main collectives (_collective_bytes): over all devices, at the slower
+    """The bus bandwidth of the step's main collectives (_collectives): over all devices, at the slower
     link when they span machines; hybrid sharding's stay inside one machine."""
     hybrid = s.fsdp is not None and s.fsdp.hybrid
     if w.num_nodes == 1 or link.inter_node_gb_s is None or hybrid:
@@ -531,29 +635,27 @@ def _ring_gb_s(w: Workload, s: Strategy, link: Link) -> float:
     return min(link.gb_s, link.inter_node_gb_s)
 
 
-def _replica_all_reduce_bytes(w: Workload, s: Strategy, params: int) -> float:
-    """Hybrid sharding, after each step's reduce-scatter inside the machines: every device all-reduces its
-    gradient shard (in the policy's dtype) with the devices holding the same shard on the other machines."""
+def _replica_all_reduce(w: Workload, s: Strategy, link: Link, backward_s: float) -> Schedule:
+    """Hybrid sharding, in the last micro-step: after each unit's reduce-scatter inside the machine, every
+    device all-reduces that unit's gradient shard (in the policy's dtype) with the devices holding the same
+    shard on the other machines, all G devices of a machine at once through its network. FSDP2 issues each
+    unit's all-reduce as its backward ends, so it overlaps the backward of the units before it; the root's,
+    after the last compute, is always exposed."""
     replicas = w.num_nodes
     if s.communication is not Communication.HYBRID or replicas == 1:
-        return 0.0
-    return 2 * (replicas - 1) / replicas * params / shard_group_size(w, s) * DTYPE_BYTES[w.precision]
-
-
-def _collective_bytes(w: Workload, s: Strategy, params: int, compute_s: float) -> tuple[float, float]:
-    """(bytes each device sends per step, seconds of compute that can hide them): over all devices, or for
-    hybrid sharding its gathers and reduce-scatters inside one machine (the replicas' all-reduce apart)."""
-    n = shard_group_size(w, s)
-    share = (n - 1) / n
-    half = DTYPE_BYTES[w.precision]
-    if s.communication is Communication.NONE or n == 1:
-        return 0.0, 0.0
-    if s.communication is Communication.ALL_REDUCE:
-        return 2 * share * params * FP32, compute_s * 2 / 3
-    # Gather-scatter: each micro-batch gathers the parameters again (once per pass that needs them whole);
-    # gradients are reduce-scattered once, after the last micro-batch, in the policy's dtype (accelerate
-    # turns FSDP's gradient sync off before that).
-    return share * params * (w.grad_accum_steps * s.gathers_per_micro_step * half + half), compute_s
+        return NO_COLLECTIVES
+    group = shard_group_size(w, s)
+    gb_s = (link.inter_node_gb_s or link.gb_s) / group  # the machine's network, shared by its G devices
+    shapes, half = parameter_shapes(w.model), DTYPE_BYTES[w.precision]
+    root = sum(numel(shapes[name]) for name in _root_names(w.model))
+    # The blocks' all-reduces as each block's backward ends, then the root's after the last compute.
+    units = [(sum(numel(shapes[n]) for n in names), done) for names, done in _backward_order(w.model, w.block_size)]
+    units = [(size, done) for size, done in units[1:-1]] + [(root, 1.0)]
+    sent = [2 * (replicas - 1) / replicas * size / group * half for size, _ in units]
+    jobs = [(done * backward_s, link.seconds(b, 1, gb_s)) for b, (_, done) in zip(sent, units)]
+    volume = sum(sent)
+    seconds = sum(t for _, t in jobs)
+    return Schedule(seconds, max(0.0, _queue_end(jobs) - backward_s), volume, len(jobs))
 
 
 def _offload_seconds(w: Workload, s: Strategy, params: int, link: Link) -> float:
@@ -563,7 +665,9 @@ def _offload_seconds(w: Workload, s: Strategy, params: int, link: Link) -> float
     local = params / shard_group_size(w, s)
     # FSDP2 copies the fp32 shard to the device at each all-gather (gathers per micro-step x accumulation) and
     # the gradients back to the host once per step, after the reduce-scatter that follows the last micro-step.
+    # On a CPU run the "device" is the host: those copies move nothing.
     copies = (w.grad_accum_steps * s.gathers_per_micro_step + 1) * local * FP32 / (link.host_gb_s * 1e9)
+    copies = 0.0 if w.device == "cpu" else copies
     return copies + host_update_bytes(w, s) / (link.host_update_gb_s * 1e9)
 
 

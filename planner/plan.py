@@ -22,12 +22,13 @@ from planner.cost_model import (
 )
 from planner.errors import PlanError, error_pct
 from planner.gpus import PLANNER_GPUS, planner_gpu
-from planner.request import OVERLAP_MEANING, PlanRequest
+from planner.request import DEFAULT_MFU, OVERLAP_MEANING, PlanRequest
 from training import registry
 from training.config import ModelChoice
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens
 from training.gpu_peaks import datasheet_entry
 from training.presets import preset_overrides
+from training.steady_mean import steady_mean
 
 GIB = 2**30
 # A step "fits" when its predicted peak of allocated bytes, grown by the caching allocator's slack (it
@@ -41,8 +42,8 @@ CUDA_RESERVE_GIB = 0.5
 MFU_SPREAD = 0.25  # the MFU, relative: 0.30 stands for 0.225-0.375, the 25-40% eager PyTorch reaches
 LINK_SPREAD_ASSUMED = 0.30  # a link from the GPU table: T4 pairs measure 5-8 GB/s against the 6 assumed
 LINK_SPREAD_MEASURED = 0.15  # a link given or measured: run-to-run and message-size differences remain
-# What the time model leaves out (per-collective latency, kernel launches, the wrappers' hooks, the
-# optimizer step), different for every strategy, so not shared between two predictions.
+# What the time model leaves out (kernel launches, the wrappers' hooks, the optimizer step on a GPU, gradient
+# clipping), different for every strategy, so not shared between two predictions.
 MODEL_SPREAD = 0.05
 
 
@@ -110,17 +111,26 @@ def _hardware(
     )
 
 
-def link_from_run(run_dir: Path) -> float:
-    """The all-reduce bus bandwidth a multi-process run measured at start (config.json's launch "link")."""
-    launch = _read_json(run_dir / "config.json").get("launch") or {}
+def measured_link(config: dict[str, Any], run_dir: Path) -> Link:
+    """The link a multi-process run measured at start (config.json's launch "link"), as the alpha-beta model
+    takes it: the latency of a one-element all-reduce, and the bus bandwidth of the bucket-sized all-reduce
+    net of that latency (its time less one call's). Runs from before the latency was measured: bandwidth only."""
+    launch = config.get("launch") or {}
     link = launch.get("link") if isinstance(launch, dict) else None
-    figure = link.get("bus_gb_s") if isinstance(link, dict) else None
-    if not isinstance(figure, (int, float)) or not figure > 0:
+    link = link if isinstance(link, dict) else {}
+    figure, latency, seconds = (link.get(k) for k in ("bus_gb_s", "latency_s", "seconds_per_all_reduce"))
+    if not _positive(figure):
         raise PlanError(
             f"{run_dir} recorded no measured link (a one-process run, or one from before links were "
             "measured): use a multi-process run or --link_gb_s"
         )
-    return float(figure)
+    if not (_positive(latency) and _positive(seconds) and latency < seconds):
+        return Link(float(figure))
+    return Link(float(figure) * seconds / (seconds - latency), latency_s=float(latency))
+
+
+def _positive(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
 
 
 def workload_for(args: PlanRequest, strategy: str) -> Workload:
@@ -331,18 +341,22 @@ def planned_strategies(num_gpus: int, num_nodes: int = 1) -> list[str]:
 
 def plan(args: PlanRequest) -> dict[str, Any]:
     if args.link_from is not None:
+        measured = measured_link(_read_json(args.link_from / "config.json"), args.link_from)
         hw = hardware(
             args.gpu,
             args.precision,
             args.gpu_memory_gib,
-            link_from_run(args.link_from),
+            measured.gb_s,
             f"measured by {args.link_from}",
             args.inter_node_gb_s,
         )
+        hw = replace(hw, link=replace(hw.link, latency_s=measured.latency_s))
     else:
         hw = hardware(
             args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s, inter_node_gb_s=args.inter_node_gb_s
         )
+    if args.host_update_gb_s is not None:
+        hw = replace(hw, link=replace(hw.link, host_update_gb_s=args.host_update_gb_s))
     strategies = planned_strategies(args.num_gpus, args.num_nodes)
     plans = [plan_strategy(workload_for(args, s), s, hw, args.mfu, args.overlap) for s in strategies]
     first = workload_for(args, strategies[0])
@@ -368,6 +382,7 @@ def plan(args: PlanRequest) -> dict[str, Any]:
             "peak_flops": hw.peak_flops,
             "link": hw.link_name,
             "link_gb_s": hw.link.gb_s,
+            "link_latency_s": hw.link.latency_s,
             "host_update_gb_s": hw.link.host_update_gb_s,
             "budget_bytes": hw.budget_bytes,
             **({"inter_node_gb_s": hw.link.inter_node_gb_s} if hw.link.inter_node_gb_s is not None else {}),
@@ -407,7 +422,9 @@ def run_workload(config: dict[str, Any], summary: dict[str, Any]) -> tuple[Workl
     return w, summary["strategy"], on_cpu
 
 
-def compare_run(run_dir: Path) -> dict[str, Any]:
+def compare_run(run_dir: Path, mfu: float = DEFAULT_MFU, host_update_gb_s: float | None = None) -> dict[str, Any]:
+    """A finished run beside its plan: memory per rank, and the step time at `mfu` of the run's own peak over
+    the link it measured (one core's AdamW rate `host_update_gb_s`, where the update runs on the host)."""
     config = _read_json(run_dir / "config.json")
     summary = _read_json(run_dir / "summary.json")
     try:
@@ -453,8 +470,55 @@ def compare_run(run_dir: Path) -> dict[str, Any]:
     entry["predicted"], entry["measured"], entry["error_pct"] = (
         entry["ranks"][0][k] for k in ("predicted", "measured", "error_pct")
     )
+    entry["step_time"] = _compare_step_time(w, strategy, config, summary, run_dir, mfu, host_update_gb_s)
     entry["notes"] = _run_notes(config, summary, on_cpu)
     return entry
+
+
+def _compare_step_time(
+    w: Workload,
+    strategy: str,
+    config: dict[str, Any],
+    summary: dict[str, Any],
+    run_dir: Path,
+    mfu: float,
+    host_update_gb_s: float | None,
+) -> dict[str, Any]:
+    """The predicted step (and its range over the shared assumptions) beside the run's steady-state mean step."""
+    warmup = (config.get("run") or {}).get("perf_warmup_steps") or 0
+    times = summary.get("step_times_s") or []
+    measured = steady_mean(enumerate(times, start=1), warmup)
+    peak = summary.get("peak_flops_per_device")
+    result: dict[str, Any] = {
+        "measured_s": measured.value if measured.steps else None,
+        "measured_steps": measured.steps,
+        "warmup_steps_left_out": warmup,
+        "mfu_given": mfu,
+        "peak_flops": peak,
+    }
+    try:
+        link = measured_link(config, run_dir) if w.world_size > 1 else Link(1.0)  # one process: no link used
+    except PlanError as exc:
+        return {**result, "predicted_s": None, "range_s": None, "error_pct": None, "why_not": str(exc)}
+    if not _positive(peak):
+        why = "no peak FLOP/s recorded"
+        return {**result, "predicted_s": None, "range_s": None, "error_pct": None, "why_not": why}
+    if host_update_gb_s is not None:
+        link = replace(link, host_update_gb_s=host_update_gb_s)
+    hw = Hardware("run", float("nan"), float(peak), link, "measured by the run", LINK_SPREAD_MEASURED)
+    predicted = step_time(w, strategy, float(peak), mfu, link).step_s
+    tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps * w.world_size
+    span = speed_range(speed_corners(w, strategy, hw, mfu, "full"))
+    return {
+        **result,
+        "predicted_s": predicted,
+        "range_s": None if span is None else [tokens / span[1], tokens / span[0]],
+        "error_pct": error_pct(predicted, measured.value) if measured.steps else None,
+        "link_gb_s": link.gb_s if w.world_size > 1 else None,
+        "latency_s": link.latency_s if w.world_size > 1 else None,
+        "latency_measured": _positive(((config.get("launch") or {}).get("link") or {}).get("latency_s")),
+        "host_update_gb_s": link.host_update_gb_s,
+    }
 
 
 def _run_notes(config: dict[str, Any], summary: dict[str, Any], on_cpu: bool) -> list[str]:
@@ -550,7 +614,8 @@ def assumptions_text(result: dict[str, Any]) -> list[str]:
     return [
         "",
         f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
-        f"({gpu['link']}){_inter_node(gpu)}; overlap {w['overlap']}; "
+        f"({gpu['link']}) + {gpu['link_latency_s'] * 1e6:,.0f} us per collective call{_inter_node(gpu)}; "
+        f"overlap {w['overlap']}; "
         f"usable memory {gpu['memory_gib']:.2f} GiB per GPU "
         f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
         f"fits: peak x {margin['allocator_slack']:.2f} (allocator fragmentation) + {margin['cuda_reserve_gib']:g} "
@@ -561,15 +626,41 @@ def assumptions_text(result: dict[str, Any]) -> list[str]:
 def runs_text(entries: list[dict[str, Any]]) -> str:
     lines = ["run                                   strategy      rank  what          predicted    measured   error"]
     for e in entries:
+        name = f"{Path(e['run']).name[:36]:<37} {e['strategy']:<13}"
         for r in e["ranks"]:
             for key in ("parameters", "gradients", "optimizer", "step_peak"):
                 measured = r["measured"].get(key)
                 error = r["error_pct"].get(key)
                 lines.append(
-                    f"{Path(e['run']).name[:36]:<37} {e['strategy']:<13} {r['rank']:>4}  {key:<12} "
+                    f"{name} {r['rank']:>4}  {key:<12} "
                     f"{r['predicted'][key] / 2**20:>9.1f} MiB "
                     f"{'n/a' if measured is None else f'{measured / 2**20:9.1f} MiB':>13} "
                     f"{'' if error is None else f'{error:+.2f}%':>8}"
                 )
+        row, *notes = _step_time_lines(e["step_time"])
+        lines += [f"{name}  all  {row}", *notes]
         lines += [f"  note: {note}" for note in e["notes"]]
     return "\n".join(lines)
+
+
+def _step_time_lines(t: dict[str, Any]) -> list[str]:
+    """The step time row and what its prediction rests on."""
+    predicted = "n/a" if t["predicted_s"] is None else f"{t['predicted_s']:.4f} s"
+    measured = "n/a" if t["measured_s"] is None else f"{t['measured_s']:.4f} s"
+    error = "" if t["error_pct"] is None else f"{t['error_pct']:+.1f}%"
+    span = "" if not t.get("range_s") else f"  (range {t['range_s'][0]:.4f}-{t['range_s'][1]:.4f} s)"
+    row = f"step_time   {predicted:>13} {measured:>13} {error:>8}{span}"
+    if t["predicted_s"] is None:
+        return [row, f"  note: no step time predicted: {t['why_not']}"]
+    link = (
+        ""
+        if t.get("link_gb_s") is None
+        else f", link {t['link_gb_s']:.3g} GB/s + {t['latency_s'] * 1e6:,.0f} us per call "
+        f"({'measured by the run' if t.get('latency_measured') else 'bandwidth measured by the run, latency assumed'})"
+    )
+    return [
+        row,
+        f"  note: step time at MFU {t['mfu_given']:g} of the run's peak {t['peak_flops'] / 1e9:,.1f} GFLOP/s{link}, "
+        f"AdamW on a host core at {t['host_update_gb_s']:g} GB/s; measured: mean of {t['measured_steps']} steps "
+        f"after {t['warmup_steps_left_out']} warm-up",
+    ]

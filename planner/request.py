@@ -50,6 +50,10 @@ class PlanRequest:
     attn_impl: str = flag("attention kernel", "sdpa", choices=["sdpa", "math"])
     activation_checkpointing: bool | None = flag("default: the preset's (off but for gpt2-xl)")
     mfu: float = flag("assumed model FLOPs utilisation (0-1]", DEFAULT_MFU)
+    host_update_gb_s: float | None = flag(
+        "one host core's rate over AdamW's element-wise passes, GB/s (default 10, assumed): the offloaded update, "
+        "and on the CPU every update (python -m benchmarks.offload_update measures it)"
+    )
     link_gb_s: float | None = flag("all-reduce bus bandwidth between GPUs, GB/s", group=LINK)
     link_from: Path | None = flag(
         "the bus bandwidth a multi-process run measured at start (its config.json)", group=LINK, metavar="RUN_DIR"
@@ -103,7 +107,7 @@ def _range_problems(r: PlanRequest) -> list[str]:
             problems.append(f"--{name} must be at least 1, got {value}")
     if not 0 < r.mfu <= 1:
         problems.append(f"--mfu must lie in (0, 1], got {r.mfu}")
-    for name in ("gpu_memory_gib", "link_gb_s", "inter_node_gb_s"):
+    for name in ("gpu_memory_gib", "link_gb_s", "inter_node_gb_s", "host_update_gb_s"):
         value = getattr(r, name)
         if value is not None and not value > 0:
             problems.append(f"--{name} must be positive, got {value}")

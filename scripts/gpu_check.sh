@@ -116,6 +116,13 @@ print(f"planner {run.name}: step {entry['probe_step']} peak predicted {predicted
 for key in ("parameters", "gradients", "optimizer"):
     if key in rank["error_pct"]:
         print(f"  {key}: predicted {rank['predicted'][key] / 2**20:,.1f} MiB, error {rank['error_pct'][key]:+.2f}%")
+time = entry.get("step_time") or {}
+if time.get("predicted_s") and time.get("measured_s"):
+    # The planner's step at its assumed MFU of the datasheet peak: a check of the time model's shape, not of the MFU.
+    low, high = time["range_s"]
+    print(f"  step time: predicted {time['predicted_s']:.3f} s ({low:.3f}-{high:.3f}) at MFU {time['mfu_given']:g} "
+          f"(assumed), measured {time['measured_s']:.3f} s (mean of {time['measured_steps']} steps after the "
+          f"warm-up), error {time['error_pct']:+.1f}%")
 if any(step <= entry["probe_step"] for step in skipped):
     # A step the fp16 grad scaler skipped created no AdamW state: the probe step then lacks what the plan counts.
     print(f"  note: step(s) {skipped} skipped by the grad scaler; the optimizer state the plan counts may be missing")

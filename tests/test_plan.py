@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from model import GPT2, GPT2Config
 from model.shapes import flops_per_token, parameter_shapes
@@ -23,6 +25,7 @@ from planner.cost_model import (
     Link,
     Workload,
     activations,
+    ddp_buckets,
     logits_bytes,
     max_micro_batch_size,
     model_state,
@@ -30,6 +33,8 @@ from planner.cost_model import (
     step_memory,
     step_time,
 )
+from planner.plan import measured_link, plan
+from planner.request import PlanRequest
 from training.registry import STRATEGIES as ENTRIES
 from training.registry import names
 
@@ -41,6 +46,7 @@ REPO = Path(__file__).resolve().parents[1]
 GPT2_124M = GPT2Config()
 P_124M = 124_439_808  # 38,597,376 (wte) + 786,432 (wpe) + 12 x 7,087,872 (blocks) + 1,536 (ln_f)
 WTE_124M, ROOT_124M = 38_597_376, 38_597_376 + 786_432 + 1_536  # FSDP's root unit: wte, wpe, ln_f
+BLOCKS_124M = P_124M - ROOT_124M
 
 
 def workload(**changes) -> Workload:
@@ -126,13 +132,14 @@ def test_flops_per_token_is_the_models_own_estimate() -> None:
 
 
 def test_communication_volumes_per_device_and_step() -> None:
-    link = Link(gb_s=10.0)
+    link = Link(gb_s=10.0, latency_s=0.0)
     ddp = step_time(workload(world_size=2), "ddp", 65e12, 0.3, link)
     assert ddp.communication_bytes == 2 * (1 / 2) * P_124M * 4  # ring all-reduce of fp32 gradients
     assert ddp.communication_s == pytest.approx(P_124M * 4 / 10e9)
     fsdp = step_time(workload(world_size=2, grad_accum_steps=2), "fsdp", 65e12, 0.3, link)
-    # Two all-gathers per micro-batch and one reduce-scatter per step, all in fp16.
-    assert fsdp.communication_bytes == (1 / 2) * P_124M * (2 * 2 * 2 + 2)
+    # Per micro-batch one all-gather of the root (kept from forward to backward) and two of each block; one
+    # reduce-scatter per step; all in fp16.
+    assert fsdp.communication_bytes == (1 / 2) * 2 * (2 * (ROOT_124M + 2 * BLOCKS_124M) + P_124M)
     zero2 = step_time(workload(world_size=2), "fsdp_zero2", 65e12, 0.3, link)
     assert zero2.communication_bytes == (1 / 2) * P_124M * (2 + 2)
     single = step_time(workload(), "single", 65e12, 0.3, link)
@@ -140,6 +147,23 @@ def test_communication_volumes_per_device_and_step() -> None:
         4 * 1024 * flops_per_token(GPT2_124M, 1024) / (0.3 * 65e12)
     )
     assert ddp.step_s <= ddp.step_s_no_overlap
+
+
+def test_every_collective_call_pays_the_latency() -> None:
+    """The alpha-beta model: a call costs `latency_s` whatever its size, so the calls per step matter: DDP's
+    buckets (1 MiB first, then 25 MiB, rebuilt in the order backward completes the gradients), FSDP's units."""
+    buckets = ddp_buckets(GPT2_124M, 1024)
+    # ln_f, then the last block from its last tensor: the first bucket closes with the tensor that passes 1 MiB.
+    assert buckets[0][0] == 4 * (2 * 768 + 768 + 3072 * 768) and buckets[0][0] - 4 * 3072 * 768 < 2**20
+    assert all(size >= 25 * 2**20 for size, _ in buckets[1:-1]) and len(buckets) == 14
+    assert sum(size for size, _ in buckets) == 4 * P_124M
+    # Ready in backward order; the tied embedding's gradient is complete only at the end.
+    assert [done for _, done in buckets] == sorted(done for _, done in buckets) and buckets[-1][1] == 1.0
+    w = workload(world_size=2, grad_accum_steps=2)
+    for name, calls in (("ddp", 14), ("fsdp", 2 * (1 + 12 * 2) + 13), ("fsdp_zero2", 2 * (1 + 12) + 13)):
+        free, paid = (step_time(w, name, 65e12, 0.3, Link(6.0, latency_s=alpha)) for alpha in (0.0, 1e-3))
+        assert paid.collective_calls == calls
+        assert paid.communication_s - free.communication_s == pytest.approx(calls * 1e-3)
 
 
 def test_a_strategy_is_counted_by_its_registry_traits_not_its_name() -> None:
@@ -355,36 +379,78 @@ def test_a_damaged_run_is_one_line_and_exit_2(tmp_path: Path) -> None:
 def test_ddp_overlaps_its_all_reduce_whatever_overlap_says_and_fsdp_only_when_it_prefetches() -> None:
     link = Link(gb_s=6.0)
     ddp = step_time(workload(world_size=2, grad_accum_steps=2), "ddp", 65e12, 0.3, link)
-    # DDP's buckets are reduced during backward (2/3 of the compute) by its hooks: not a setting. The tied
+    # DDP's buckets are reduced during the last micro-step's backward by its hooks: not a setting. The tied
     # embedding's bucket is ready only after the last compute: its all-reduce is exposed however much compute
     # there is (it used to hide too, which made DDP tie with FSDP wherever both were compute-bound).
     assert ddp.step_s_without_prefetch == pytest.approx(ddp.step_s) and ddp.step_s < ddp.step_s_no_overlap
-    wte_s = 2 * (1 / 2) * WTE_124M * 4 / 6e9
-    hidden_at_most = ddp.communication_s - 2 / 3 * ddp.compute_s
-    assert ddp.step_s == pytest.approx(ddp.compute_s + max(wte_s, hidden_at_most))
+    last = [size for size, done in ddp_buckets(GPT2_124M, 1024) if done == pytest.approx(1.0)]
+    assert ddp.exposed_s >= sum(link.seconds(2 * (1 / 2) * size, 1) for size in last)
     fsdp = step_time(workload(world_size=2, grad_accum_steps=2), "fsdp", 65e12, 0.3, link)
     assert fsdp.step_s < fsdp.step_s_without_prefetch == fsdp.step_s_no_overlap  # prefetching is FSDP's setting
+
+
+def _exposed_ddp(micro_steps: int) -> float:
+    request = PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, micro_batch_size=16 // 2 // micro_steps)
+    (ddp,) = (p for p in plan(request)["strategies"] if p["strategy"] == "ddp")
+    assert ddp["grad_accum_steps"] == micro_steps  # the preset's global batch, 16 x 1024 tokens, throughout
+    return ddp["predicted_step_s"] - ddp["compute_s"]
+
+
+def test_ddp_exposes_more_of_its_all_reduce_the_more_micro_steps_share_the_global_batch() -> None:
+    """Under accumulation DDP all-reduces only in the last micro-step's backward: at the same global batch,
+    8 micro-steps leave a backward a quarter as long as 2 do to hide the same all-reduce behind (GPT-2 on
+    2 x T4, the planner's own hardware figures)."""
+    assert _exposed_ddp(8) > _exposed_ddp(2) * 1.2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    preset=st.sampled_from(["tiny", "mini", "gpt2"]),
+    sequences=st.sampled_from([8, 12, 16, 24, 48]),
+    gb_s=st.floats(0.5, 400.0),
+    latency_s=st.floats(0.0, 1e-3),
+    peak=st.floats(1e11, 1e15),
+    name=st.sampled_from(["ddp", "fsdp", "fsdp_zero2"]),
+)
+def test_exposed_communication_never_falls_as_micro_steps_grow_at_a_fixed_global_batch(
+    preset: str, sequences: int, gb_s: float, latency_s: float, peak: float, name: str
+) -> None:
+    cfg, link = GPT2Config.from_preset(preset), Link(gb_s, latency_s=latency_s)
+    exposed = []
+    for steps in (a for a in range(1, sequences + 1) if sequences % a == 0):
+        w = Workload(cfg, sequences // steps, 64, "fp16", 2, steps)
+        t = step_time(w, name, peak, 0.3, link)
+        exposed.append(t.step_s - t.compute_s)
+    assert all(later >= earlier * (1 - 1e-9) for earlier, later in zip(exposed, exposed[1:])), exposed
 
 
 def test_what_no_compute_can_hide_stays_exposed_for_each_strategy() -> None:
     """With compute to spare (a slow GPU, a fast link), what is left of the communication is what nothing can
     overlap: DDP's tied-embedding bucket; FSDP's root unit (31% of GPT-2 124M) gathered before each
-    micro-step's first compute and reduce-scattered after the last; HSDP's all-reduce between machines."""
-    slow_gpu, link = 1e12, Link(gb_s=6.0, inter_node_gb_s=2.0)
+    micro-step's first compute and reduce-scattered after the last; HSDP's root all-reduce between machines,
+    while each block's runs behind the backward of the blocks before it."""
+    slow_gpu, link = 1e12, Link(gb_s=6.0, inter_node_gb_s=2.0, latency_s=0.0)
     exposed = {}
     for name in ("ddp", "fsdp", "fsdp_zero2"):
         t = step_time(workload(world_size=2, grad_accum_steps=3), name, slow_gpu, 0.3, link)
         exposed[name] = t.step_s - t.compute_s
-    assert exposed["ddp"] == pytest.approx(2 * (1 / 2) * WTE_124M * 4 / 6e9)
+    # The buckets complete when backward ends: the first block's last and the embeddings'.
+    last = sum(size for size, done in ddp_buckets(GPT2_124M, 1024) if done == pytest.approx(1.0))
+    assert exposed["ddp"] == pytest.approx(2 * (1 / 2) * last / 6e9) and last > WTE_124M * 4
     # Three micro-steps: three gathers of the root and one reduce-scatter, fp16, over 2 GPUs.
     assert exposed["fsdp"] == exposed["fsdp_zero2"] == pytest.approx((1 / 2) * ROOT_124M * 2 * (3 + 1) / 6e9)
     two_by_two = workload(world_size=4, num_nodes=2, grad_accum_steps=3)
     hsdp = step_time(two_by_two, "hsdp", slow_gpu, 0.3, link)
-    across = 2 * (1 / 2) * P_124M / 2 * 2 * 2 / 2e9  # both GPUs of a machine through its one network link
+    # The root's shard and the first block's (its backward ends with the last compute), both GPUs of a machine
+    # through its one network link.
+    across = 2 * (1 / 2) * (ROOT_124M + BLOCKS_124M / 12) / 2 * 2 * 2 / 2e9
     assert hsdp.step_s - hsdp.compute_s == pytest.approx(exposed["fsdp"] + across)
     # Nothing of it is hidden by more compute: a 10 times slower GPU leaves the same exposed seconds.
     slower = step_time(two_by_two, "hsdp", slow_gpu / 10, 0.3, link)
     assert slower.step_s - slower.compute_s == pytest.approx(hsdp.step_s - hsdp.compute_s)
+    # With no compute to hide behind, every unit's all-reduce across the machines is exposed.
+    fast = step_time(two_by_two, "hsdp", 1e20, 0.3, link)
+    assert fast.exposed_s == pytest.approx(fast.communication_s, rel=1e-5)
 
 
 def test_memory_predictions_do_not_depend_on_overlap_link_or_uncertainty() -> None:
@@ -443,16 +509,17 @@ def test_hybrid_sharding_holds_one_machines_shard_and_sends_only_shards_across_m
     # Sharded over the 8 GPUs of a machine, as FSDP on one machine of 8; rank 9 holds what rank 1 holds.
     assert model_state(two_by_eight, "hsdp", 9) == model_state(one_machine, "fsdp", 1)
     assert step_memory(two_by_eight, "hsdp", 0).total == step_memory(one_machine, "fsdp", 0).total
-    link = Link(gb_s=200.0, inter_node_gb_s=10.0)
+    link = Link(gb_s=200.0, inter_node_gb_s=10.0, latency_s=0.0)
     hsdp = step_time(two_by_eight, "hsdp", 312e12, 0.3, link)
     fsdp = step_time(two_by_eight, "fsdp", 312e12, 0.3, link)
-    inside = (7 / 8) * P_124M * (2 * 2 * 2 + 2)  # FSDP's gathers and reduce-scatter, over the machine's 8
+    # FSDP's gathers (the root once per micro-step, the blocks twice) and reduce-scatter, over the machine's 8.
+    inside = (7 / 8) * 2 * (2 * (ROOT_124M + 2 * BLOCKS_124M) + P_124M)
     across = 2 * (1 / 2) * P_124M / 8 * 2  # each fp16 gradient shard all-reduced with its one replica
     assert hsdp.communication_bytes == pytest.approx(inside + across)
     # The 8 GPUs of a machine all-reduce their shards at once, through the machine's one link.
     assert hsdp.communication_s == pytest.approx(inside / 200e9 + 8 * across / 10e9)
     # FSDP over all 16 GPUs sends all its gathers through the slower link.
-    assert fsdp.communication_s == pytest.approx((15 / 16) * P_124M * (2 * 2 * 2 + 2) / 10e9)
+    assert fsdp.communication_s == pytest.approx((15 / 16) * 2 * (2 * (ROOT_124M + 2 * BLOCKS_124M) + P_124M) / 10e9)
     assert hsdp.communication_s < fsdp.communication_s / 3
 
 
@@ -484,3 +551,42 @@ def test_planning_without_a_command_line_takes_the_flags_defaults() -> None:
         PlanRequest(num_gpu=2)  # a misspelt field is refused, not planned at its default
     with pytest.raises(PlanRequestError, match="--num_nodes 2 or more and --inter_node_gb_s go together"):
         PlanRequest(num_nodes=2)  # the API refuses what the command line refuses
+
+
+# ---------------------------------------------------------------------------------------------------
+# Predicted step time beside a finished run's
+
+
+def test_a_measured_link_is_the_latency_and_the_bandwidth_net_of_one_call() -> None:
+    link = {"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001}
+    measured = measured_link({"launch": {"link": link}}, Path("run"))
+    # 10 MB in 10 ms of which 1 ms is the call's own cost: 10 MB in 9 ms of bandwidth.
+    assert measured.latency_s == 0.001 and measured.gb_s == pytest.approx(1.0 * 0.010 / 0.009)
+    before = measured_link({"launch": {"link": {"bus_gb_s": 1.0}}}, Path("run"))  # no latency recorded yet
+    assert before.gb_s == 1.0 and before.latency_s == Link(1.0).latency_s
+
+
+@pytest.mark.multiprocess
+def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs) -> None:
+    """The session's 2-process DDP run on the CPU: its steady-state mean step (the steps after the warm-up,
+    from summary.json) beside the planner's step at the given MFU of the run's measured peak, over the link
+    (bandwidth and latency) the run measured at start."""
+    run = shared_runs["ddp"]
+    summary = json.loads((run / "summary.json").read_text())
+    warmup = json.loads((run / "config.json").read_text())["run"]["perf_warmup_steps"]
+    steady = summary["step_times_s"][warmup:]
+    link = summary["link"]
+    assert 0 < link["latency_s"] < link["seconds_per_all_reduce"]  # a one-element all-reduce: the per-call cost
+    (entry,) = json.loads(_plan("--run", str(run), "--mfu", "0.2", "--json").stdout)["runs"]
+    t = entry["step_time"]
+    assert t["measured_s"] == pytest.approx(sum(steady) / len(steady)) and t["measured_steps"] == len(steady)
+    assert t["latency_s"] == link["latency_s"] and t["link_gb_s"] > link["bus_gb_s"]
+    assert t["error_pct"] == pytest.approx(100 * (t["predicted_s"] - t["measured_s"]) / t["measured_s"])
+    low, high = t["range_s"]
+    assert low < t["predicted_s"] < high and t["mfu_given"] == 0.2
+    slower = json.loads(_plan("--run", str(run), "--mfu", "0.1", "--json").stdout)["runs"][0]["step_time"]
+    assert slower["predicted_s"] > t["predicted_s"] and slower["measured_s"] == t["measured_s"]
+    text = _plan("--run", str(run), "--mfu", "0.2").stdout
+    (row,) = (line for line in text.splitlines() if "step_time" in line)
+    assert f"{t['predicted_s']:.4f} s" in row and f"{t['measured_s']:.4f} s" in row and f"{t['error_pct']:+.1f}%" in row
+    assert "measured by the run" in text

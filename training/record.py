@@ -155,7 +155,7 @@ class ResumedFromRecord(Record):
 
 @dataclass(frozen=True)
 class LinkRecord(Record):
-    """The all-reduce bus bandwidth a multi-process run measured at start (training/link.py).
+    """The all-reduce bus bandwidth and per-call latency a multi-process run measured at start (training/link.py).
 
     `bus_gb_s` is NCCL's bus bandwidth, 2(n-1)/n x bytes / seconds, the figure `planner.plan --link_gb_s`
     takes; `algorithm_gb_s` is bytes / seconds. Single-process runs record none.
@@ -169,6 +169,9 @@ class LinkRecord(Record):
     seconds_per_all_reduce: float | None
     algorithm_gb_s: float | None
     bus_gb_s: float | None
+    # An all-reduce of one element: the per-call cost (latency) of a collective, whatever its size; None in
+    # runs from before it was measured.
+    latency_s: float | None = None
 
 
 @dataclass(frozen=True)
