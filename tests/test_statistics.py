@@ -13,6 +13,7 @@ from analysis.report import memory_reading
 from analysis.runs import Run
 from analysis.uncertainty import (
     EXACT,
+    EXACT_PERMUTATION,
     HIGHER,
     LOG_T_INTERVAL,
     LOWER,
@@ -31,7 +32,6 @@ from analysis.uncertainty import (
     step_rates,
     step_ratio,
     summarize,
-    t_quantile,
     time_to_target,
     verdict,
 )
@@ -75,11 +75,6 @@ def make_run(
 
 # ---------------------------------------------------------------------------------------------
 # The numbers
-
-
-@pytest.mark.parametrize("df, expected", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (1e6, 1.960)])
-def test_t_quantile_matches_the_tables(df: float, expected: float) -> None:
-    assert t_quantile(0.975, df) == pytest.approx(expected, abs=2e-3)
 
 
 def test_summary_of_positive_runs_is_the_t_interval_of_the_geometric_mean() -> None:
@@ -213,11 +208,22 @@ def test_one_run_each_throughput_interval_comes_from_its_steps_and_gives_no_verd
 
 
 def test_runs_of_one_strategy_are_its_repeats() -> None:
+    runs = [make_run("single", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((990.0, 1000.0, 1010.0, 995.0))]
+    runs += [make_run("ddp", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((1490.0, 1500.0, 1510.0, 1495.0))]
+    stats = build_statistics(runs)
+    assert stats.figures[THROUGHPUT]["single"].n == 4 and stats.figures[THROUGHPUT]["single"].median == 997.5
+    lower = stats.comparison(THROUGHPUT, "single", "ddp")
+    assert lower.verdict == LOWER and lower.p_value == pytest.approx(2 / 70) and lower.test == EXACT_PERMUTATION
+
+
+def test_three_runs_each_allow_no_verdict_and_say_how_many_would() -> None:
+    # However far apart, 3 runs each split 20 ways: the exact p is at least 2 / 20 (Welch's interval alone
+    # excludes 1 here, and called it lower before the exact test).
     runs = [make_run("single", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((990.0, 1000.0, 1010.0))]
     runs += [make_run("ddp", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((1490.0, 1500.0, 1510.0))]
-    stats = build_statistics(runs)
-    assert stats.figures[THROUGHPUT]["single"].n == 3 and stats.figures[THROUGHPUT]["single"].median == 1000.0
-    assert stats.comparison(THROUGHPUT, "single", "ddp").verdict == LOWER
+    comparison = build_statistics(runs).comparison(THROUGHPUT, "single", "ddp")
+    assert comparison.ci95[1] < 1 and comparison.p_value == pytest.approx(0.1) and comparison.verdict == SAME
+    assert comparison.smallest_p == pytest.approx(0.1) and comparison.repeats_needed == 4
 
 
 def test_on_cpu_the_step_peak_is_ranked_and_the_resident_set_is_not() -> None:
@@ -239,8 +245,12 @@ def test_on_cpu_the_step_peak_is_ranked_and_the_resident_set_is_not() -> None:
 
 
 def test_resident_set_is_ranked_only_outside_its_noise() -> None:
-    runs = [make_run("single", rss_mib=v, step_peak=[300 * MIB], name=f"r{i}") for i, v in enumerate((800, 805, 810))]
-    runs += [make_run("fsdp", rss_mib=v, step_peak=[200 * MIB], name=f"r{i}") for i, v in enumerate((600, 604, 608))]
+    runs = [
+        make_run("single", rss_mib=v, step_peak=[300 * MIB], name=f"r{i}") for i, v in enumerate((800, 805, 810, 803))
+    ]
+    runs += [
+        make_run("fsdp", rss_mib=v, step_peak=[200 * MIB], name=f"r{i}") for i, v in enumerate((600, 604, 608, 602))
+    ]
     beside = memory_reading(runs, build_statistics(runs))[1]
     assert "outside its noise: single / fsdp" in beside and "higher" in beside
     noisy = [make_run("single", rss_mib=v, step_peak=[300 * MIB], name=f"r{i}") for i, v in enumerate((600, 800, 1000))]
@@ -304,20 +314,26 @@ def test_time_to_target_is_not_reached_when_fewer_than_half_reach_it() -> None:
     assert entry["spread"]["seconds"]["n"] == 1  # the one that did, still shown
 
 
-def test_strategies_are_compared_on_time_to_target_by_the_log_rank_test() -> None:
-    # Three runs each; fsdp's reach 7.0 at 6.0-6.3 s, single's at 9.0-9.3 s: every fsdp run before any single one.
+@pytest.mark.parametrize("repeats", [3, 4])
+def test_strategies_are_compared_on_time_to_target_by_the_exact_log_rank_test(repeats: int) -> None:
+    # fsdp's runs reach 7.0 at 6.0-6.3 s, single's at 9.0-9.3 s: every fsdp run before any single one.
     runs = []
     for name, base in (("single", 6.0), ("fsdp", 4.0)):
-        for k in range(3):
+        for k in range(repeats):
             run = target_run([(10, 1000, 8.0), (20, 2000, 6.0)], [(10, base + 0.1 * k), (20, 2 * (base + 0.1 * k))])
             run.summary["strategy"], run.path = name, Path(name) / f"r{k}"
             runs.append(run)
     stats = build_statistics(runs, target_loss=7.0)
     by_figure = {c["figure"]: c for c in stats.target_comparisons}
     seconds = by_figure["seconds"]
-    assert (seconds["a"], seconds["b"], seconds["verdict"]) == ("single", "fsdp", "later")
-    assert seconds["p_value"] < 0.05 and seconds["median_a"] == pytest.approx(9.15)
-    assert by_figure["tokens"]["verdict"] == "no detectable difference"  # both at 1,500 tokens
+    assert (seconds["a"], seconds["b"], seconds["direction"]) == ("single", "fsdp", "later")
+    assert seconds["p_value"] == pytest.approx(2 / math.comb(2 * repeats, repeats)) == seconds["p_adjusted"]
+    if repeats == 3:  # the most extreme split of 3 and 3 is p = 0.10: no verdict, and 4 each would allow one
+        assert seconds["verdict"] == "no detectable difference" and seconds["repeats_needed"] == 4
+    else:
+        assert seconds["verdict"] == "later" and seconds["repeats_needed"] is None
+    tokens = by_figure["tokens"]  # both at 1,500 tokens: identical, never a verdict
+    assert tokens["verdict"] == "no detectable difference" and tokens["p_value"] == 1.0
 
 
 # ---------------------------------------------------------------------------------------------
