@@ -45,6 +45,7 @@ from analysis.uncertainty import (
     STEP_BOOTSTRAP,
     STEP_PEAK,
     THROUGHPUT,
+    TOO_CORRELATED,
     TOO_FEW,
     TRAIN_TIME,
     Comparison,
@@ -112,16 +113,21 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
     lines = [f"{lead}: {parts}." if parts else f"{lead}."]
     if any(verdict == NO_VERDICT for verdict in verdicts.values()):
         lines.append(ONE_RUN_NOTE)
-    elif any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
-        lines.append(STEP_NOTE)
+    elif any(summary.method in (STEP_BOOTSTRAP, TOO_CORRELATED) for summary in summaries.values()):
+        blocks = ", ".join(
+            f"{name} {'blocks of ' + str(s.block) + ' steps' if s.method == STEP_BOOTSTRAP else 'none: ' + s.method}"
+            for name, s in summaries.items()
+        )
+        lines.append(f"{STEP_NOTE} Bootstrap per strategy: {blocks}.")
     lines += _per_device_line(runs, ranked_throughput(runs))
     return lines
 
 
 STEP_NOTE = (
     "One run per strategy: the throughput intervals come from each run's own step times (warm-up steps "
-    "excluded), so they see step-to-step noise but not drift between runs (another job on the machine, "
-    "clocks, a different node); repeated runs (`--repeats`) see that too."
+    "excluded), a moving-block bootstrap whose blocks span the steps' measured autocorrelation (no interval "
+    "where it spans a quarter of the run), so they see step-to-step noise but not drift between runs (another "
+    "job on the machine, clocks, a different node); repeated runs (`--repeats`) see that too."
 )
 ONE_RUN_NOTE = (
     "One run per strategy: no throughput verdict. A run's step times see step-to-step noise, not drift between "
@@ -616,8 +622,9 @@ def build_reading(runs: list[Run], excluded: list[Run], stats: Statistics | None
 STATISTICS_METHOD = [
     "Runs of one strategy are its repeats. Each figure of a strategy: n, median, min-max and a 95% interval: "
     "Student's t-interval of the mean logarithm over the runs (the geometric mean's, so never below zero); "
-    "with one run, the throughput's interval is a bootstrap "
-    "(2,000 resamples, fixed seed) of the median step time after warm-up, placed around the recorded figure, "
+    "with one run, the throughput's interval is a moving-block bootstrap "
+    "(2,000 resamples, fixed seed, blocks as long as the steps' measured autocorrelation) of the median step "
+    "time after warm-up, placed around the recorded figure, "
     "and other figures have none, except the live-tensor step peak, a count that repeats exactly.",
     "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale, and a test of "
     "no difference: exact over every relabelling of the runs where they are few (5,000 at most), Welch's t-test "

@@ -66,7 +66,8 @@ LOG_T_INTERVAL = "t-interval of the geometric mean over runs (log scale)"
 WELCH_LOG_RATIO = "Welch t-interval of the ratio of geometric means over runs (log scale)"
 EXACT_PERMUTATION = "exact permutation test of the difference of mean logarithms (every relabelling of the runs)"
 WELCH_TEST = "Welch's t-test of the difference of mean logarithms (many runs)"
-STEP_BOOTSTRAP = "bootstrap of the median step time of one run"
+STEP_BOOTSTRAP = "moving-block bootstrap of the median step time of one run"
+TOO_CORRELATED = "none (one run whose step times stay correlated over a quarter of its steps)"
 ONE_RUN_EACH = "none (one run each: step times cannot see drift between runs)"
 EXACT = "exact (a count with no run-to-run noise)"
 SINGLE = "none (one run)"
@@ -84,6 +85,7 @@ class Summary:
     ci95: tuple[float, float] | None  # None: no interval can be computed (one run, no within-run samples)
     method: str
     geometric_mean: float | None = None  # the centre of a log-scale interval; None for a figure not all positive
+    block: int | None = None  # steps per block of a one-run moving-block bootstrap (1: steps uncorrelated)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -95,6 +97,7 @@ class Summary:
             "geometric_mean": self.geometric_mean,
             "ci95": list(self.ci95) if self.ci95 is not None else None,
             "method": self.method,
+            "block_steps": self.block,
         }
 
 
@@ -254,20 +257,46 @@ def _welch_log_ratio(log_x: np.ndarray, log_y: np.ndarray, ratio: float, margin:
     return Ratio(ratio, ci, verdict(ci, ratio, p, margin), WELCH_LOG_RATIO, test, p, floor)
 
 
-def bootstrap_medians(samples: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """The medians of `resamples` resamples (with replacement) of `samples`."""
+def block_length(samples: Sequence[float]) -> int | None:
+    """The block of a moving-block bootstrap of consecutive steps: the first lag whose autocorrelation lies
+    inside the band white noise would show, +-1.96 / sqrt(n) (steps that far apart are as good as
+    independent); 1 for uncorrelated steps. None when the steps stay correlated up to n / 4 steps apart:
+    fewer than 4 blocks resample nothing, so no interval."""
+    data = _finite(samples)
+    centred = data - data.mean()
+    variance = float(centred @ centred)
+    if variance == 0:
+        return 1
+    band = 1.96 / math.sqrt(data.size)
+    for lag in range(1, data.size // 4 + 1):
+        if abs(float(centred[:-lag] @ centred[lag:]) / variance) < band:
+            return lag
+    return None
+
+
+def bootstrap_medians(samples: np.ndarray, resamples: int, rng: np.random.Generator, block: int = 1) -> np.ndarray:
+    """The medians of `resamples` moving-block resamples of `samples`: runs of `block` consecutive steps from
+    random starts, joined and cut to the length of the run (block 1: the ordinary bootstrap). Blocks keep
+    the correlation of neighbouring steps, which resampling steps one by one would break into a too narrow
+    interval (Kunsch, 1989)."""
+    n = samples.size
+    blocks = -(-n // block)
     out = []
     for start in range(0, resamples, _BOOTSTRAP_CHUNK):
         count = min(_BOOTSTRAP_CHUNK, resamples - start)
-        out.append(np.median(samples[rng.integers(0, samples.size, (count, samples.size))], axis=1))
+        starts = rng.integers(0, n - block + 1, (count, blocks))
+        index = (starts[:, :, None] + np.arange(block)).reshape(count, -1)[:, :n]
+        out.append(np.median(samples[index], axis=1))
     return np.concatenate(out)
 
 
-def bootstrap_median_interval(samples: Sequence[float], seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
-    """Median of `samples` and its 95% percentile-bootstrap interval (fixed seed: deterministic)."""
+def bootstrap_median_interval(
+    samples: Sequence[float], seed: int = BOOTSTRAP_SEED, block: int = 1
+) -> tuple[float, float, float]:
+    """Median of `samples` and its 95% percentile moving-block bootstrap interval (fixed seed: deterministic)."""
     data = _finite(samples)
     rng = np.random.default_rng(seed)
-    medians = bootstrap_medians(data, BOOTSTRAP_RESAMPLES, rng)
+    medians = bootstrap_medians(data, BOOTSTRAP_RESAMPLES, rng, block)
     tail = (1 - CONFIDENCE) / 2 * 100
     low, high = np.percentile(medians, [tail, 100 - tail])
     return float(np.median(data)), float(low), float(high)
@@ -466,7 +495,10 @@ def summarize_figure(figure: Figure, runs: Sequence[Run]) -> Summary | None:
     rates = step_rates(runs[0])
     if rates.size < MIN_STEPS:
         return summary
-    middle, low, high = bootstrap_median_interval(rates)
+    block = block_length(rates)
+    if block is None:
+        return replace(summary, method=TOO_CORRELATED)
+    middle, low, high = bootstrap_median_interval(rates, block=block)
     value = summary.median
     # The interval's relative width is the median step's; it is placed around the recorded figure.
     return Summary(
@@ -478,6 +510,7 @@ def summarize_figure(figure: Figure, runs: Sequence[Run]) -> Summary | None:
         (value * low / middle, value * high / middle),
         STEP_BOOTSTRAP,
         summary.geometric_mean,
+        block,
     )
 
 

@@ -69,8 +69,10 @@ def test_one_run_each_gives_no_verdict_and_the_repeats_that_would() -> None:
 
 @pytest.mark.parametrize("repeats", [3, 5, 10, 18])
 def test_over_repeats_false_verdicts_are_at_most_5_percent(repeats: int) -> None:
+    # The seed is fixed, so the count is the documented table's: held to the 5% it claims, not to a bound
+    # loosened for the binomial noise of other seeds.
     result = calibrate(repeats, TRIALS)
-    assert result.false_verdicts <= binomial_upper_count(TRIALS, FALSE_RATE_BOUND, ALPHA), result
+    assert result.false_rate <= FALSE_RATE_BOUND, result
     if repeats >= 10:  # docs/statistics.md: 10 to 18 runs per strategy at 5% run-to-run noise
         assert result.power >= 0.8, result
 

@@ -24,7 +24,9 @@ from analysis.uncertainty import (
     STEP_PEAK,
     T_INTERVAL,
     THROUGHPUT,
+    TOO_CORRELATED,
     TOO_FEW,
+    block_length,
     bootstrap_median_interval,
     build_statistics,
     mlperf_mean,
@@ -126,6 +128,26 @@ def test_bootstrap_interval_of_the_median_covers_and_is_deterministic() -> None:
     assert bootstrap_median_interval(samples[0], seed=1) != bootstrap_median_interval(samples[0], seed=2)
 
 
+def test_one_run_interval_uses_blocks_as_long_as_the_steps_autocorrelation() -> None:
+    rng = np.random.default_rng(4)
+    assert block_length(rng.normal(0.0, 1.0, 400)) == 1  # independent steps: the ordinary bootstrap
+    shocks, steps = rng.normal(0.0, 1.0, 400), np.zeros(400)
+    for i in range(1, 400):  # AR(1) with lag-1 autocorrelation 0.6: about 4 steps to fall inside the band
+        steps[i] = 0.6 * steps[i - 1] + shocks[i]
+    block = block_length(steps)
+    assert 2 <= block <= 8
+    _, low, high = bootstrap_median_interval(steps, block=block)
+    _, naive_low, naive_high = bootstrap_median_interval(steps)
+    assert high - low > 1.3 * (naive_high - naive_low)  # the step-by-step resample is too narrow
+    assert block_length(np.linspace(0.4, 0.6, 60)) is None  # a trend: correlated over the whole run
+
+
+def test_one_run_whose_steps_drift_gets_no_interval_and_says_why() -> None:
+    run = make_run("single", tokens_per_s=2000.0, step_times=[0.4 + 0.004 * i for i in range(63)])
+    summary = build_statistics([run]).figures[THROUGHPUT]["single"]
+    assert summary.ci95 is None and summary.method == TOO_CORRELATED and summary.block is None
+
+
 def test_mlperf_mean_drops_the_fastest_and_the_slowest() -> None:
     assert mlperf_mean([10.0, 1.0, 2.0, 3.0]) == 2.5
     assert mlperf_mean([1.0, 2.0]) is None
@@ -200,7 +222,7 @@ def test_one_run_each_throughput_interval_comes_from_its_steps_and_gives_no_verd
     ]
     stats = build_statistics(runs)
     single = stats.figures[THROUGHPUT]["single"]
-    assert single.method == STEP_BOOTSTRAP and single.ci95[0] < 2000.0 < single.ci95[1]
+    assert single.method == STEP_BOOTSTRAP and single.ci95[0] < 2000.0 < single.ci95[1] and single.block >= 1
     comparison = stats.comparison(THROUGHPUT, "ddp", "single")
     # However narrow the step times make it, one run each cannot see drift between runs (tests/test_calibration.py).
     assert comparison.verdict == NO_VERDICT and comparison.ratio == pytest.approx(1.25) and comparison.ci95 is None
