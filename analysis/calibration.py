@@ -38,6 +38,7 @@ from training.cli import EXIT_BAD_INPUT, OneLineParser
 from training.record import RunTotals
 
 REPEATS = (1, 3, 5, 10, 18)  # one run each, and docs/statistics.md's repeat counts
+HEAVY_REPEATS = (4, 5, 10)
 TRIALS = 400
 SEED = 2024
 DIFFERENCE = 1.10  # B is 10% faster than A
@@ -62,6 +63,11 @@ class StepTimeModel:
     autocorrelation: float = 0.45
     run_sd: float = 0.05
     tokens_per_step: int = 1024
+    # Heavy tails, which Welch's t assumes away: a share of runs on a throttled device (a second mode, this
+    # much slower), and the first run of each side on one slow machine, this much slower (1.0: none).
+    throttled_share: float = 0.0
+    throttled_slowdown: float = 1.0
+    slow_machine: float = 1.0
 
     def step_times(self, rng: np.random.Generator, runs: int, speed: float = 1.0) -> np.ndarray:
         """(runs, steps) step times: a level per run, AR(1) noise around it, stationary from the first step."""
@@ -72,7 +78,13 @@ class StepTimeModel:
         for i in range(1, self.steps):
             noise[:, i] = phi * noise[:, i - 1] + math.sqrt(1 - phi**2) * shocks[:, i]
         level = rng.normal(0.0, self.run_sd, (runs, 1))
+        throttled = rng.random((runs, 1)) < self.throttled_share
+        level = level + np.where(throttled, math.log(self.throttled_slowdown), 0.0)
         return self.step_time_s / speed * np.exp(level + noise)
+
+
+# 10% of runs on a device throttled 30% slower, and one of A's runs on a machine 20% slower.
+HEAVY_TAILS = StepTimeModel(throttled_share=0.1, throttled_slowdown=1.3, slow_machine=1.2)
 
 
 class SyntheticRun(Run):
@@ -125,6 +137,7 @@ def _verdicts(method: Method, model: StepTimeModel, rng: np.random.Generator, n:
     """The verdict of B over A in each of `trials` pairs of n runs each, B `speed` times as fast."""
     times_a = model.step_times(rng, trials * n).reshape(trials, n, model.steps)
     times_b = model.step_times(rng, trials * n, speed).reshape(trials, n, model.steps)
+    times_a[:, 0] *= model.slow_machine  # A's first run landed on the slow machine
     figure: Figure | None = None
     for trial in range(trials):
         a = [synthetic_run("a", t, model.tokens_per_step, i) for i, t in enumerate(times_a[trial])]
@@ -165,8 +178,10 @@ def table(trials: int, seed: int) -> list[str]:
     """The printed table: the report's method at each repeat count, and the step-time bootstrap at n = 1."""
     rows = [("step-time bootstrap (one run each)", calibrate(1, trials, seed, method=step_bootstrap_comparison))]
     rows += [("report (compare_figure)", calibrate(n, trials, seed)) for n in REPEATS]
+    rows += [("report, heavy tails", calibrate(n, trials, seed, model=HEAVY_TAILS)) for n in HEAVY_REPEATS]
     lines = [
         f"{trials} A/A and {trials} B/A pairs per row (B {DIFFERENCE - 1:.0%} faster), seed {seed}; {StepTimeModel()}",
+        f"heavy tails: {HEAVY_TAILS}",
         f"{'method':<36} {'runs each':>9} {'false verdicts':>15} {'power':>7}",
     ]
     lines += [f"{name:<36} {c.repeats:>9} {c.false_rate:>15.1%} {c.power:>7.1%}" for name, c in rows]
