@@ -32,10 +32,11 @@ from analysis.uncertainty import (
     compare_figure,
     run_figures,
     step_bootstrap_comparison,
+    target_comparisons,
 )
 from training import run_schema as schema
 from training.cli import EXIT_BAD_INPUT, OneLineParser
-from training.record import RunTotals
+from training.record import EvalLine, RunTotals, TrainLine
 
 REPEATS = (1, 3, 5, 10, 18)  # one run each, and docs/statistics.md's repeat counts
 HEAVY_REPEATS = (4, 5, 10)
@@ -174,6 +175,51 @@ def binomial_upper_count(trials: int, rate: float, alpha: float) -> int:
     return trials
 
 
+TARGET_REPEATS = (3, 4, 5)
+TARGET_TRIALS = 200  # the exact log-rank recomputes scipy's statistic per relabelling: 252 at 5 runs each
+TARGET_LOSS, TARGET_STEP = 7.0, 15
+
+
+def target_run(strategy: str, times: np.ndarray, tokens_per_step: int, index: int) -> Run:
+    """A run whose validation loss falls from 8.0 at step 10 to 6.0 at step 20, so it reaches 7.0 at step 15,
+    as same-seed strategies do; its training time there is the sum of its first 15 step times."""
+    run = synthetic_run(strategy, times, tokens_per_step, index)
+    elapsed = np.cumsum(times)
+    run.train = [TrainLine.from_dict({"step": i + 1, "elapsed_s": float(e)}) for i, e in enumerate(elapsed)]
+    run.evals = [
+        EvalLine.from_dict({"step": step, "tokens": step * tokens_per_step, "val_loss": loss})
+        for step, loss in ((10, 8.0), (20, 6.0))
+    ]
+    return run
+
+
+def calibrate_target(
+    repeats: int, trials: int = TARGET_TRIALS, seed: int = SEED, model: StepTimeModel = StepTimeModel()
+) -> Calibration:
+    """`trials` A/A and B/A pairs of `repeats` runs each through the report's time-to-target comparison
+    (`target_comparisons`): a false verdict is `sooner` or `later` on the seconds or the tokens of an A/A
+    pair; the power, B (10% faster steps) called `sooner` than A on the seconds."""
+    rng = np.random.default_rng([seed, repeats, 1])
+    counts = []
+    for speed in (1.0, DIFFERENCE):
+        times_a = model.step_times(rng, trials * repeats).reshape(trials, repeats, model.steps)
+        times_b = model.step_times(rng, trials * repeats, speed).reshape(trials, repeats, model.steps)
+        times_a[:, 0] *= model.slow_machine
+        hits = 0
+        for trial in range(trials):
+            runs = {
+                "b": [target_run("b", t, model.tokens_per_step, i) for i, t in enumerate(times_b[trial])],
+                "a": [target_run("a", t, model.tokens_per_step, i) for i, t in enumerate(times_a[trial])],
+            }
+            pairs = target_comparisons(runs, TARGET_LOSS)
+            if speed == 1.0:
+                hits += any(p["verdict"] in ("sooner", "later") for p in pairs)
+            else:
+                hits += any(p["figure"] == "seconds" and p["verdict"] == "sooner" for p in pairs)
+        counts.append(hits)
+    return Calibration(repeats, trials, counts[0], counts[1])
+
+
 def table(trials: int, seed: int) -> list[str]:
     """The printed table: the report's method at each repeat count, and the step-time bootstrap at n = 1."""
     rows = [("step-time bootstrap (one run each)", calibrate(1, trials, seed, method=step_bootstrap_comparison))]
@@ -185,6 +231,15 @@ def table(trials: int, seed: int) -> list[str]:
         f"{'method':<36} {'runs each':>9} {'false verdicts':>15} {'power':>7}",
     ]
     lines += [f"{name:<36} {c.repeats:>9} {c.false_rate:>15.1%} {c.power:>7.1%}" for name, c in rows]
+    targets = [
+        (f"time to target{label}", calibrate_target(n, min(trials, TARGET_TRIALS), seed, model))
+        for label, model in (("", StepTimeModel()), (", heavy tails", HEAVY_TAILS))
+        for n in TARGET_REPEATS
+    ]
+    lines.append(
+        f"time to target: {min(trials, TARGET_TRIALS)} A/A and B/A pairs per row, loss reached at step {TARGET_STEP}"
+    )
+    lines += [f"{name:<36} {c.repeats:>9} {c.false_rate:>15.1%} {c.power:>7.1%}" for name, c in targets]
     return lines
 
 

@@ -19,6 +19,7 @@ from analysis.calibration import (
     StepTimeModel,
     binomial_upper_count,
     calibrate,
+    calibrate_target,
     main,
     synthetic_run,
 )
@@ -83,6 +84,14 @@ def test_over_repeats_false_verdicts_are_at_most_5_percent(repeats: int) -> None
 def test_with_heavy_tails_false_verdicts_are_at_most_5_percent(repeats: int) -> None:
     # A throttled mode and one slow machine, which Welch's t does not assume: the exact test holds its 5%.
     assert calibrate(repeats, TRIALS, model=HEAVY_TAILS).false_rate <= FALSE_RATE_BOUND
+
+
+def test_time_to_target_at_three_runs_each_never_decides_and_at_four_holds_5_percent() -> None:
+    # At 3 each no relabelling gives p below 0.10: no verdict, false or true. At 4 each, heavy tails included.
+    three = calibrate_target(3, 30)
+    assert three.false_verdicts == 0 and three.detected == 0
+    four = calibrate_target(4, 100, model=HEAVY_TAILS)
+    assert four.false_rate <= FALSE_RATE_BOUND and four.detected > 0, four
 
 
 @pytest.mark.parametrize(
