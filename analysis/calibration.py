@@ -1,13 +1,15 @@
-"""How often a throughput comparison is wrong: A/A and B/A pairs of synthetic runs fed to the report's method.
+"""How often a comparison is wrong: A/A and B/A pairs of synthetic runs fed to the report's own functions.
 
     python -m analysis.calibration [--trials N] [--seed S]
 
-prints, for n = 1, 3, 5, 10 and 18 runs per strategy, the rate of false verdicts (a `higher` or `lower`
-between two strategies that are the same) and the power (a true 10% difference called in the right
-direction). The runs are drawn as the step times measured here behave (`StepTimeModel`): each run has its
-own level (run-to-run drift, a random effect) and its steps follow it with AR(1) autocorrelation. n = 1 is
-also measured with the step-time bootstrap the report used to decide on one run each, which is why it no
-longer does (docs/statistics.md).
+prints, for n = 1, 3, 5, 10 and 18 runs per strategy, the rate of false throughput verdicts (a `higher` or
+`lower` between two strategies that are the same) and the power (a true 10% difference called in the right
+direction); the same with heavy tails (`HEAVY_TAILS`: a throttled mode and one slow machine) at 4, 5 and 10;
+and the time to a target loss (`sooner` or `later` on the seconds or tokens of an A/A pair) at 3, 4 and 5.
+The runs are drawn as the step times measured here behave (`StepTimeModel`): each run has its own level
+(run-to-run drift, a random effect) and its steps follow it with AR(1) autocorrelation. n = 1 is also
+measured with the step-time bootstrap the report used to decide on one run each, which is why it no longer
+does (docs/statistics.md).
 """
 
 from __future__ import annotations
