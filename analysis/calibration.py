@@ -187,9 +187,9 @@ def target_run(strategy: str, times: np.ndarray, tokens_per_step: int, index: in
     as same-seed strategies do; its training time there is the sum of its first 15 step times."""
     run = synthetic_run(strategy, times, tokens_per_step, index)
     elapsed = np.cumsum(times)
-    run.train = [TrainLine.from_dict({"step": i + 1, "elapsed_s": float(e)}) for i, e in enumerate(elapsed)]
+    run.train = [TrainLine.from_dict({"step": i + 1, schema.ELAPSED.key: float(e)}) for i, e in enumerate(elapsed)]
     run.evals = [
-        EvalLine.from_dict({"step": step, "tokens": step * tokens_per_step, "val_loss": loss})
+        EvalLine.from_dict({"step": step, "tokens": step * tokens_per_step, schema.VAL_LOSS.key: loss})
         for step, loss in ((10, 8.0), (20, 6.0))
     ]
     return run
