@@ -520,7 +520,9 @@ def compare_figure(figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b
     values_a, values_b = _values(figure, runs_a), _values(figure, runs_b)
     if figure.name == THROUGHPUT and len(values_a) == 1 and len(values_b) == 1 and values_a != values_b:
         ratio = values_a[0] / values_b[0]
-        return Comparison(figure.name, a, b, ratio, None, NO_VERDICT, ONE_RUN_EACH, repeats_needed(ratio))
+        return Comparison(
+            figure.name, a, b, ratio, None, NO_VERDICT, ONE_RUN_EACH, repeats_needed(ratio), margin=figure.margin
+        )
     result = ratio_over_runs(values_a, values_b, figure.exact, figure.margin)
     if result is None:
         return None
@@ -543,11 +545,15 @@ def compare_figure(figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b
 def corrected(comparisons: Sequence[Comparison]) -> list[Comparison]:
     """The pairs of one figure with Holm's correction over those that were tested: each verdict read from
     the adjusted p, and where the exact test cannot reach 5% at these runs after the correction, the runs
-    per strategy at which it could."""
+    per strategy at which it could; one throughput run each, at least those runs too."""
     adjusted = holm([c.p_value for c in comparisons])
     family = sum(p is not None for p in adjusted)
     out = []
     for c, p in zip(comparisons, adjusted):
+        if c.verdict == NO_VERDICT and c.repeats_needed is not None:
+            # The repeats must also let the exact test reach 5% over all of this figure's pairs.
+            out.append(replace(c, repeats_needed=max(c.repeats_needed, repeats_for_a_verdict(len(comparisons)))))
+            continue
         if p is None:
             out.append(c)
             continue
