@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from analysis.runs import Run
 from analysis.uncertainty import (
@@ -169,12 +170,7 @@ def binomial_upper_count(trials: int, rate: float, alpha: float) -> int:
 
     A method whose true false-verdict rate is `rate` shows more than k false verdicts in `trials` with
     probability at most `alpha`; more than k rejects "rate or below"."""
-    tail = 1.0
-    for k in range(trials + 1):
-        tail -= math.comb(trials, k) * rate**k * (1 - rate) ** (trials - k)
-        if tail <= alpha:
-            return k
-    return trials
+    return int(stats.binom.isf(alpha, trials, rate))
 
 
 TARGET_REPEATS = (3, 4)  # 3: no verdict is possible; 4: the fewest at which one pair can have one

@@ -27,14 +27,14 @@ from analysis.uncertainty import NO_VERDICT, build_statistics, repeats_needed, s
 
 TRIALS = 400
 # A method whose true false-verdict rate is 5% shows more than this many false verdicts in 400 A/A pairs
-# in at most 0.1% of seeds (34, 8.5%); a count above it rejects "5% or less". Four repeat counts are
-# checked, so a correct method passes all of them for at least 99.6% of seeds.
+# in at most 0.1% of seeds (35, 8.75%); a count above it rejects "5% or less". Seven rows (four repeat
+# counts, three with heavy tails) are checked, so a correct method passes all of them for at least 99.3% of seeds.
 ALPHA = 0.001
 # docs/statistics.md's bound, asserted as written. Not "at most 5% of 400": a method whose true rate is
 # exactly 5% (Welch's test at many runs is) shows more than 20 in about 45% of seeds, and the exact test's
 # 4.8% (12 of 252 relabellings at 5 runs each) in about a third; holding the count of one seed to 20 would
 # fail a correct method or invite choosing the seed.
-FALSE_VERDICTS_400 = 34
+FALSE_VERDICTS_400 = 35  # P(X > 35) = 0.00057 <= 0.001 < P(X > 34) = 0.0011
 
 
 def test_the_binomial_bound_is_the_tail_quantile() -> None:
