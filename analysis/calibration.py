@@ -1,13 +1,15 @@
-"""How often a throughput comparison is wrong: A/A and B/A pairs of synthetic runs fed to the report's method.
+"""How often a comparison is wrong: A/A and B/A pairs of synthetic runs fed to the report's own functions.
 
     python -m analysis.calibration [--trials N] [--seed S]
 
-prints, for n = 1, 3, 5, 10 and 18 runs per strategy, the rate of false verdicts (a `higher` or `lower`
-between two strategies that are the same) and the power (a true 10% difference called in the right
-direction). The runs are drawn as the step times measured here behave (`StepTimeModel`): each run has its
-own level (run-to-run drift, a random effect) and its steps follow it with AR(1) autocorrelation. n = 1 is
-also measured with the step-time bootstrap the report used to decide on one run each, which is why it no
-longer does (docs/statistics.md).
+prints, for n = 1, 3, 5, 10 and 18 runs per strategy, the rate of false throughput verdicts (a `higher` or
+`lower` between two strategies that are the same) and the power (a true 10% difference called in the right
+direction); the same with heavy tails (`HEAVY_TAILS`: a throttled mode and one slow machine) at 4, 5 and 10;
+and the time to a target loss (`sooner` or `later` on the seconds or tokens of an A/A pair) at 3 and 4.
+The runs are drawn as the step times measured here behave (`StepTimeModel`): each run has its own level
+(run-to-run drift, a random effect) and its steps follow it with AR(1) autocorrelation. n = 1 is also
+measured with the step-time bootstrap the report used to decide on one run each, which is why it no longer
+does (docs/statistics.md).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
 from analysis.runs import Run
 from analysis.uncertainty import (
@@ -32,12 +35,14 @@ from analysis.uncertainty import (
     compare_figure,
     run_figures,
     step_bootstrap_comparison,
+    target_comparisons,
 )
 from training import run_schema as schema
 from training.cli import EXIT_BAD_INPUT, OneLineParser
-from training.record import RunTotals
+from training.record import EvalLine, RunTotals, TrainLine
 
 REPEATS = (1, 3, 5, 10, 18)  # one run each, and docs/statistics.md's repeat counts
+HEAVY_REPEATS = (4, 5, 10)
 TRIALS = 400
 SEED = 2024
 DIFFERENCE = 1.10  # B is 10% faster than A
@@ -62,6 +67,11 @@ class StepTimeModel:
     autocorrelation: float = 0.45
     run_sd: float = 0.05
     tokens_per_step: int = 1024
+    # Heavy tails, which Welch's t assumes away: a share of runs on a throttled device (a second mode, this
+    # much slower), and the first run of each side on one slow machine, this much slower (1.0: none).
+    throttled_share: float = 0.0
+    throttled_slowdown: float = 1.0
+    slow_machine: float = 1.0
 
     def step_times(self, rng: np.random.Generator, runs: int, speed: float = 1.0) -> np.ndarray:
         """(runs, steps) step times: a level per run, AR(1) noise around it, stationary from the first step."""
@@ -72,7 +82,13 @@ class StepTimeModel:
         for i in range(1, self.steps):
             noise[:, i] = phi * noise[:, i - 1] + math.sqrt(1 - phi**2) * shocks[:, i]
         level = rng.normal(0.0, self.run_sd, (runs, 1))
+        throttled = rng.random((runs, 1)) < self.throttled_share
+        level = level + np.where(throttled, math.log(self.throttled_slowdown), 0.0)
         return self.step_time_s / speed * np.exp(level + noise)
+
+
+# 10% of runs on a device throttled 30% slower, and one of A's runs on a machine 20% slower.
+HEAVY_TAILS = StepTimeModel(throttled_share=0.1, throttled_slowdown=1.3, slow_machine=1.2)
 
 
 class SyntheticRun(Run):
@@ -125,6 +141,7 @@ def _verdicts(method: Method, model: StepTimeModel, rng: np.random.Generator, n:
     """The verdict of B over A in each of `trials` pairs of n runs each, B `speed` times as fast."""
     times_a = model.step_times(rng, trials * n).reshape(trials, n, model.steps)
     times_b = model.step_times(rng, trials * n, speed).reshape(trials, n, model.steps)
+    times_a[:, 0] *= model.slow_machine  # A's first run landed on the slow machine
     figure: Figure | None = None
     for trial in range(trials):
         a = [synthetic_run("a", t, model.tokens_per_step, i) for i, t in enumerate(times_a[trial])]
@@ -153,23 +170,74 @@ def binomial_upper_count(trials: int, rate: float, alpha: float) -> int:
 
     A method whose true false-verdict rate is `rate` shows more than k false verdicts in `trials` with
     probability at most `alpha`; more than k rejects "rate or below"."""
-    tail = 1.0
-    for k in range(trials + 1):
-        tail -= math.comb(trials, k) * rate**k * (1 - rate) ** (trials - k)
-        if tail <= alpha:
-            return k
-    return trials
+    return int(stats.binom.isf(alpha, trials, rate))
+
+
+TARGET_REPEATS = (3, 4)  # 3: no verdict is possible; 4: the fewest at which one pair can have one
+TARGET_TRIALS = 200  # the exact log-rank recomputes scipy's statistic per relabelling: 252 at 5 runs each
+TARGET_LOSS, TARGET_STEP = 7.0, 15
+
+
+def target_run(strategy: str, times: np.ndarray, tokens_per_step: int, index: int) -> Run:
+    """A run whose validation loss falls from 8.0 at step 10 to 6.0 at step 20, so it reaches 7.0 at step 15,
+    as same-seed strategies do; its training time there is the sum of its first 15 step times."""
+    run = synthetic_run(strategy, times, tokens_per_step, index)
+    elapsed = np.cumsum(times)
+    run.train = [TrainLine.from_dict({"step": i + 1, schema.ELAPSED.key: float(e)}) for i, e in enumerate(elapsed)]
+    run.evals = [
+        EvalLine.from_dict({"step": step, "tokens": step * tokens_per_step, schema.VAL_LOSS.key: loss})
+        for step, loss in ((10, 8.0), (20, 6.0))
+    ]
+    return run
+
+
+def calibrate_target(
+    repeats: int, trials: int = TARGET_TRIALS, seed: int = SEED, model: StepTimeModel = StepTimeModel()
+) -> Calibration:
+    """`trials` A/A and B/A pairs of `repeats` runs each through the report's time-to-target comparison
+    (`target_comparisons`): a false verdict is `sooner` or `later` on the seconds or the tokens of an A/A
+    pair; the power, B (10% faster steps) called `sooner` than A on the seconds."""
+    rng = np.random.default_rng([seed, repeats, 1])
+    counts = []
+    for speed in (1.0, DIFFERENCE):
+        times_a = model.step_times(rng, trials * repeats).reshape(trials, repeats, model.steps)
+        times_b = model.step_times(rng, trials * repeats, speed).reshape(trials, repeats, model.steps)
+        times_a[:, 0] *= model.slow_machine
+        hits = 0
+        for trial in range(trials):
+            runs = {
+                "b": [target_run("b", t, model.tokens_per_step, i) for i, t in enumerate(times_b[trial])],
+                "a": [target_run("a", t, model.tokens_per_step, i) for i, t in enumerate(times_a[trial])],
+            }
+            pairs = target_comparisons(runs, TARGET_LOSS)
+            if speed == 1.0:
+                hits += any(p["verdict"] in ("sooner", "later") for p in pairs)
+            else:
+                hits += any(p["figure"] == "seconds" and p["verdict"] == "sooner" for p in pairs)
+        counts.append(hits)
+    return Calibration(repeats, trials, counts[0], counts[1])
 
 
 def table(trials: int, seed: int) -> list[str]:
     """The printed table: the report's method at each repeat count, and the step-time bootstrap at n = 1."""
     rows = [("step-time bootstrap (one run each)", calibrate(1, trials, seed, method=step_bootstrap_comparison))]
     rows += [("report (compare_figure)", calibrate(n, trials, seed)) for n in REPEATS]
+    rows += [("report, heavy tails", calibrate(n, trials, seed, model=HEAVY_TAILS)) for n in HEAVY_REPEATS]
     lines = [
         f"{trials} A/A and {trials} B/A pairs per row (B {DIFFERENCE - 1:.0%} faster), seed {seed}; {StepTimeModel()}",
+        f"heavy tails: {HEAVY_TAILS}",
         f"{'method':<36} {'runs each':>9} {'false verdicts':>15} {'power':>7}",
     ]
     lines += [f"{name:<36} {c.repeats:>9} {c.false_rate:>15.1%} {c.power:>7.1%}" for name, c in rows]
+    targets = [
+        (f"time to target{label}", calibrate_target(n, min(trials, TARGET_TRIALS), seed, model))
+        for label, model in (("", StepTimeModel()), (", heavy tails", HEAVY_TAILS))
+        for n in TARGET_REPEATS
+    ]
+    lines.append(
+        f"time to target: {min(trials, TARGET_TRIALS)} A/A and B/A pairs per row, loss reached at step {TARGET_STEP}"
+    )
+    lines += [f"{name:<36} {c.repeats:>9} {c.false_rate:>15.1%} {c.power:>7.1%}" for name, c in targets]
     return lines
 
 

@@ -36,6 +36,7 @@ from analysis.uncertainty import (
     HIGHER,
     LOWER,
     MIB,
+    NEGLIGIBLE,
     NO_VERDICT,
     RESERVED,
     RESIDENT,
@@ -44,6 +45,7 @@ from analysis.uncertainty import (
     STEP_BOOTSTRAP,
     STEP_PEAK,
     THROUGHPUT,
+    TOO_CORRELATED,
     TOO_FEW,
     TRAIN_TIME,
     Comparison,
@@ -93,7 +95,7 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
     against = {name: stats.comparison(THROUGHPUT, best, name) for name in rest}
     verdicts = {name: c.verdict if c is not None else TOO_FEW for name, c in against.items()}
     shown = f"{summaries[best].median:,.0f} tokens/s ({which}; {_interval_text(summaries[best], ',.0f')})"
-    tied = [name for name in rest if verdicts[name] == SAME]
+    tied = [name for name in rest if verdicts[name] in (SAME, NEGLIGIBLE)]
     if all(v == HIGHER for v in verdicts.values()):
         lead = f"Throughput: **{best}** is fastest with {shown}"
     elif tied:
@@ -111,16 +113,21 @@ def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[st
     lines = [f"{lead}: {parts}." if parts else f"{lead}."]
     if any(verdict == NO_VERDICT for verdict in verdicts.values()):
         lines.append(ONE_RUN_NOTE)
-    elif any(summary.method == STEP_BOOTSTRAP for summary in summaries.values()):
-        lines.append(STEP_NOTE)
+    elif any(summary.method in (STEP_BOOTSTRAP, TOO_CORRELATED) for summary in summaries.values()):
+        blocks = ", ".join(
+            f"{name} {'blocks of ' + str(s.block) + ' steps' if s.method == STEP_BOOTSTRAP else 'none: ' + s.method}"
+            for name, s in summaries.items()
+        )
+        lines.append(f"{STEP_NOTE} Bootstrap per strategy: {blocks}.")
     lines += _per_device_line(runs, ranked_throughput(runs))
     return lines
 
 
 STEP_NOTE = (
     "One run per strategy: the throughput intervals come from each run's own step times (warm-up steps "
-    "excluded), so they see step-to-step noise but not drift between runs (another job on the machine, "
-    "clocks, a different node); repeated runs (`--repeats`) see that too."
+    "excluded), a moving-block bootstrap whose blocks span the steps' measured autocorrelation (no interval "
+    "where it spans a quarter of the run), so they see step-to-step noise but not drift between runs (another "
+    "job on the machine, clocks, a different node); repeated runs (`--repeats`) see that too."
 )
 ONE_RUN_NOTE = (
     "One run per strategy: no throughput verdict. A run's step times see step-to-step noise, not drift between "
@@ -139,7 +146,25 @@ def _ratio_text(comparison: Comparison, name: str, value: str) -> str:
     if comparison.ci95 is None:
         return f"{comparison.ratio:.2f}x {name} ({value}; no interval: {comparison.verdict})"
     low, high = comparison.ci95
-    return f"{comparison.ratio:.2f}x {name} ({value}; 95% interval {low:.2f}-{high:.2f}x: {comparison.verdict})"
+    return (
+        f"{comparison.ratio:.2f}x {name} ({value}; 95% interval {low:.2f}-{high:.2f}x{_test_text(comparison)}: "
+        f"{comparison.verdict})"
+    )
+
+
+def _test_text(comparison: Comparison) -> str:
+    """'; p = 0.100, Holm-adjusted 0.300 (the smallest 3 and 3 runs allow: 4 runs each would decide)'."""
+    if comparison.p_value is None or comparison.p_adjusted is None:
+        return ""
+    text = f", p = {comparison.p_value:.3f}"
+    if comparison.p_adjusted != comparison.p_value:
+        text += f", Holm-adjusted {comparison.p_adjusted:.3f}"
+    if comparison.repeats_needed is not None and comparison.smallest_p is not None:
+        text += (
+            f" (no exact test can reach 5% at these runs: {comparison.repeats_needed} runs per strategy would allow a "
+            "verdict)"
+        )
+    return text
 
 
 def _interval_text(summary: Summary, spec: str) -> str:
@@ -241,7 +266,7 @@ def _verdict_text(comparison: Comparison) -> str:
         return comparison.verdict
     low, high = comparison.ci95
     if low != high:
-        return f"95% interval {low:.3f}-{high:.3f}: {comparison.verdict}"
+        return f"95% interval {low:.3f}-{high:.3f}{_test_text(comparison)}: {comparison.verdict}"
     # A point interval: identical single runs, a count, or repeats without spread.
     how = "identical values" if comparison.method == SINGLE else f"ratio {comparison.ratio:.3f}, exact"
     return f"{how}: {comparison.verdict}"
@@ -454,7 +479,8 @@ def repeats_line(stats: Statistics) -> list[str]:
     shown = ", ".join(f"{name} {n}" for name, n in counts.items())
     return [
         f"Runs per strategy (repeats, grouped by strategy): {shown}. A verdict (higher, lower) is stated "
-        "only where the ratio's 95% interval excludes 1."
+        "only where the ratio's 95% interval excludes 1, the test's p-value, Holm-adjusted over the pairs of the "
+        "figure, is below 5%, and the ratio lies outside the figure's practical margin."
     ]
 
 
@@ -471,17 +497,30 @@ def target_lines(stats: Statistics) -> list[str]:
         f"a run that never reached it counted as not before its last evaluation): {'; '.join(parts)}."
     ]
     verdicts = [
-        f"{c['a']} against {c['b']} in {c['figure']}: {c['verdict']}"
-        + (
-            f" (p = {c['p_value']:.3f})"
-            if c["p_value"] is not None
-            else " (nothing to test: reached together or not at all)"
-        )
+        f"{c['a']} against {c['b']} in {c['figure']}: {c['verdict']}{_target_test_text(c)}"
         for c in stats.target_comparisons
     ]
     if verdicts:
-        lines.append(f"Time to validation loss {target:g}, log-rank test at 5%: {'; '.join(verdicts)}.")
+        lines.append(
+            f"Time to validation loss {target:g}, log-rank statistic, exact over every relabelling of the runs where "
+            f"they are few, Holm-adjusted over the pairs, at 5%: {'; '.join(verdicts)}."
+        )
     return lines
+
+
+def _target_test_text(pair: dict[str, Any]) -> str:
+    """' (p = 0.100, Holm-adjusted 0.300; 3 and 3 runs cannot reach 5%: 5 runs each would allow a verdict)'."""
+    if pair["p_value"] is None:
+        return " (nothing to test: no run reached it)"
+    text = f" (p = {pair['p_value']:.3f}"
+    if pair["p_adjusted"] != pair["p_value"]:
+        text += f", Holm-adjusted {pair['p_adjusted']:.3f}"
+    if pair.get("repeats_needed") is not None:
+        text += (
+            f"; no exact test of {pair['runs_a']} and {pair['runs_b']} runs can reach 5% (the smallest p they allow "
+            f"is {pair['smallest_p']:.3f}): {pair['repeats_needed']} runs each would allow a verdict"
+        )
+    return text + ")"
 
 
 def _target_text(name: str, entry: dict[str, Any]) -> str:
@@ -583,11 +622,16 @@ def build_reading(runs: list[Run], excluded: list[Run], stats: Statistics | None
 STATISTICS_METHOD = [
     "Runs of one strategy are its repeats. Each figure of a strategy: n, median, min-max and a 95% interval: "
     "Student's t-interval of the mean logarithm over the runs (the geometric mean's, so never below zero); "
-    "with one run, the throughput's interval is a bootstrap "
-    "(2,000 resamples, fixed seed) of the median step time after warm-up, placed around the recorded figure, "
+    "with one run, the throughput's interval is a moving-block bootstrap "
+    "(2,000 resamples, fixed seed, blocks as long as the steps' measured autocorrelation) of the median step "
+    "time after warm-up, placed around the recorded figure, "
     "and other figures have none, except the live-tensor step peak, a count that repeats exactly.",
-    "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale. Verdict: "
-    "higher when the interval lies above 1, lower when below, no detectable difference when it contains 1; with "
+    "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale, and a test of "
+    "no difference: exact over every relabelling of the runs where they are few (5,000 at most), Welch's t-test "
+    "otherwise, Holm-adjusted over the pairs of each figure. Verdict: higher (lower) when the adjusted p is below "
+    "5%, the interval lies above (below) 1 and the ratio outside the figure's practical margin (2% for times and "
+    "throughput, 1% for memory, 0.5% for losses); no meaningful difference when the whole interval lies inside "
+    "the margin; otherwise no detectable difference; with "
     "one run and no interval, equal values are no detectable difference and different ones not enough runs; "
     "one throughput run each gets no verdict, with the runs per strategy that would decide (Welch's interval "
     "excluding 1 in 80% of experiments at 5% run-to-run noise). The method's false-verdict rate and power are "

@@ -4,28 +4,42 @@ Two sources of noise, two methods:
 - across repeated runs of one strategy (the unit is a run, usually 2 to 5 of them): Student's t-interval
   of the mean logarithm, i.e. of the geometric mean, for figures that are positive (all the report's are:
   a throughput's interval cannot reach below zero), of the plain mean otherwise; for a pair of strategies
-  Welch's t-interval of the difference of mean logarithms, i.e. the ratio of geometric means;
+  Welch's t-interval of the difference of mean logarithms, i.e. the ratio of geometric means, and a test of
+  "no difference": exact over every relabelling of the runs where they are few (analysis/permutation.py),
+  Welch's t-test where they are many;
 - within one run (its optimizer step times, dozens to thousands of them): a bootstrap of the median step
   time with a fixed seed, which a rare slow step (a pause, the memory probe) cannot drag.
 
-A verdict (`higher`, `lower`) is stated only when the ratio's 95% interval excludes 1; otherwise it is
-`no detectable difference`. With one run and no within-run distribution there is no interval: equal values
-are `no detectable difference`, different ones `not enough runs`. Pure numpy, no torch.
+A verdict (`higher`, `lower`) is stated only when the test's p-value, Holm-adjusted over the pairs of the
+figure, is below 5%, the ratio's 95% interval excludes 1 and the ratio lies outside the figure's practical
+margin (training/run_schema.py); a pair whose whole interval lies inside the margin is `no meaningful
+difference`; otherwise `no detectable difference`. With one run and no within-run distribution there is no
+interval: equal values are `no detectable difference`, different ones `not enough runs`. The distributions
+and tests are scipy.stats'; no torch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, fields
-from functools import lru_cache
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
+from scipy import stats
 
+from analysis.permutation import (
+    SIGNIFICANCE,
+    exact_p,
+    holm,
+    is_exact,
+    mean_difference,
+    repeats_for_a_verdict,
+    smallest_p,
+)
 from analysis.runs import Run, number, recorded
 from analysis.scaling import ranked_throughput, throughput, throughput_name
-from analysis.survival import Observation, log_rank, median_time
+from analysis.survival import EXACT_LOG_RANK, Observation, log_rank, median_time
 from training import run_schema as schema
 from training.config import RunConfig
 
@@ -35,6 +49,8 @@ BOOTSTRAP_SEED = 1993  # fixed, so the same records give the same interval (Efro
 _BOOTSTRAP_CHUNK = 250  # resamples drawn at once: bounds memory for runs of many thousand steps
 
 HIGHER, LOWER, SAME, TOO_FEW = "higher", "lower", "no detectable difference", "not enough runs"
+# The whole 95% interval inside the figure's practical margin: a difference, if any, too small to matter.
+NEGLIGIBLE = "no meaningful difference"
 # One run per side: its step times cannot see drift between runs, and the step-time bootstrap's false
 # "higher"/"lower" rate is far above 5% once runs drift (`python -m analysis.calibration`).
 NO_VERDICT = "one run each: no verdict"
@@ -48,7 +64,10 @@ MAX_REPEATS = 1000
 T_INTERVAL = "t-interval of the mean over runs"
 LOG_T_INTERVAL = "t-interval of the geometric mean over runs (log scale)"
 WELCH_LOG_RATIO = "Welch t-interval of the ratio of geometric means over runs (log scale)"
-STEP_BOOTSTRAP = "bootstrap of the median step time of one run"
+EXACT_PERMUTATION = "exact permutation test of the difference of mean logarithms (every relabelling of the runs)"
+WELCH_TEST = "Welch's t-test of the difference of mean logarithms (many runs)"
+STEP_BOOTSTRAP = "moving-block bootstrap of the median step time of one run"
+TOO_CORRELATED = "none (one run whose step times stay correlated over a quarter of its steps)"
 ONE_RUN_EACH = "none (one run each: step times cannot see drift between runs)"
 EXACT = "exact (a count with no run-to-run noise)"
 SINGLE = "none (one run)"
@@ -66,6 +85,7 @@ class Summary:
     ci95: tuple[float, float] | None  # None: no interval can be computed (one run, no within-run samples)
     method: str
     geometric_mean: float | None = None  # the centre of a log-scale interval; None for a figure not all positive
+    block: int | None = None  # steps per block of a one-run moving-block bootstrap (1: steps uncorrelated)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -77,6 +97,7 @@ class Summary:
             "geometric_mean": self.geometric_mean,
             "ci95": list(self.ci95) if self.ci95 is not None else None,
             "method": self.method,
+            "block_steps": self.block,
         }
 
 
@@ -88,46 +109,9 @@ class Ratio:
     ci95: tuple[float, float] | None
     verdict: str
     method: str
-
-
-# ---------------------------------------------------------------------------------------------
-# Student's t quantile (numpy has none, and scipy is not a dependency)
-
-
-def t_quantile(probability: float, df: float) -> float:
-    """The `probability` quantile (above 0.5) of Student's t with `df` degrees of freedom (may be fractional)."""
-    # Rounded so that Welch's fractional degrees of freedom still hit the cache.
-    return _t_quantile(probability, round(df, 3))
-
-
-@lru_cache(maxsize=256)
-def _t_quantile(probability: float, df: float) -> float:
-    """Integrates the density numerically; accurate to about 1e-4 for df >= 1, enough for an interval.
-
-    With x = sqrt(df) tan(theta) the t density becomes c cos(theta)^(df - 1) on [0, pi/2): smooth and bounded
-    for df >= 1, so a few thousand points integrate it (a calibration asks for thousands of Welch quantiles).
-    """
-    if df <= 0 or not 0.5 < probability < 1:
-        raise ValueError(f"t_quantile needs df > 0 and 0.5 < p < 1, got df={df}, p={probability}")
-    if df > 1e4:
-        df = 1e4  # the t is a normal by then; larger df only costs precision in the constant
-    if df < 1:
-        return _t_quantile_heavy(probability, df)
-    log_constant = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(math.pi)
-    theta = np.linspace(0.0, math.pi / 2, 8_001)
-    with np.errstate(divide="ignore"):  # cos(pi / 2) rounds to about 6e-17, never 0; the guard is for safety
-        density = np.exp(log_constant + (df - 1) * np.log(np.cos(theta)))
-    cumulative = 0.5 + np.concatenate(([0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(theta))))
-    return float(math.sqrt(df) * math.tan(float(np.interp(probability, cumulative, theta))))
-
-
-def _t_quantile_heavy(probability: float, df: float) -> float:
-    """df < 1, where the transformed density is unbounded at pi/2: the density on a wide grid instead."""
-    log_constant = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-    grid = np.linspace(0.0, 400.0, 100_001)
-    density = np.exp(log_constant - (df + 1) / 2 * np.log1p(grid**2 / df))
-    cumulative = 0.5 + np.concatenate(([0.0], np.cumsum((density[1:] + density[:-1]) / 2 * np.diff(grid))))
-    return float(np.interp(probability, cumulative, grid))
+    test: str | None = None  # the test of "no difference" behind p_value; None: no test (a point, one run)
+    p_value: float | None = None  # two-sided, for this pair alone
+    smallest_p: float | None = None  # the smallest p the exact test can give at these numbers of runs
 
 
 # ---------------------------------------------------------------------------------------------
@@ -165,7 +149,7 @@ def summarize(values: Sequence[float], exact: bool = False) -> Summary | None:
             value if positive else None,
         )
     spread = logs if logs is not None else data
-    half = t_quantile((1 + CONFIDENCE) / 2, data.size - 1) * float(spread.std(ddof=1)) / math.sqrt(data.size)
+    half = float(stats.t.ppf((1 + CONFIDENCE) / 2, data.size - 1) * stats.sem(spread))
     mean = float(data.mean())
     if np.ptp(data) == 0:  # identical runs: a point, free of the logarithm's rounding
         interval = (float(data[0]), float(data[0]))
@@ -191,11 +175,31 @@ def mlperf_mean(values: Sequence[float]) -> float | None:
     return float(data[1:-1].mean()) if data.size >= 3 else None
 
 
-def verdict(ci95: tuple[float, float] | None) -> str:
-    """`higher` / `lower` only when the ratio's interval excludes 1."""
+def inside(value: float, margin: float) -> bool:
+    """Whether the ratio `value` is within the practical margin of 1, either way round (1.02 and 1 / 1.02)."""
+    return value > 0 and abs(math.log(value)) <= math.log1p(margin) * (1 + 1e-12)
+
+
+def verdict(
+    ci95: tuple[float, float] | None,
+    ratio: float | None = None,
+    p_value: float | None = None,
+    margin: float = 0.0,
+    alpha: float = SIGNIFICANCE,
+) -> str:
+    """The verdict a ratio's interval and test allow.
+
+    `no meaningful difference` when the whole interval lies inside the margin; `higher` / `lower` only when
+    the interval excludes 1, the ratio lies outside the margin and the test's p (None: a point interval,
+    exact values with nothing to test) is below `alpha`; `no detectable difference` otherwise."""
     if ci95 is None:
         return TOO_FEW
     low, high = ci95
+    ratio = math.sqrt(low * high) if ratio is None else ratio
+    if inside(low, margin) and inside(high, margin):
+        return NEGLIGIBLE
+    if inside(ratio, margin) or (p_value is not None and p_value >= alpha):
+        return SAME
     return HIGHER if low > 1 else LOWER if high < 1 else SAME
 
 
@@ -203,8 +207,9 @@ def verdict(ci95: tuple[float, float] | None) -> str:
 # Two strategies: the ratio a / b
 
 
-def ratio_over_runs(a: Sequence[float], b: Sequence[float], exact: bool = False) -> Ratio | None:
-    """Ratio of geometric means of positive per-run values with Welch's 95% interval on the log scale.
+def ratio_over_runs(a: Sequence[float], b: Sequence[float], exact: bool = False, margin: float = 0.0) -> Ratio | None:
+    """Ratio of geometric means of positive per-run values with Welch's 95% interval on the log scale and
+    the test of "no difference" (`_welch_log_ratio`); its verdict is this pair's alone (no correction).
 
     With fewer than two runs on a side there is no variance to use: the rule for one run applies
     (`single_run_ratio`), unless the figure is `exact`.
@@ -219,10 +224,10 @@ def ratio_over_runs(a: Sequence[float], b: Sequence[float], exact: bool = False)
     if exact and (x.size < 2 or y.size < 2):
         # A count repeats exactly; several runs that disagree fall through to the t-interval below.
         if constant:
-            return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio)), EXACT)
+            return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio), ratio, None, margin), EXACT)
     if x.size < 2 or y.size < 2:
         return single_run_ratio(x, y, ratio)
-    return _welch_log_ratio(np.log(x), np.log(y), ratio)
+    return _welch_log_ratio(np.log(x), np.log(y), ratio, margin)
 
 
 def single_run_ratio(x: np.ndarray, y: np.ndarray, ratio: float) -> Ratio:
@@ -233,33 +238,65 @@ def single_run_ratio(x: np.ndarray, y: np.ndarray, ratio: float) -> Ratio:
     return Ratio(ratio, None, TOO_FEW, SINGLE)
 
 
-def _welch_log_ratio(log_x: np.ndarray, log_y: np.ndarray, ratio: float) -> Ratio:
-    var_x, var_y = log_x.var(ddof=1) / log_x.size, log_y.var(ddof=1) / log_y.size
-    se = math.sqrt(var_x + var_y)
+def _welch_log_ratio(log_x: np.ndarray, log_y: np.ndarray, ratio: float, margin: float) -> Ratio:
     # Identical repeats on both sides: a point, not the rounding residue of a variance of equal numbers.
-    if se == 0 or (np.ptp(log_x) == 0 and np.ptp(log_y) == 0):
-        return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio)), WELCH_LOG_RATIO)
-    # Welch-Satterthwaite degrees of freedom: unequal variances and unequal numbers of runs.
-    df = (var_x + var_y) ** 2 / (var_x**2 / (log_x.size - 1) + var_y**2 / (log_y.size - 1))
-    half = t_quantile((1 + CONFIDENCE) / 2, df) * se
-    ci = (ratio * math.exp(-half), ratio * math.exp(half))
-    return Ratio(ratio, ci, verdict(ci), WELCH_LOG_RATIO)
+    if np.ptp(log_x) == 0 and np.ptp(log_y) == 0:
+        return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio), ratio, None, margin), WELCH_LOG_RATIO)
+    # Welch's interval: unequal variances and numbers of runs (Welch-Satterthwaite degrees of freedom).
+    welch = stats.ttest_ind(log_x, log_y, equal_var=False)
+    low, high = welch.confidence_interval(CONFIDENCE)
+    ci = (math.exp(float(low)), math.exp(float(high)))
+    if is_exact(log_x.size, log_y.size):
+        p, test, floor = (
+            exact_p(log_x, log_y, mean_difference, True),
+            EXACT_PERMUTATION,
+            smallest_p(log_x.size, log_y.size),
+        )
+    else:
+        p, test, floor = float(welch.pvalue), WELCH_TEST, None
+    return Ratio(ratio, ci, verdict(ci, ratio, p, margin), WELCH_LOG_RATIO, test, p, floor)
 
 
-def bootstrap_medians(samples: np.ndarray, resamples: int, rng: np.random.Generator) -> np.ndarray:
-    """The medians of `resamples` resamples (with replacement) of `samples`."""
+def block_length(samples: Sequence[float]) -> int | None:
+    """The block of a moving-block bootstrap of consecutive steps: the first lag whose autocorrelation lies
+    inside the band white noise would show, +-1.96 / sqrt(n) (steps that far apart are as good as
+    independent); 1 for uncorrelated steps. None when the steps stay correlated up to n / 4 steps apart:
+    fewer than 4 blocks resample nothing, so no interval."""
+    data = _finite(samples)
+    centred = data - data.mean()
+    variance = float(centred @ centred)
+    if variance == 0:
+        return 1
+    band = 1.96 / math.sqrt(data.size)
+    for lag in range(1, data.size // 4 + 1):
+        if abs(float(centred[:-lag] @ centred[lag:]) / variance) < band:
+            return lag
+    return None
+
+
+def bootstrap_medians(samples: np.ndarray, resamples: int, rng: np.random.Generator, block: int = 1) -> np.ndarray:
+    """The medians of `resamples` moving-block resamples of `samples`: runs of `block` consecutive steps from
+    random starts, joined and cut to the length of the run (block 1: the ordinary bootstrap). Blocks keep
+    the correlation of neighbouring steps, which resampling steps one by one would break into a too narrow
+    interval (Kunsch, 1989)."""
+    n = samples.size
+    blocks = -(-n // block)
     out = []
     for start in range(0, resamples, _BOOTSTRAP_CHUNK):
         count = min(_BOOTSTRAP_CHUNK, resamples - start)
-        out.append(np.median(samples[rng.integers(0, samples.size, (count, samples.size))], axis=1))
+        starts = rng.integers(0, n - block + 1, (count, blocks))
+        index = (starts[:, :, None] + np.arange(block)).reshape(count, -1)[:, :n]
+        out.append(np.median(samples[index], axis=1))
     return np.concatenate(out)
 
 
-def bootstrap_median_interval(samples: Sequence[float], seed: int = BOOTSTRAP_SEED) -> tuple[float, float, float]:
-    """Median of `samples` and its 95% percentile-bootstrap interval (fixed seed: deterministic)."""
+def bootstrap_median_interval(
+    samples: Sequence[float], seed: int = BOOTSTRAP_SEED, block: int = 1
+) -> tuple[float, float, float]:
+    """Median of `samples` and its 95% percentile moving-block bootstrap interval (fixed seed: deterministic)."""
     data = _finite(samples)
     rng = np.random.default_rng(seed)
-    medians = bootstrap_medians(data, BOOTSTRAP_RESAMPLES, rng)
+    medians = bootstrap_medians(data, BOOTSTRAP_RESAMPLES, rng, block)
     tail = (1 - CONFIDENCE) / 2 * 100
     low, high = np.percentile(medians, [tail, 100 - tail])
     return float(np.median(data)), float(low), float(high)
@@ -302,6 +339,7 @@ class Figure:
     unit: str
     exact: bool  # a count that repeats exactly; a timing or a loss does not
     value: Callable[[Run], float | None]
+    margin: float = 0.0  # the smallest relative difference that matters (training/run_schema.py)
 
 
 @dataclass(frozen=True)
@@ -315,14 +353,20 @@ class Comparison:
     ci95: tuple[float, float] | None
     verdict: str
     method: str
-    # One run each: the repeats per strategy that would show a difference of this size (None otherwise).
+    # The runs per strategy that would decide: one throughput run each, the runs that would show a difference
+    # of this size; an exact test that cannot reach 5% at these runs, the runs at which it can (None otherwise).
     repeats_needed: int | None = None
+    margin: float = 0.0
+    test: str | None = None  # the test of "no difference"; None: nothing tested (a point, one run)
+    p_value: float | None = None  # two-sided, this pair alone
+    p_adjusted: float | None = None  # Holm-adjusted over the figure's pairs: the one the verdict uses
+    smallest_p: float | None = None  # the smallest p the exact test allows at these runs
 
     def inverted(self) -> Comparison:
         """b / a: the same evidence read the other way round."""
         ci = None if self.ci95 is None else (1 / self.ci95[1], 1 / self.ci95[0])
         flipped = {HIGHER: LOWER, LOWER: HIGHER}.get(self.verdict, self.verdict)
-        return Comparison(self.figure, self.b, self.a, 1 / self.ratio, ci, flipped, self.method, self.repeats_needed)
+        return replace(self, a=self.b, b=self.a, ratio=1 / self.ratio, ci95=ci, verdict=flipped)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -334,6 +378,11 @@ class Comparison:
             "verdict": self.verdict,
             "method": self.method,
             "repeats_needed": self.repeats_needed,
+            "margin": self.margin,
+            "test": self.test,
+            "p_value": self.p_value,
+            "p_adjusted": self.p_adjusted,
+            "smallest_p": self.smallest_p,
         }
 
 
@@ -381,6 +430,7 @@ def run_figures(runs: Sequence[Run]) -> list[Figure]:
             "MiB",
             False,
             _total(schema.PEAK_ALLOCATED),
+            schema.PEAK_ALLOCATED.margin or 0.0,
         )
         if cpu
         else Figure(
@@ -389,16 +439,35 @@ def run_figures(runs: Sequence[Run]) -> list[Figure]:
             "MiB",
             False,
             _total(schema.PEAK_RESERVED),
+            schema.PEAK_RESERVED.margin or 0.0,
         )
     )
     return [
-        Figure(THROUGHPUT, f"throughput ({throughput_name(key)})", "tokens/s", False, lambda run: throughput(run, key)),
-        Figure(STEP_PEAK, "live-tensor step peak (per device, max over devices)", "bytes", True, step_peak_bytes),
+        Figure(
+            THROUGHPUT,
+            f"throughput ({throughput_name(key)})",
+            "tokens/s",
+            False,
+            lambda run: throughput(run, key),
+            key.margin or 0.0,
+        ),
+        Figure(
+            STEP_PEAK,
+            "live-tensor step peak (per device, max over devices)",
+            "bytes",
+            True,
+            step_peak_bytes,
+            schema.STEP_PEAK_MARGIN,
+        ),
         beside,
-        Figure(TRAIN_TIME, "training time", "s", False, _total(schema.TRAIN_TIME)),
-        Figure(FINAL_VAL_LOSS, "final validation loss", "nats", False, _total(schema.FINAL_VAL_LOSS)),
-        Figure(AVG_LOSS, "mean training loss", "nats", False, _total(schema.LOSS_MEAN)),
+        _total_figure(TRAIN_TIME, "training time", schema.TRAIN_TIME),
+        _total_figure(FINAL_VAL_LOSS, "final validation loss", schema.FINAL_VAL_LOSS),
+        _total_figure(AVG_LOSS, "mean training loss", schema.LOSS_MEAN),
     ]
+
+
+def _total_figure(name: str, title: str, metric: schema.Metric) -> Figure:
+    return Figure(name, title, metric.unit, False, _total(metric), metric.margin or 0.0)
 
 
 def warmup_steps(run: Run) -> int:
@@ -426,7 +495,10 @@ def summarize_figure(figure: Figure, runs: Sequence[Run]) -> Summary | None:
     rates = step_rates(runs[0])
     if rates.size < MIN_STEPS:
         return summary
-    middle, low, high = bootstrap_median_interval(rates)
+    block = block_length(rates)
+    if block is None:
+        return replace(summary, method=TOO_CORRELATED)
+    middle, low, high = bootstrap_median_interval(rates, block=block)
     value = summary.median
     # The interval's relative width is the median step's; it is placed around the recorded figure.
     return Summary(
@@ -438,6 +510,7 @@ def summarize_figure(figure: Figure, runs: Sequence[Run]) -> Summary | None:
         (value * low / middle, value * high / middle),
         STEP_BOOTSTRAP,
         summary.geometric_mean,
+        block,
     )
 
 
@@ -447,11 +520,57 @@ def compare_figure(figure: Figure, a: str, runs_a: Sequence[Run], b: str, runs_b
     values_a, values_b = _values(figure, runs_a), _values(figure, runs_b)
     if figure.name == THROUGHPUT and len(values_a) == 1 and len(values_b) == 1 and values_a != values_b:
         ratio = values_a[0] / values_b[0]
-        return Comparison(figure.name, a, b, ratio, None, NO_VERDICT, ONE_RUN_EACH, repeats_needed(ratio))
-    result = ratio_over_runs(values_a, values_b, figure.exact)
+        return Comparison(
+            figure.name, a, b, ratio, None, NO_VERDICT, ONE_RUN_EACH, repeats_needed(ratio), margin=figure.margin
+        )
+    result = ratio_over_runs(values_a, values_b, figure.exact, figure.margin)
     if result is None:
         return None
-    return Comparison(figure.name, a, b, result.ratio, result.ci95, result.verdict, result.method)
+    return Comparison(
+        figure.name,
+        a,
+        b,
+        result.ratio,
+        result.ci95,
+        result.verdict,
+        result.method,
+        margin=figure.margin,
+        test=result.test,
+        p_value=result.p_value,
+        p_adjusted=result.p_value,
+        smallest_p=result.smallest_p,
+    )
+
+
+def corrected(comparisons: Sequence[Comparison]) -> list[Comparison]:
+    """The pairs of one figure with Holm's correction over those that were tested: each verdict read from
+    the adjusted p, and where the exact test cannot reach 5% at these runs after the correction, the runs
+    per strategy at which it could; one throughput run each, at least those runs too."""
+    adjusted = holm([c.p_value for c in comparisons])
+    family = sum(p is not None for p in adjusted)
+    out = []
+    for c, p in zip(comparisons, adjusted):
+        if c.verdict == NO_VERDICT and c.repeats_needed is not None:
+            # The repeats must also let the exact test reach 5% over all of this figure's pairs.
+            out.append(replace(c, repeats_needed=max(c.repeats_needed, repeats_for_a_verdict(len(comparisons)))))
+            continue
+        if p is None:
+            out.append(c)
+            continue
+        needed = (
+            repeats_for_a_verdict(family)
+            if c.smallest_p is not None and family * c.smallest_p >= SIGNIFICANCE
+            else None
+        )
+        out.append(
+            replace(
+                c,
+                p_adjusted=p,
+                verdict=verdict(c.ci95, c.ratio, p, c.margin),
+                repeats_needed=needed,
+            )
+        )
+    return out
 
 
 def step_bootstrap_comparison(
@@ -480,7 +599,7 @@ def repeats_needed(ratio: float, sigma: float = RUN_SIGMA, power: float = POWER)
     start = max(2, math.floor(2 * ((1.96 + 0.84) * sigma / gap) ** 2))
     for n in range(start, MAX_REPEATS + 1):
         df = 2 * n - 2
-        if (t_quantile((1 + CONFIDENCE) / 2, df) + t_quantile(power, df)) * sigma * math.sqrt(2 / n) <= gap:
+        if (stats.t.ppf((1 + CONFIDENCE) / 2, df) + stats.t.ppf(power, df)) * sigma * math.sqrt(2 / n) <= gap:
             return n
     return None
 
@@ -555,7 +674,10 @@ def censored_at(run: Run, price: float | None = None) -> TargetPoint | None:
 
 TARGET_KEYS = ("seconds", "tokens", "cost")
 KM_MEDIAN = "Kaplan-Meier median (a run that never reached the target counts as not before its last evaluation)"
-LOG_RANK = "log-rank test at 5% (runs that never reached the target censored at their last evaluation)"
+LOG_RANK = (
+    "log-rank statistic at 5%, Holm-adjusted over the pairs (runs that never reached the target censored at "
+    "their last evaluation)"
+)
 
 
 def target_observations(runs: Sequence[Run], target: float, price: float | None) -> list[tuple[TargetPoint, bool]]:
@@ -594,28 +716,63 @@ def target_summary(runs: Sequence[Run], target: float, price: float | None) -> d
 
 
 def target_comparisons(groups: dict[str, list[Run]], target: float, price: float | None = None) -> list[dict[str, Any]]:
-    """Every pair of strategies (a before b), on the time and the tokens to the target: the log-rank test."""
+    """Every pair of strategies (a before b), on the time and the tokens to the target: the log-rank statistic,
+    its p exact over every relabelling of the runs where they are few, Holm-adjusted over the pairs of each
+    figure. `sooner` / `later` only when the adjusted p is below 5% and the Kaplan-Meier medians, where both
+    exist, differ by more than the practical margin (training/run_schema.py TARGET_MARGIN)."""
     observed = {name: target_observations(members, target, price) for name, members in groups.items()}
     names = [name for name in groups if observed[name]]
     out = []
-    for i, a in enumerate(names):
-        for b in names[i + 1 :]:
-            for key in ("seconds", "tokens"):
-                test = log_rank(_survival(observed[a], key), _survival(observed[b], key))
-                out.append(
+    for key in ("seconds", "tokens"):
+        pairs = []
+        for i, a in enumerate(names):
+            for b in names[i + 1 :]:
+                runs_a, runs_b = _survival(observed[a], key), _survival(observed[b], key)
+                test = log_rank(runs_a, runs_b)
+                exact = test.test == EXACT_LOG_RANK
+                pairs.append(
                     {
                         "figure": key,
                         "a": a,
                         "b": b,
-                        "median_a": median_time(_survival(observed[a], key)),
-                        "median_b": median_time(_survival(observed[b], key)),
-                        "chi2": test.chi2,
+                        "runs_a": len(runs_a),
+                        "runs_b": len(runs_b),
+                        "median_a": median_time(runs_a),
+                        "median_b": median_time(runs_b),
+                        "statistic": test.statistic,
+                        "direction": test.direction,
+                        "test": test.test,
                         "p_value": test.p_value,
-                        "verdict": test.verdict,
+                        "smallest_p": smallest_p(len(runs_a), len(runs_b)) if exact else None,
+                        "margin": schema.TARGET_MARGIN,
                         "method": LOG_RANK,
                     }
                 )
+        adjusted = holm([pair["p_value"] for pair in pairs])
+        family = sum(p is not None for p in adjusted)
+        for pair, p in zip(pairs, adjusted):
+            floor = pair["smallest_p"]
+            out.append(
+                {
+                    **pair,
+                    "p_adjusted": p,
+                    "verdict": _target_verdict(pair, p),
+                    "repeats_needed": (
+                        repeats_for_a_verdict(family) if floor is not None and family * floor >= SIGNIFICANCE else None
+                    ),
+                }
+            )
     return out
+
+
+def _target_verdict(pair: dict[str, Any], p_adjusted: float | None) -> str:
+    """`sooner` / `later` (a against b) only below 5% after the correction and outside the practical margin."""
+    if p_adjusted is None or p_adjusted >= SIGNIFICANCE or pair["direction"] is None:
+        return SAME
+    median_a, median_b = pair["median_a"], pair["median_b"]
+    if median_a is not None and median_b is not None and median_b > 0 and inside(median_a / median_b, pair["margin"]):
+        return SAME
+    return pair["direction"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -686,12 +843,14 @@ def build_statistics(
             continue
         figures[figure.name] = summaries
         names = list(summaries)
-        comparisons += [
-            c
-            for i, a in enumerate(names)
-            for b in names[i + 1 :]
-            if (c := compare_figure(figure, a, groups[a], b, groups[b])) is not None
-        ]
+        comparisons += corrected(
+            [
+                c
+                for i, a in enumerate(names)
+                for b in names[i + 1 :]
+                if (c := compare_figure(figure, a, groups[a], b, groups[b])) is not None
+            ]
+        )
         mlperf_means[figure.name] = {name: mlperf_mean(_values(figure, groups[name])) for name in names}
     targets = (
         {}

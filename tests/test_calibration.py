@@ -14,9 +14,12 @@ import pytest
 
 from analysis.calibration import (
     FALSE_RATE_BOUND,
+    HEAVY_REPEATS,
+    HEAVY_TAILS,
     StepTimeModel,
     binomial_upper_count,
     calibrate,
+    calibrate_target,
     main,
     synthetic_run,
 )
@@ -24,9 +27,14 @@ from analysis.uncertainty import NO_VERDICT, build_statistics, repeats_needed, s
 
 TRIALS = 400
 # A method whose true false-verdict rate is 5% shows more than this many false verdicts in 400 A/A pairs
-# in at most 0.1% of seeds (34, 8.5%); a count above it rejects "5% or less". Four repeat counts are
-# checked, so a correct method passes all of them for at least 99.6% of seeds.
+# in at most 0.1% of seeds (35, 8.75%); a count above it rejects "5% or less". Seven rows (four repeat
+# counts, three with heavy tails) are checked, so a correct method passes all of them for at least 99.3% of seeds.
 ALPHA = 0.001
+# docs/statistics.md's bound, asserted as written. Not "at most 5% of 400": a method whose true rate is
+# exactly 5% (Welch's test at many runs is) shows more than 20 in about 45% of seeds, and the exact test's
+# 4.8% (12 of 252 relabellings at 5 runs each) in about a third; holding the count of one seed to 20 would
+# fail a correct method or invite choosing the seed.
+FALSE_VERDICTS_400 = 35  # P(X > 35) = 0.00057 <= 0.001 < P(X > 34) = 0.0011
 
 
 def test_the_binomial_bound_is_the_tail_quantile() -> None:
@@ -34,7 +42,7 @@ def test_the_binomial_bound_is_the_tail_quantile() -> None:
     tail = sum(math.comb(TRIALS, k) * 0.05**k * 0.95 ** (TRIALS - k) for k in range(bound + 1, TRIALS + 1))
     just_below = tail + math.comb(TRIALS, bound) * 0.05**bound * 0.95 ** (TRIALS - bound)
     assert tail <= ALPHA < just_below
-    assert 20 < bound < 40  # around the mean of 20, a few standard deviations (4.4) above it
+    assert bound == FALSE_VERDICTS_400  # the documented figure is the tail quantile
 
 
 def test_the_generator_has_the_noise_it_is_given() -> None:
@@ -64,15 +72,30 @@ def test_one_run_each_gives_no_verdict_and_the_repeats_that_would() -> None:
     ]
     comparison = build_statistics(runs).comparisons[0]
     assert comparison.verdict == NO_VERDICT and comparison.ci95 is None
-    assert comparison.repeats_needed == repeats_needed(comparison.ratio) >= 2
+    # Welch's power arithmetic, and at least the 4 each at which an exact test of one pair can reach 5%.
+    assert comparison.repeats_needed == max(repeats_needed(comparison.ratio), 4)
 
 
 @pytest.mark.parametrize("repeats", [3, 5, 10, 18])
 def test_over_repeats_false_verdicts_are_at_most_5_percent(repeats: int) -> None:
     result = calibrate(repeats, TRIALS)
-    assert result.false_verdicts <= binomial_upper_count(TRIALS, FALSE_RATE_BOUND, ALPHA), result
+    assert result.false_verdicts <= FALSE_VERDICTS_400, result
     if repeats >= 10:  # docs/statistics.md: 10 to 18 runs per strategy at 5% run-to-run noise
         assert result.power >= 0.8, result
+
+
+@pytest.mark.parametrize("repeats", HEAVY_REPEATS)
+def test_with_heavy_tails_false_verdicts_are_at_most_5_percent(repeats: int) -> None:
+    # A throttled mode and one slow machine, which Welch's t does not assume.
+    assert calibrate(repeats, TRIALS, model=HEAVY_TAILS).false_verdicts <= FALSE_VERDICTS_400
+
+
+def test_time_to_target_at_three_runs_each_never_decides_and_at_four_holds_5_percent() -> None:
+    # At 3 each no relabelling gives p below 0.10: no verdict, false or true. At 4 each, heavy tails included.
+    three = calibrate_target(3, 30)
+    assert three.false_verdicts == 0 and three.detected == 0
+    four = calibrate_target(4, 100, model=HEAVY_TAILS)
+    assert four.false_verdicts <= binomial_upper_count(100, FALSE_RATE_BOUND, ALPHA) and four.detected > 0, four
 
 
 @pytest.mark.parametrize(

@@ -173,7 +173,12 @@ def _assert_report_json(report: dict) -> None:
         # worker): the interval is taken on the log scale.
         assert 0 < low < entry["geometric_mean"] < high, (strategy, entry)
     loss_verdicts = {c["verdict"] for c in report["comparisons"] if c["figure"] == "final_val_loss"}
-    assert loss_verdicts == {"no detectable difference"}
+    # Same-seed strategies' losses differ by reduction-order rounding: inside the 0.5% margin, never a verdict.
+    assert loss_verdicts and loss_verdicts <= {"no detectable difference", "no meaningful difference"}
+    target_verdicts = {c["verdict"] for c in report["time_to_target_comparisons"] if c["figure"] == "tokens"}
+    assert target_verdicts == {"no detectable difference"}  # every run at the same step: no verdict on tokens
+    for pair in report["time_to_target_comparisons"]:
+        assert pair["test"].startswith("exact permutation test") and pair["p_adjusted"] >= pair["p_value"]
     for strategy in STRATEGIES:
         reached = report["time_to_target"][strategy]
         assert reached["target_loss"] == TARGET_LOSS and reached["reached"] == 3, reached

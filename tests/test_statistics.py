@@ -13,6 +13,7 @@ from analysis.report import memory_reading
 from analysis.runs import Run
 from analysis.uncertainty import (
     EXACT,
+    EXACT_PERMUTATION,
     HIGHER,
     LOG_T_INTERVAL,
     LOWER,
@@ -23,7 +24,9 @@ from analysis.uncertainty import (
     STEP_PEAK,
     T_INTERVAL,
     THROUGHPUT,
+    TOO_CORRELATED,
     TOO_FEW,
+    block_length,
     bootstrap_median_interval,
     build_statistics,
     mlperf_mean,
@@ -31,7 +34,6 @@ from analysis.uncertainty import (
     step_rates,
     step_ratio,
     summarize,
-    t_quantile,
     time_to_target,
     verdict,
 )
@@ -75,11 +77,6 @@ def make_run(
 
 # ---------------------------------------------------------------------------------------------
 # The numbers
-
-
-@pytest.mark.parametrize("df, expected", [(1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (1e6, 1.960)])
-def test_t_quantile_matches_the_tables(df: float, expected: float) -> None:
-    assert t_quantile(0.975, df) == pytest.approx(expected, abs=2e-3)
 
 
 def test_summary_of_positive_runs_is_the_t_interval_of_the_geometric_mean() -> None:
@@ -129,6 +126,26 @@ def test_bootstrap_interval_of_the_median_covers_and_is_deterministic() -> None:
     assert 0.88 <= np.mean(covered) <= 0.99
     assert bootstrap_median_interval(samples[0]) == bootstrap_median_interval(samples[0])  # fixed seed
     assert bootstrap_median_interval(samples[0], seed=1) != bootstrap_median_interval(samples[0], seed=2)
+
+
+def test_one_run_interval_uses_blocks_as_long_as_the_steps_autocorrelation() -> None:
+    rng = np.random.default_rng(4)
+    assert block_length(rng.normal(0.0, 1.0, 400)) == 1  # independent steps: the ordinary bootstrap
+    shocks, steps = rng.normal(0.0, 1.0, 400), np.zeros(400)
+    for i in range(1, 400):  # AR(1) with lag-1 autocorrelation 0.6: about 4 steps to fall inside the band
+        steps[i] = 0.6 * steps[i - 1] + shocks[i]
+    block = block_length(steps)
+    assert 2 <= block <= 8
+    _, low, high = bootstrap_median_interval(steps, block=block)
+    _, naive_low, naive_high = bootstrap_median_interval(steps)
+    assert high - low > 1.3 * (naive_high - naive_low)  # the step-by-step resample is too narrow
+    assert block_length(np.linspace(0.4, 0.6, 60)) is None  # a trend: correlated over the whole run
+
+
+def test_one_run_whose_steps_drift_gets_no_interval_and_says_why() -> None:
+    run = make_run("single", tokens_per_s=2000.0, step_times=[0.4 + 0.004 * i for i in range(63)])
+    summary = build_statistics([run]).figures[THROUGHPUT]["single"]
+    assert summary.ci95 is None and summary.method == TOO_CORRELATED and summary.block is None
 
 
 def test_mlperf_mean_drops_the_fastest_and_the_slowest() -> None:
@@ -205,19 +222,32 @@ def test_one_run_each_throughput_interval_comes_from_its_steps_and_gives_no_verd
     ]
     stats = build_statistics(runs)
     single = stats.figures[THROUGHPUT]["single"]
-    assert single.method == STEP_BOOTSTRAP and single.ci95[0] < 2000.0 < single.ci95[1]
+    assert single.method == STEP_BOOTSTRAP and single.ci95[0] < 2000.0 < single.ci95[1] and single.block >= 1
     comparison = stats.comparison(THROUGHPUT, "ddp", "single")
     # However narrow the step times make it, one run each cannot see drift between runs (tests/test_calibration.py).
     assert comparison.verdict == NO_VERDICT and comparison.ratio == pytest.approx(1.25) and comparison.ci95 is None
-    assert comparison.repeats_needed == 3  # docs/statistics.md: a 20% gap needs 3 runs each at 5% noise
+    # docs/statistics.md: a 20% gap needs 3 runs each at 5% noise for Welch's power, but no exact test of one
+    # pair reaches 5% below 4 runs each.
+    assert comparison.repeats_needed == 4
 
 
 def test_runs_of_one_strategy_are_its_repeats() -> None:
+    runs = [make_run("single", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((990.0, 1000.0, 1010.0, 995.0))]
+    runs += [make_run("ddp", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((1490.0, 1500.0, 1510.0, 1495.0))]
+    stats = build_statistics(runs)
+    assert stats.figures[THROUGHPUT]["single"].n == 4 and stats.figures[THROUGHPUT]["single"].median == 997.5
+    lower = stats.comparison(THROUGHPUT, "single", "ddp")
+    assert lower.verdict == LOWER and lower.p_value == pytest.approx(2 / 70) and lower.test == EXACT_PERMUTATION
+
+
+def test_three_runs_each_allow_no_verdict_and_say_how_many_would() -> None:
+    # However far apart, 3 runs each split 20 ways: the exact p is at least 2 / 20 (Welch's interval alone
+    # excludes 1 here, and called it lower before the exact test).
     runs = [make_run("single", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((990.0, 1000.0, 1010.0))]
     runs += [make_run("ddp", tokens_per_s=v, name=f"r{i}") for i, v in enumerate((1490.0, 1500.0, 1510.0))]
-    stats = build_statistics(runs)
-    assert stats.figures[THROUGHPUT]["single"].n == 3 and stats.figures[THROUGHPUT]["single"].median == 1000.0
-    assert stats.comparison(THROUGHPUT, "single", "ddp").verdict == LOWER
+    comparison = build_statistics(runs).comparison(THROUGHPUT, "single", "ddp")
+    assert comparison.ci95[1] < 1 and comparison.p_value == pytest.approx(0.1) and comparison.verdict == SAME
+    assert comparison.smallest_p == pytest.approx(0.1) and comparison.repeats_needed == 4
 
 
 def test_on_cpu_the_step_peak_is_ranked_and_the_resident_set_is_not() -> None:
@@ -239,8 +269,12 @@ def test_on_cpu_the_step_peak_is_ranked_and_the_resident_set_is_not() -> None:
 
 
 def test_resident_set_is_ranked_only_outside_its_noise() -> None:
-    runs = [make_run("single", rss_mib=v, step_peak=[300 * MIB], name=f"r{i}") for i, v in enumerate((800, 805, 810))]
-    runs += [make_run("fsdp", rss_mib=v, step_peak=[200 * MIB], name=f"r{i}") for i, v in enumerate((600, 604, 608))]
+    runs = [
+        make_run("single", rss_mib=v, step_peak=[300 * MIB], name=f"r{i}") for i, v in enumerate((800, 805, 810, 803))
+    ]
+    runs += [
+        make_run("fsdp", rss_mib=v, step_peak=[200 * MIB], name=f"r{i}") for i, v in enumerate((600, 604, 608, 602))
+    ]
     beside = memory_reading(runs, build_statistics(runs))[1]
     assert "outside its noise: single / fsdp" in beside and "higher" in beside
     noisy = [make_run("single", rss_mib=v, step_peak=[300 * MIB], name=f"r{i}") for i, v in enumerate((600, 800, 1000))]
@@ -304,20 +338,26 @@ def test_time_to_target_is_not_reached_when_fewer_than_half_reach_it() -> None:
     assert entry["spread"]["seconds"]["n"] == 1  # the one that did, still shown
 
 
-def test_strategies_are_compared_on_time_to_target_by_the_log_rank_test() -> None:
-    # Three runs each; fsdp's reach 7.0 at 6.0-6.3 s, single's at 9.0-9.3 s: every fsdp run before any single one.
+@pytest.mark.parametrize("repeats", [3, 4])
+def test_strategies_are_compared_on_time_to_target_by_the_exact_log_rank_test(repeats: int) -> None:
+    # fsdp's runs reach 7.0 at 6.0-6.3 s, single's at 9.0-9.3 s: every fsdp run before any single one.
     runs = []
     for name, base in (("single", 6.0), ("fsdp", 4.0)):
-        for k in range(3):
+        for k in range(repeats):
             run = target_run([(10, 1000, 8.0), (20, 2000, 6.0)], [(10, base + 0.1 * k), (20, 2 * (base + 0.1 * k))])
             run.summary["strategy"], run.path = name, Path(name) / f"r{k}"
             runs.append(run)
     stats = build_statistics(runs, target_loss=7.0)
     by_figure = {c["figure"]: c for c in stats.target_comparisons}
     seconds = by_figure["seconds"]
-    assert (seconds["a"], seconds["b"], seconds["verdict"]) == ("single", "fsdp", "later")
-    assert seconds["p_value"] < 0.05 and seconds["median_a"] == pytest.approx(9.15)
-    assert by_figure["tokens"]["verdict"] == "no detectable difference"  # both at 1,500 tokens
+    assert (seconds["a"], seconds["b"], seconds["direction"]) == ("single", "fsdp", "later")
+    assert seconds["p_value"] == pytest.approx(2 / math.comb(2 * repeats, repeats)) == seconds["p_adjusted"]
+    if repeats == 3:  # the most extreme split of 3 and 3 is p = 0.10: no verdict, and 4 each would allow one
+        assert seconds["verdict"] == "no detectable difference" and seconds["repeats_needed"] == 4
+    else:
+        assert seconds["verdict"] == "later" and seconds["repeats_needed"] is None
+    tokens = by_figure["tokens"]  # both at 1,500 tokens: identical, never a verdict
+    assert tokens["verdict"] == "no detectable difference" and tokens["p_value"] == 1.0
 
 
 # ---------------------------------------------------------------------------------------------

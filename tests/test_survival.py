@@ -1,4 +1,4 @@
-"""Kaplan-Meier medians and the log-rank test (analysis/survival.py) on cases worked by hand."""
+"""Kaplan-Meier medians and the exact log-rank test (analysis/survival.py) on cases worked by hand."""
 
 from __future__ import annotations
 
@@ -6,7 +6,16 @@ import math
 
 import pytest
 
-from analysis.survival import LATER, NO_DIFFERENCE, SOONER, Observation, kaplan_meier, log_rank, median_time
+from analysis.survival import (
+    EXACT_LOG_RANK,
+    LARGE_SAMPLE_LOG_RANK,
+    LATER,
+    SOONER,
+    Observation,
+    kaplan_meier,
+    log_rank,
+    median_time,
+)
 
 
 def reached(*values: float) -> list[Observation]:
@@ -39,23 +48,41 @@ def test_fewer_than_half_reaching_it_has_no_median() -> None:
     assert median_time([*reached(2.0), *not_before(5.0)]) == 2.0  # exactly half, and nothing after: its time
 
 
-def test_log_rank_of_three_against_three_fully_separated() -> None:
+def test_log_rank_of_three_against_three_fully_separated_is_exact() -> None:
     # Reachings of a at 1, 2, 3 with (3, 3), (2, 3), (1, 3) at risk: E = 1/2 + 2/5 + 1/4 = 1.15, O = 3,
-    # V = 9/36 + 6/25 + 3/16 = 0.6775: chi2 = 1.85^2 / 0.6775 = 5.05, p = 0.0246.
+    # V = 9/36 + 6/25 + 3/16 = 0.6775: Z = 1.85 / sqrt(0.6775) = 2.25. The chi-square approximation's p of 0.025
+    # is not what the runs allow: this split and its mirror are 2 of the C(6, 3) = 20 relabellings, p = 0.10.
     result = log_rank(reached(1.0, 2.0, 3.0), reached(4.0, 5.0, 6.0))
-    assert result.expected_a == pytest.approx(1.15) and result.chi2 == pytest.approx(1.85**2 / 0.6775)
-    assert result.p_value == pytest.approx(math.erfc(math.sqrt(result.chi2 / 2))) and result.p_value < 0.05
-    assert result.verdict == SOONER
-    assert log_rank(reached(4.0, 5.0, 6.0), reached(1.0, 2.0, 3.0)).verdict == LATER
+    assert result.statistic == pytest.approx(1.85 / math.sqrt(0.6775))
+    assert result.p_value == pytest.approx(2 / 20) and result.test == EXACT_LOG_RANK
+    assert result.direction == SOONER
+    assert log_rank(reached(4.0, 5.0, 6.0), reached(1.0, 2.0, 3.0)).direction == LATER
+
+
+def test_four_against_four_fully_separated_reaches_five_percent() -> None:
+    result = log_rank(reached(1.0, 2.0, 3.0, 4.0), reached(5.0, 6.0, 7.0, 8.0))
+    assert result.p_value == pytest.approx(2 / 70) and result.direction == SOONER
 
 
 def test_one_run_each_cannot_decide() -> None:
     result = log_rank(reached(1.0), reached(9.0))
-    assert result.chi2 == pytest.approx(1.0) and result.verdict == NO_DIFFERENCE  # p = 0.32
+    assert result.p_value == 1.0  # two relabellings, both as extreme as the other
 
 
 def test_runs_that_never_reach_it_count_against_their_strategy() -> None:
     # b's runs were all seen above the target until after a's had reached it.
-    assert log_rank(reached(1.0, 2.0, 3.0, 4.0), not_before(5.0, 5.0, 5.0, 5.0)).verdict == SOONER
+    result = log_rank(reached(1.0, 2.0, 3.0, 4.0), not_before(5.0, 5.0, 5.0, 5.0))
+    assert result.direction == SOONER and result.p_value == pytest.approx(2 / 70)
     nothing = log_rank(not_before(1.0), not_before(2.0))
-    assert nothing.chi2 is None and nothing.verdict == NO_DIFFERENCE
+    assert nothing.statistic is None and nothing.p_value is None
+
+
+def test_runs_reaching_it_together_are_no_evidence() -> None:
+    result = log_rank(reached(5.0, 5.0, 5.0), reached(5.0, 5.0, 5.0))
+    assert result.p_value == 1.0 and result.direction is None
+
+
+def test_many_runs_use_the_large_sample_test() -> None:
+    # C(16, 8) = 12,870 relabellings: beyond the exact limit, scipy's chi-square p of the same statistic.
+    result = log_rank(reached(*range(1, 9)), reached(*range(9, 17)))
+    assert result.test == LARGE_SAMPLE_LOG_RANK and result.p_value < 1e-3 and result.direction == SOONER
