@@ -49,7 +49,14 @@ from training.record import (
     ResumedFromRecord,
     ScheduleRecord,
 )
-from training.resume import ResumeIdentity, refusal, resumed_from
+from training.resume import (
+    Optimisation,
+    ResumeIdentity,
+    follow_schedule,
+    refusal,
+    resume_warnings,
+    resumed_from,
+)
 from training.rundir import (
     acquire_run_lock,
     check_output_dir,
@@ -69,6 +76,7 @@ from training.strategy import (
     check_strategy,
     create_accelerator,
     effective_strategy,
+    precision_name,
     requested_from_env,
 )
 
@@ -143,7 +151,7 @@ def set_up(cfg: TrainConfig) -> Session:
     model_config = _model_config(cfg)  # fails alike in every process, which then leave together (train.py)
     resume_from = processes.resume_from
     data = _data(cfg, processes)
-    identity = _identity(cfg, model_config, data)
+    identity = _identity(cfg, model_config, data, processes.accelerator)
     # Before anything is loaded or written: a launch that cannot continue the checkpoint exactly leaves it be.
     resumed = None if resume_from is None else _agree_on_resume(processes.accelerator, resume_from, identity)
     trainable = _trainable(cfg, model_config, processes, data.schedule)
@@ -441,7 +449,7 @@ def _probe_step(cfg: TrainConfig, resumed_at: int, schedule: Schedule) -> int:
     return min(2, cfg.run.perf_warmup_steps, schedule.stop_at)
 
 
-def _identity(cfg: TrainConfig, model_config: Any, data: _Data) -> ResumeIdentity:
+def _identity(cfg: TrainConfig, model_config: Any, data: _Data, accelerator: Accelerator) -> ResumeIdentity:
     return ResumeIdentity(
         model_config=model_config.to_dict(),
         global_batch_tokens=data.geometry.tokens_per_step,
@@ -449,6 +457,8 @@ def _identity(cfg: TrainConfig, model_config: Any, data: _Data) -> ResumeIdentit
         data_key=data.packed.stats.cache_key,
         block_size=cfg.data.block_size,
         tokenizer=cfg.data.tokenizer,
+        precision=precision_name(accelerator.mixed_precision),
+        optimisation=Optimisation.of(cfg.optim, data.schedule.total_steps),
     )
 
 
@@ -465,12 +475,14 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity) -> dict[str, Any]
     exactly or its origin.json cannot be read."""
     try:
         failure = refusal(checkpoint, identity)
-        origin = None if failure else resumed_from(checkpoint).to_dict()
-    except (OSError, ValueError) as exc:  # an origin.json that cannot be read
+        warnings, change = ([], None) if failure else resume_warnings(checkpoint, identity.optimisation)
+    except (OSError, ValueError, TypeError) as exc:  # an origin.json that cannot be read
         failure = f"--resume: {checkpoint}: {exc}"
     if failure is not None:
         raise RunError(failure)
-    return origin
+    for line in warnings:
+        print(line, flush=True)
+    return resumed_from(checkpoint, change).to_dict()
 
 
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
@@ -485,6 +497,7 @@ def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
     saved = read_train_state(checkpoint)
     s.state.load_state_dict(saved["state"])
     s.scheduler.load_state_dict(saved["scheduler"])
+    follow_schedule(s.scheduler)  # a longer schedule than the checkpoint's applies from the next step
     s.tracker.records = [StepRecord(**r) for r in s.state.records]
     s.times = RunTimes(**s.state.times)
     s.last_checkpoint = s.state.step
