@@ -1,8 +1,8 @@
 """Setting a run up, in `set_up`'s order: the processes (the accelerator for the launch's strategy, the signal
-flag, the output folder claimed or the checkpoint to resume found, the seed, the speed levers), the data and its
-steps and epochs, the model and optimizer prepared for the strategy (then checked against the request), the
-loaders, the launch record (with the device's peak FLOP/s and the link between processes, both measured) and
-config.json, the sinks (metrics.jsonl, W&B), the resume last, and the probe of the memory peak.
+flag, the output folder checked to be one that every machine sees, then claimed or the checkpoint to resume
+found, the seed, the speed levers), the data and its steps and epochs, the model and optimizer prepared for
+the strategy (then checked against the request), the loaders, the launch record (with the device's peak
+FLOP/s and the link between processes, both measured) and config.json, the sinks (metrics.jsonl, W&B), the resume last, and the probe of the memory peak.
 
 `set_up` returns a `Session`: what was set up, and the state the training loop (training/loop.py) advances.
 """
@@ -25,7 +25,13 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, broadcast_object_list, set_seed
+from accelerate.utils import (
+    GradientAccumulationPlugin,
+    InitProcessGroupKwargs,
+    broadcast_object_list,
+    gather_object,
+    set_seed,
+)
 from torch.utils.data import DataLoader
 
 from data.errors import DataError
@@ -66,6 +72,7 @@ from training.rundir import (
     wandb_run_id,
     write_atomic,
 )
+from training.shared_folder import own_sighting, remove_probe, unshared_error, write_probe
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finish_settings
 from training.speed_levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
 from training.step import eval_subset, lr_factor, make_optimizer
@@ -251,6 +258,7 @@ def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
     signals = SignalFlag()
     signals.install()  # from here on a signal waits for a step boundary
     accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
+    _check_folder_shared(accelerator, out)  # before the claim: a refused job touches no run of the folder
     resume_from = _claim_output_dir(accelerator, cfg, out)
     set_seed(cfg.run.seed)
     levers = _levers(cfg, accelerator, requested.strategy)
@@ -552,6 +560,26 @@ def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> 
     """
     resume_from = _decided_by_main(accelerator, lambda: _claim_as_main(cfg, out))
     return Path(resume_from) if resume_from is not None else None
+
+
+def _check_folder_shared(accelerator: Accelerator, out: Path) -> None:
+    """Every process sees the output folder rank 0 writes (training/shared_folder.py), or every process fails
+    alike with the one line that names the machines that do not."""
+    if accelerator.num_processes == 1:
+        return
+    probe_name, created = _decided_by_main(accelerator, lambda: _probe_as_main(out))
+    # Each process looks in its own --output_dir: machines given different folders must not pass.
+    sightings = gather_object([own_sighting(accelerator.process_index, out / probe_name)])
+    failure = unshared_error(out, sightings)
+    if accelerator.is_main_process:
+        remove_probe(out / probe_name, created, shared=failure is None)
+    if failure is not None:
+        raise RunError(failure)
+
+
+def _probe_as_main(out: Path) -> tuple[str, bool]:
+    probe, created = write_probe(out)
+    return probe.name, created
 
 
 _Decision = TypeVar("_Decision")

@@ -28,7 +28,7 @@
 # same_network key (its flag's default wins), which the configs therefore leave out. With --same_network
 # accelerate would set only the master address, and c10d, given no endpoint, would wait on localhost.
 # With c10d, torchrun numbers the machines in the order they join, so the run folder is written by whichever
-# holds rank 0: give --output_dir on a file system all machines share.
+# holds rank 0: give --output_dir on a file system all machines share (train.py checks it at start-up).
 set -euo pipefail
 usage="usage: launch_node.sh ACCELERATE_CONFIG [train.py flags...] (with SLURM_NNODES, SLURM_NODEID, SLURM_GPUS_ON_NODE, MAIN_PROCESS_IP set)"
 config=${1:?$usage}
