@@ -2,7 +2,8 @@
 flag, the output folder checked to be one that every machine sees, then claimed or the checkpoint to resume
 found, the seed, the speed levers), the data and its steps and epochs, the model and optimizer prepared for
 the strategy (then checked against the request), the loaders, the launch record (with the device's peak
-FLOP/s and the link between processes, both measured) and config.json, the sinks (metrics.jsonl, W&B), the resume last, and the probe of the memory peak.
+FLOP/s and the link between processes, both measured) and config.json, the sinks (metrics.jsonl, W&B), the
+resume last, and the probe of the memory peak.
 
 `set_up` returns a `Session`: what was set up, and the state the training loop (training/loop.py) advances.
 """

@@ -76,9 +76,9 @@ def unshared_error(out: Path, sightings: list[Sighting]) -> str | None:
     machines = ", ".join(_machine(node, [s for s in blind if s.node == node]) for node in nodes)
     return (
         f"--output_dir {out} is not one folder that every machine of the job sees: rank 0 (machine "
-        f"{writer.node}, host {writer.host}) wrote a probe file there that {machines} cannot see. Give an --output_dir on "
-        f"a file system every machine mounts at the same path; for a folder of each machine's own, run each "
-        f"machine as a job of its own"
+        f"{writer.node}, host {writer.host}) wrote a probe file there that {machines} cannot see. Give an "
+        f"--output_dir on a file system every machine mounts at the same path; for a folder of each machine's "
+        f"own, run each machine as a job of its own"
     )
 
 
