@@ -169,6 +169,7 @@ def start_on_machines(
     args: list[str],
     machines: int = MACHINES,
     per_machine: int = PROCESSES_PER_MACHINE,
+    env: dict[str, str] | None = None,
 ) -> list[subprocess.Popen[str]]:
     """The SLURM recipe's launch line (scripts/slurm/launch_node.sh) started once per "machine", as srun starts
     it on each node, here all on loopback: one launcher process per machine, machine 0 first. The process
@@ -183,7 +184,7 @@ def start_on_machines(
         psutil.Popen(
             [*command, "--output_dir", str(folders[node])],
             cwd=REPO,
-            env=slurm_node_env(node, machines, per_machine, port),
+            env={**slurm_node_env(node, machines, per_machine, port), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

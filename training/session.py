@@ -559,8 +559,20 @@ def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> 
     One lock holder per job: the other processes would otherwise see the folder locked by their own
     main process. Returns the checkpoint to resume from, if any.
     """
-    resume_from = _decided_by_main(accelerator, lambda: _claim_as_main(cfg, out))
+    restart = _job_restart(accelerator)
+    resume_from = _decided_by_main(accelerator, lambda: _claim_as_main(cfg, out, restart))
     return Path(resume_from) if resume_from is not None else None
+
+
+def _job_restart(accelerator: Accelerator) -> int:
+    """Which restart of the job this is, agreed by every process: the highest of their machines' counts.
+
+    torchrun counts restarts per machine: a machine whose processes did not fail restarts them for the new
+    round of the rendezvous without counting, so the main process may be on a machine that says 0 while
+    another machine's processes continue a failed attempt (pytorch issue 108158).
+    """
+    own = restart_count(os.environ)
+    return own if accelerator.num_processes == 1 else max(gather_object([own]))
 
 
 def _check_folder_shared(accelerator: Accelerator, out: Path) -> None:
@@ -601,13 +613,12 @@ def _decided_by_main(accelerator: Accelerator, decide: Callable[[], _Decision]) 
     return value
 
 
-def _claim_as_main(cfg: TrainConfig, out: Path) -> str | None:
+def _claim_as_main(cfg: TrainConfig, out: Path, restart: int) -> str | None:
     """Lock first, then check and clear: a second launch must not touch the files of a run in progress."""
     _lock, left = acquire_run_lock(out)  # held until this process exits (released at exit)
     if left is not None:
         print(stale_lock_warning(out, left), file=sys.stderr, flush=True)
     # A torchrun restart reruns the same command: it must continue, not refuse the folder or start over.
-    restart = restart_count(os.environ)
     auto_resume = cfg.run.auto_resume or restart > 0
     resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite and not restart, auto_resume)
     if restart:
