@@ -185,23 +185,26 @@ def slurm_node_env(node: int, nodes: int, per_node: int, port: int) -> dict[str,
 
 def start_on_machines(
     config_name: str,
-    output_dir: Path,
+    output_dir: Path | list[Path],
     args: list[str],
     machines: int = MACHINES,
     per_machine: int = PROCESSES_PER_MACHINE,
+    env: dict[str, str] | None = None,
 ) -> list[subprocess.Popen[str]]:
     """The SLURM recipe's launch line (scripts/slurm/launch_node.sh) started once per "machine", as srun starts
     it on each node, here all on loopback: one launcher process per machine, machine 0 first. The process
-    counts and the mesh come from the launch (SLURM's variables), whatever the config's own example says."""
+    counts and the mesh come from the launch (SLURM's variables), whatever the config's own example says.
+    A list of output folders gives each machine its own, as machines that share no file system would have."""
     import psutil
 
     port = free_port()
-    command = ["bash", str(SLURM_LAUNCH_LINE), str(CONFIGS / config_name), *args, "--output_dir", str(output_dir)]
+    folders = output_dir if isinstance(output_dir, list) else [output_dir] * machines
+    command = ["bash", str(SLURM_LAUNCH_LINE), str(CONFIGS / config_name), *args]
     return [
         psutil.Popen(
-            command,
+            [*command, "--output_dir", str(folders[node])],
             cwd=REPO,
-            env=slurm_node_env(node, machines, per_machine, port),
+            env={**slurm_node_env(node, machines, per_machine, port), **(env or {})},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -12,7 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch import CONFIGS, SHARED_STEPS, accelerate_command, launch_env, run, train_lines
+from tests.launch import (
+    CONFIGS,
+    SHARED_STEPS,
+    accelerate_command,
+    launch_env,
+    run,
+    start_on_machines,
+    train_lines,
+    wait_on_machines,
+)
 from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
 from training.config import RunConfig
 from training.errors import RunError
@@ -144,6 +153,22 @@ def test_a_write_error_on_rank_0_ends_the_job_and_marks_nothing_complete(tmp_pat
     assert [c.name for c in complete_checkpoints(run_dir)] == ["step_0000003"]
     written = run_dir / "checkpoints" / f"step_{SAVE_STEP:07d}"
     assert list(written.iterdir()) and not (written / COMPLETE_MARKER).exists()  # states written, not marked
+
+
+@pytest.mark.multiprocess
+def test_a_job_over_two_machines_restarts_as_one_and_continues(tmp_path: Path, args: list[str], shared_runs) -> None:
+    """2 "machines" x 1 process by the SLURM launch line, --max_restarts 1: rank 1 fails; its machine counts a
+    restart, the other machine restarts its process for the new round without counting. The job agrees it is
+    a restart, continues from the step-3 checkpoint, and ends with the uninterrupted DDP run's steps."""
+    run_dir = tmp_path / "restarted-machines"
+    env = {"GPT2S_FAULT": f"raise:rank=1:step={FAULT_STEP}", "MAX_RESTARTS": "1"}
+    procs = start_on_machines("ddp_multinode.yaml", run_dir, args, machines=2, per_machine=1, env=env)
+    result = wait_on_machines(procs, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (error,) = _errors(result)
+    assert error.startswith(f"error: rank 1 failed after step {FAULT_STEP}: InjectedFault: ")
+    assert "restart 1 of the job: continuing from " in result.stderr and "step_0000003" in result.stderr
+    _assert_continues_exactly(run_dir, shared_runs["ddp"])
 
 
 @pytest.mark.multiprocess

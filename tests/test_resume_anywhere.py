@@ -29,6 +29,7 @@ from tests.launch import (
 )
 from training import registry
 from training.checkpoint import checkpoint_path
+from training.step import lr_factor
 
 pytestmark = pytest.mark.multiprocess
 
@@ -78,7 +79,7 @@ def assert_continues_exactly(resumed: Path, reference: Path, steps: int, rel: fl
     got, want = train_lines(resumed), train_lines(reference)
     assert sorted(got) == list(range(1, steps + 1))
     for step in range(RESUME_AT + 1, steps + 1):
-        for key in ("loss", "grad_norm"):
+        for key in ("loss", "grad_norm", "lr"):  # the rate: the saved schedule's, from the saved base rate
             assert got[step][key] == pytest.approx(want[step][key], rel=rel, abs=0), (step, key)
     assert summary(resumed)["complete"]
 
@@ -126,10 +127,11 @@ def _folder_digest(folder: Path) -> dict[str, str]:
 def test_a_resume_that_cannot_be_exact_is_refused_and_touches_nothing(
     shared_runs, base_args: list[str], tmp_path: Path
 ) -> None:
-    """Two processes, another model and another global batch: one line naming both, the folder unchanged."""
+    """Two processes, another model, global batch and learning rate: one line naming each, the folder unchanged."""
     run_dir = copy_cut_at_checkpoint(shared_runs["ddp"], tmp_path / "run", SHARED_STEPS)
     before = _folder_digest(run_dir)
-    args = [*base_args, "--strategy", "ddp", *QUIET, "--resume", "--n_layer", "3", "--global_batch_tokens", "2048"]
+    changed = ["--n_layer", "3", "--global_batch_tokens", "2048", "--lr", "0.01"]
+    args = [*base_args, "--strategy", "ddp", *QUIET, "--resume", *changed]
     result = train(registry.get("ddp").config_file, run_dir, args, check=False)
     output = result.stdout + result.stderr
     errors = [line for line in output.splitlines() if line.startswith("error:")]
@@ -138,4 +140,26 @@ def test_a_resume_that_cannot_be_exact_is_refused_and_touches_nothing(
     assert "cannot be continued exactly" in errors[0]
     assert "model n_layer 2 saved, 3 requested" in errors[0]
     assert "global batch 1024 tokens saved, 2048 requested" in errors[0]
+    assert "learning rate (--lr) 0.001 saved, 0.01 requested" in errors[0]
     assert _folder_digest(run_dir) == before
+
+
+def test_a_longer_schedule_resumes_with_one_warning_and_the_longer_schedule(
+    shared_runs, base_args: list[str], tmp_path: Path
+) -> None:
+    """The finished single run trained on to step 14: the steps after the checkpoint follow the 14-step decay,
+    said in one warning line and recorded in config.json."""
+    run_dir = copy_cut_at_checkpoint(shared_runs["single"], tmp_path / "run", SHARED_STEPS)
+    args = [*base_args, "--strategy", "single", *QUIET, "--resume", "--max_steps", str(SHARED_STEPS + 2)]
+    result = train(registry.get("single").config_file, run_dir, args)
+    output = result.stdout + result.stderr
+    warnings = [line for line in output.splitlines() if line.startswith("warning: --resume")]
+    assert len(warnings) == 1 and "12 steps saved, 14 requested): from step 13 on" in warnings[0], output[-3000:]
+    resumed = json.loads((run_dir / "config.json").read_text())["launch"]["resumed_from"]
+    assert (resumed["saved_total_steps"], resumed["schedule_changed_from_step"]) == (SHARED_STEPS, SHARED_STEPS + 1)
+    got = train_lines(run_dir)
+    assert sorted(got) == list(range(1, SHARED_STEPS + 3))
+    optim = json.loads((run_dir / "config.json").read_text())["optim"]
+    for step in (SHARED_STEPS + 1, SHARED_STEPS + 2):  # step n is taken after n - 1 steps
+        factor = lr_factor(step - 1, optim["warmup_steps"], SHARED_STEPS + 2, optim["min_lr_ratio"])
+        assert got[step]["lr"] == pytest.approx(optim["lr"] * factor, rel=1e-12)

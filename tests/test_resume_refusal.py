@@ -1,4 +1,5 @@
-"""What a resume must match to continue exactly, and the one-line refusal naming what differs (no launch)."""
+"""What a resume must match to continue exactly, the one-line refusal naming what differs, and the one change
+accepted with a warning, a longer schedule (no launch)."""
 
 from __future__ import annotations
 
@@ -7,11 +8,33 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from model import GPT2Config
 from training.checkpoint import COMPLETE_MARKER, FORMAT, ORIGIN, checkpoint_path
-from training.resume import ResumeIdentity, origin_record, refusal, resumed_from
+from training.resume import (
+    Optimisation,
+    ResumeIdentity,
+    follow_schedule,
+    origin_record,
+    refusal,
+    resume_warnings,
+    resumed_from,
+    schedule_change,
+)
+from training.step import lr_factor
 
+OPTIMISATION = Optimisation(
+    lr=1e-3,
+    weight_decay=0.1,
+    beta1=0.9,
+    beta2=0.95,
+    eps=1e-8,
+    grad_clip=1.0,
+    warmup_steps=5,
+    min_lr_ratio=0.1,
+    total_steps=12,
+)
 SAVED = ResumeIdentity(
     model_config=GPT2Config.from_preset("tiny").to_dict(),
     global_batch_tokens=1024,
@@ -19,6 +42,8 @@ SAVED = ResumeIdentity(
     data_key="0123456789abcdef0123",
     block_size=64,
     tokenizer=None,
+    precision="fp32",
+    optimisation=OPTIMISATION,
 )
 
 
@@ -34,13 +59,15 @@ def checkpoint(out: Path, origin: dict | None) -> Path:
 
 @pytest.fixture
 def saved(tmp_path: Path) -> Path:
-    return checkpoint(tmp_path, origin_record("fsdp", 2, "fp32", SAVED))
+    return checkpoint(tmp_path, origin_record("fsdp", 2, SAVED))
 
 
 def test_the_same_identity_resumes_under_any_strategy(saved: Path) -> None:
     assert refusal(saved, SAVED) is None
     record = resumed_from(saved)
     assert (record.step, record.strategy, record.num_processes, record.precision) == (9, "fsdp", 2, "fp32")
+    assert resume_warnings(saved, OPTIMISATION) == ([], None)
+    assert "saved_total_steps" not in record.to_dict()  # the schedule is the saved one
 
 
 def test_the_attention_kernel_is_not_a_reason_to_refuse(saved: Path) -> None:
@@ -74,7 +101,45 @@ REQUESTS = {
         dataclasses.replace(SAVED, data_key="fedcba9876543210fedc", tokenizer="/my/tokenizer"),
         "data (tokenizer None saved, /my/tokenizer requested, content hash",
     ),
+    "precision": (dataclasses.replace(SAVED, precision="bf16"), "precision fp32 saved, bf16 requested"),
 }
+
+
+def _optimised(**changed: float) -> ResumeIdentity:
+    return dataclasses.replace(SAVED, optimisation=dataclasses.replace(OPTIMISATION, **changed))
+
+
+# Every setting of the optimisation but the schedule's length, changed: refused, named with its flag.
+REQUESTS.update(
+    {
+        "learning rate": (_optimised(lr=0.01), "learning rate (--lr) 0.001 saved, 0.01 requested"),
+        "weight decay": (_optimised(weight_decay=0.0), "weight decay (--weight_decay) 0.1 saved, 0.0 requested"),
+        "beta1": (_optimised(beta1=0.8), "AdamW beta1 (--beta1) 0.9 saved, 0.8 requested"),
+        "beta2": (_optimised(beta2=0.99), "AdamW beta2 (--beta2) 0.95 saved, 0.99 requested"),
+        "eps": (_optimised(eps=1e-6), "AdamW epsilon (--eps) 1e-08 saved, 1e-06 requested"),
+        "grad clip": (_optimised(grad_clip=0.0), "gradient clipping (--grad_clip) 1.0 saved, 0.0 requested"),
+        "warm-up": (_optimised(warmup_steps=2), "warm-up (--warmup_steps) 5 saved, 2 requested"),
+        "min lr": (_optimised(min_lr_ratio=0.0), "minimum learning rate ratio (--min_lr_ratio) 0.1 saved, 0.0"),
+        "shorter schedule": (
+            _optimised(total_steps=10),
+            "schedule length (--max_steps, or --epochs in steps) 12 steps saved, 10 requested (a shorter",
+        ),
+        "shorter than the checkpoint": (
+            _optimised(total_steps=8),
+            "12 steps saved, 8 requested; the checkpoint is at step 9 (",
+        ),
+    }
+)
+
+
+def test_every_optimisation_setting_is_compared() -> None:
+    changed = {
+        f.name
+        for requested, _ in REQUESTS.values()
+        for f in dataclasses.fields(Optimisation)
+        if getattr(requested.optimisation, f.name) != getattr(OPTIMISATION, f.name)
+    }
+    assert changed == {f.name for f in dataclasses.fields(Optimisation)}
 
 
 @pytest.mark.parametrize("what", list(REQUESTS))
@@ -83,8 +148,9 @@ def test_what_differs_is_refused_in_one_line_naming_saved_and_requested(saved: P
     line = refusal(saved, requested)
     assert line is not None and "\n" not in line
     assert line.startswith("--resume: step_0000009 cannot be continued exactly by this launch: ")
-    differences, advice = line.split(": ", 2)[2].split("; ")  # only what was changed is named
+    differences, advice = line.split(": ", 2)[2].rsplit("; ", 1)  # only what was changed is named
     assert named in differences and advice.startswith("resume with the saved settings")
+    assert ";" not in differences.replace("; the checkpoint is at step", "")
 
 
 def test_every_difference_is_named(saved: Path) -> None:
@@ -96,3 +162,74 @@ def test_every_difference_is_named(saved: Path) -> None:
 def test_a_checkpoint_of_the_earlier_layout_is_refused(tmp_path: Path) -> None:
     line = refusal(checkpoint(tmp_path, None), SAVED)
     assert line is not None and "\n" not in line and "earlier version of this project" in line
+
+
+def test_a_longer_schedule_is_accepted_and_said_from_the_first_step_it_changes(saved: Path) -> None:
+    longer = _optimised(total_steps=20)
+    assert refusal(saved, longer) is None
+    (line,), change = resume_warnings(saved, longer.optimisation)
+    assert (change.saved_total_steps, change.total_steps, change.from_step) == (12, 20, 10)
+    # Step 10 is taken after 9 steps: past the warm-up of 5, into each schedule's cosine decay.
+    assert change.saved_lr == pytest.approx(1e-3 * lr_factor(9, 5, 12, 0.1))
+    assert change.lr == pytest.approx(1e-3 * lr_factor(9, 5, 20, 0.1)) and change.lr > change.saved_lr
+    assert line.startswith("warning: --resume with a longer schedule (12 steps saved, 20 requested): from step 10 on")
+    assert "\n" not in line and "config.json" in line
+    record = resumed_from(saved, change).to_dict()
+    assert (record["saved_total_steps"], record["schedule_changed_from_step"]) == (12, 10)
+
+
+@pytest.mark.parametrize(
+    ("warmup", "step", "min_ratio", "first"),
+    [
+        (5, 9, 0.1, 10),  # past the warm-up: the next step
+        (5, 2, 0.1, 7),  # in the warm-up: the first step of the decay (step 6 has factor 1 under any length)
+        (0, 0, 0.1, 2),  # no warm-up, from the start: step 1 has factor 1 under any length
+        (5, 9, 1.0, None),  # a constant rate after the warm-up: the length changes nothing
+    ],
+)
+def test_the_first_changed_step_is_the_first_whose_rate_differs(
+    warmup: int, step: int, min_ratio: float, first: int | None
+) -> None:
+    saved = dataclasses.replace(OPTIMISATION, warmup_steps=warmup, min_lr_ratio=min_ratio)
+    change = schedule_change(saved, dataclasses.replace(saved, total_steps=20), step)
+    differing = [
+        n
+        for n in range(step + 1, 13)
+        if lr_factor(n - 1, warmup, 12, min_ratio) != lr_factor(n - 1, warmup, 20, min_ratio)
+    ]
+    assert (change.from_step if change else None) == first == (differing[0] if differing else None)
+
+
+def test_a_checkpoint_written_before_the_optimisation_was_recorded_resumes_with_a_warning(tmp_path: Path) -> None:
+    origin = origin_record("single", 1, SAVED)
+    del origin["optimisation"]
+    old = checkpoint(tmp_path, origin)
+    assert refusal(old, _optimised(lr=0.01)) is None
+    (line,), change = resume_warnings(old, OPTIMISATION)
+    assert change is None and line.startswith("warning: --resume: step_0000009 was written before")
+
+
+def _scheduler(total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+    """AdamW and the run's LambdaLR as training/session.py builds them, over one parameter."""
+    optimizer = torch.optim.AdamW([torch.nn.Parameter(torch.ones(2))], lr=OPTIMISATION.lr)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, 5, total_steps, 0.1))
+
+
+@pytest.mark.parametrize("total_steps", [12, 20])
+def test_the_step_after_a_resume_follows_the_schedule_of_the_launch(total_steps: int) -> None:
+    """Under the same schedule the rate is the saved one to the bit, under a longer one already the new one;
+    the base rate is the checkpoint's."""
+    written = _scheduler(12)
+    for _ in range(9):
+        written.optimizer.step()
+        written.step()
+    resumed = _scheduler(total_steps)
+    resumed.optimizer.load_state_dict(written.optimizer.state_dict())
+    resumed.load_state_dict(written.state_dict())
+    follow_schedule(resumed)
+    rate = resumed.optimizer.param_groups[0]["lr"]
+    assert resumed.base_lrs == [OPTIMISATION.lr] and resumed.get_last_lr() == [rate]
+    if total_steps == 12:
+        assert rate == written.optimizer.param_groups[0]["lr"]
+    else:
+        assert rate == OPTIMISATION.lr * lr_factor(9, 5, total_steps, 0.1) != written.optimizer.param_groups[0]["lr"]

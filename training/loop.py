@@ -296,7 +296,7 @@ def checkpoint_now(s: Session) -> None:
     state.times = {"train_s": s.times.train_s, "eval_s": s.times.eval_s, "checkpoint_s": s.times.checkpoint_s}
     train_state = {"state": state.state_dict(), "scheduler": s.scheduler.state_dict()}
     effective = s.launch.effective
-    origin = origin_record(effective.strategy, s.accelerator.num_processes, effective.precision, s.identity)
+    origin = origin_record(effective.strategy, s.accelerator.num_processes, s.identity)
     save_checkpoint(
         s.accelerator,
         s.model,

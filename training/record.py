@@ -151,6 +151,12 @@ class ResumedFromRecord(Record):
     # Whether every rank took back the random states its own rank saved (same process count); otherwise
     # every rank took the main process's, and dropout's masks differ from an uninterrupted run's.
     random_states_exact: bool | None = None
+    # A longer schedule than the checkpoint's (a larger --max_steps): its length, and the first step whose
+    # learning rate differs from the saved schedule's (training/resume.py); both left out when it is the same.
+    saved_total_steps: int | None = None
+    schedule_changed_from_step: int | None = None
+
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"saved_total_steps", "schedule_changed_from_step"})
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,9 @@
 """Setting a run up, in `set_up`'s order: the processes (the accelerator for the launch's strategy, the signal
-flag, the output folder claimed or the checkpoint to resume found, the seed, the speed levers), the data and its
-steps and epochs, the model and optimizer prepared for the strategy (then checked against the request), the
-loaders, the launch record (with the device's peak FLOP/s and the link between processes, both measured) and
-config.json, the sinks (metrics.jsonl, W&B), the resume last, and the probe of the memory peak.
+flag, the output folder checked to be one that every machine sees, then claimed or the checkpoint to resume
+found, the seed, the speed levers), the data and its steps and epochs, the model and optimizer prepared for
+the strategy (then checked against the request), the loaders, the launch record (with the device's peak
+FLOP/s and the link between processes, both measured) and config.json, the sinks (metrics.jsonl, W&B), the
+resume last, and the probe of the memory peak.
 
 `set_up` returns a `Session`: what was set up, and the state the training loop (training/loop.py) advances.
 """
@@ -25,7 +26,13 @@ from typing import Any, TypeVar
 import torch
 import torch.nn as nn
 from accelerate import Accelerator
-from accelerate.utils import GradientAccumulationPlugin, InitProcessGroupKwargs, broadcast_object_list, set_seed
+from accelerate.utils import (
+    GradientAccumulationPlugin,
+    InitProcessGroupKwargs,
+    broadcast_object_list,
+    gather_object,
+    set_seed,
+)
 from torch.utils.data import DataLoader
 
 from data.errors import DataError
@@ -49,7 +56,14 @@ from training.record import (
     ResumedFromRecord,
     ScheduleRecord,
 )
-from training.resume import ResumeIdentity, refusal, resumed_from
+from training.resume import (
+    Optimisation,
+    ResumeIdentity,
+    follow_schedule,
+    refusal,
+    resume_warnings,
+    resumed_from,
+)
 from training.rundir import (
     acquire_run_lock,
     check_output_dir,
@@ -59,6 +73,7 @@ from training.rundir import (
     wandb_run_id,
     write_atomic,
 )
+from training.shared_folder import own_sighting, remove_probe, unshared_error, write_probe
 from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finish_settings
 from training.speed_levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
 from training.step import eval_subset, lr_factor, make_optimizer
@@ -69,6 +84,7 @@ from training.strategy import (
     check_strategy,
     create_accelerator,
     effective_strategy,
+    precision_name,
     requested_from_env,
 )
 
@@ -143,7 +159,7 @@ def set_up(cfg: TrainConfig) -> Session:
     model_config = _model_config(cfg)  # fails alike in every process, which then leave together (train.py)
     resume_from = processes.resume_from
     data = _data(cfg, processes)
-    identity = _identity(cfg, model_config, data)
+    identity = _identity(cfg, model_config, data, processes.accelerator)
     # Before anything is loaded or written: a launch that cannot continue the checkpoint exactly leaves it be.
     resumed = None if resume_from is None else _agree_on_resume(processes.accelerator, resume_from, identity)
     trainable = _trainable(cfg, model_config, processes, data.schedule)
@@ -243,6 +259,7 @@ def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
     signals = SignalFlag()
     signals.install()  # from here on a signal waits for a step boundary
     accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
+    _check_folder_shared(accelerator, out)  # before the claim: a refused job touches no run of the folder
     resume_from = _claim_output_dir(accelerator, cfg, out)
     set_seed(cfg.run.seed)
     levers = _levers(cfg, accelerator, requested.strategy)
@@ -441,7 +458,7 @@ def _probe_step(cfg: TrainConfig, resumed_at: int, schedule: Schedule) -> int:
     return min(2, cfg.run.perf_warmup_steps, schedule.stop_at)
 
 
-def _identity(cfg: TrainConfig, model_config: Any, data: _Data) -> ResumeIdentity:
+def _identity(cfg: TrainConfig, model_config: Any, data: _Data, accelerator: Accelerator) -> ResumeIdentity:
     return ResumeIdentity(
         model_config=model_config.to_dict(),
         global_batch_tokens=data.geometry.tokens_per_step,
@@ -449,6 +466,8 @@ def _identity(cfg: TrainConfig, model_config: Any, data: _Data) -> ResumeIdentit
         data_key=data.packed.stats.cache_key,
         block_size=cfg.data.block_size,
         tokenizer=cfg.data.tokenizer,
+        precision=precision_name(accelerator.mixed_precision),
+        optimisation=Optimisation.of(cfg.optim, data.schedule.total_steps),
     )
 
 
@@ -465,12 +484,14 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity) -> dict[str, Any]
     exactly or its origin.json cannot be read."""
     try:
         failure = refusal(checkpoint, identity)
-        origin = None if failure else resumed_from(checkpoint).to_dict()
-    except (OSError, ValueError) as exc:  # an origin.json that cannot be read
+        warnings, change = ([], None) if failure else resume_warnings(checkpoint, identity.optimisation)
+    except (OSError, ValueError, TypeError) as exc:  # an origin.json that cannot be read
         failure = f"--resume: {checkpoint}: {exc}"
     if failure is not None:
         raise RunError(failure)
-    return origin
+    for line in warnings:
+        print(line, flush=True)
+    return resumed_from(checkpoint, change).to_dict()
 
 
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
@@ -485,6 +506,7 @@ def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
     saved = read_train_state(checkpoint)
     s.state.load_state_dict(saved["state"])
     s.scheduler.load_state_dict(saved["scheduler"])
+    follow_schedule(s.scheduler)  # a longer schedule than the checkpoint's applies from the next step
     s.tracker.records = [StepRecord(**r) for r in s.state.records]
     s.times = RunTimes(**s.state.times)
     s.last_checkpoint = s.state.step
@@ -537,8 +559,40 @@ def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> 
     One lock holder per job: the other processes would otherwise see the folder locked by their own
     main process. Returns the checkpoint to resume from, if any.
     """
-    resume_from = _decided_by_main(accelerator, lambda: _claim_as_main(cfg, out))
+    restart = _job_restart(accelerator)
+    resume_from = _decided_by_main(accelerator, lambda: _claim_as_main(cfg, out, restart))
     return Path(resume_from) if resume_from is not None else None
+
+
+def _job_restart(accelerator: Accelerator) -> int:
+    """Which restart of the job this is, agreed by every process: the highest of their machines' counts.
+
+    torchrun counts restarts per machine: a machine whose processes did not fail restarts them for the new
+    round of the rendezvous without counting, so the main process may be on a machine that says 0 while
+    another machine's processes continue a failed attempt (pytorch issue 108158).
+    """
+    own = restart_count(os.environ)
+    return own if accelerator.num_processes == 1 else max(gather_object([own]))
+
+
+def _check_folder_shared(accelerator: Accelerator, out: Path) -> None:
+    """Every process sees the output folder rank 0 writes (training/shared_folder.py), or every process fails
+    alike with the one line that names the machines that do not."""
+    if accelerator.num_processes == 1:
+        return
+    probe_name, created = _decided_by_main(accelerator, lambda: _probe_as_main(out))
+    # Each process looks in its own --output_dir: machines given different folders must not pass.
+    sightings = gather_object([own_sighting(accelerator.process_index, out / probe_name)])
+    failure = unshared_error(out, sightings)
+    if accelerator.is_main_process:
+        remove_probe(out / probe_name, created, shared=failure is None)
+    if failure is not None:
+        raise RunError(failure)
+
+
+def _probe_as_main(out: Path) -> tuple[str, bool]:
+    probe, created = write_probe(out)
+    return probe.name, created
 
 
 _Decision = TypeVar("_Decision")
@@ -559,13 +613,12 @@ def _decided_by_main(accelerator: Accelerator, decide: Callable[[], _Decision]) 
     return value
 
 
-def _claim_as_main(cfg: TrainConfig, out: Path) -> str | None:
+def _claim_as_main(cfg: TrainConfig, out: Path, restart: int) -> str | None:
     """Lock first, then check and clear: a second launch must not touch the files of a run in progress."""
     _lock, left = acquire_run_lock(out)  # held until this process exits (released at exit)
     if left is not None:
         print(stale_lock_warning(out, left), file=sys.stderr, flush=True)
     # A torchrun restart reruns the same command: it must continue, not refuse the folder or start over.
-    restart = restart_count(os.environ)
     auto_resume = cfg.run.auto_resume or restart > 0
     resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite and not restart, auto_resume)
     if restart:

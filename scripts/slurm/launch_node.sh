@@ -15,6 +15,7 @@
 #   MAIN_PROCESS_IP     the first machine's address (the batch script takes it from SLURM_JOB_NODELIST)
 #   MAIN_PROCESS_PORT   the rendezvous port on it (default 29500)
 #   MIXED_PRECISION     no, fp16 or bf16 (--mixed_precision); default: the config's
+#   MAX_RESTARTS        restarts of the job after a process fails (--max_restarts); default: none
 #
 # The mesh follows the launch: a config with a parallelism_config (hsdp.yaml) gets accelerate's overrides
 # --parallelism_config_dp_replicate_size SLURM_NNODES --parallelism_config_dp_shard_size processes-per-machine,
@@ -28,7 +29,7 @@
 # same_network key (its flag's default wins), which the configs therefore leave out. With --same_network
 # accelerate would set only the master address, and c10d, given no endpoint, would wait on localhost.
 # With c10d, torchrun numbers the machines in the order they join, so the run folder is written by whichever
-# holds rank 0: give --output_dir on a file system all machines share.
+# holds rank 0: give --output_dir on a file system all machines share (train.py checks it at start-up).
 set -euo pipefail
 usage="usage: launch_node.sh ACCELERATE_CONFIG [train.py flags...] (with SLURM_NNODES, SLURM_NODEID, SLURM_GPUS_ON_NODE, MAIN_PROCESS_IP set)"
 config=${1:?$usage}
@@ -55,6 +56,12 @@ if grep -q '^parallelism_config:' "$config"; then
 fi
 precision=()
 [[ -z ${MIXED_PRECISION:-} ]] || precision=(--mixed_precision "$MIXED_PRECISION")
+restarts=()
+[[ -z ${MAX_RESTARTS:-} ]] || restarts=(--max_restarts "$MAX_RESTARTS")
+# Every round of the rendezvous (each restart) gets a store of its own, hosted by that round's rank 0 on a
+# free port: with the store shared across rounds, the process group's keys of a restarted job carry
+# torchrun's restart count, which it keeps per machine (pytorch issue 108158), so the machines disagree.
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 is_host=$([[ $machine_rank == 0 ]] && echo 1 || echo 0)
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 
@@ -62,5 +69,5 @@ repo=$(cd "$(dirname "$0")/../.." && pwd)
 exec accelerate launch --config_file "$config" \
     --num_machines "$num_machines" --num_processes $((num_machines * per_node)) --machine_rank "$machine_rank" \
     "${mesh[@]}" --main_process_ip "$main_ip" --main_process_port "$main_port" \
-    --rdzv_backend c10d --rdzv_conf "is_host=$is_host" "${precision[@]}" \
+    --rdzv_backend c10d --rdzv_conf "is_host=$is_host" "${precision[@]}" "${restarts[@]}" \
     "$repo/train.py" "$@"
