@@ -141,7 +141,7 @@ def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: An
 
     # By parameter name, whatever wraps the model (DDP's `module.`, FSDP2's DTensor shards, checkpoint wrappers).
     model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
-    # No `no_dist` (torch 2.6 and 2.7 lack it): DCP assumes one process exactly when no group is initialized.
+    # No `no_dist` (torch 2.6 lacks it): DCP assumes one process exactly when no group is initialized.
     with _one_process_quiet():
         dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR))
         dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR))

@@ -11,8 +11,8 @@ from typing import Any
 def dcp_load_alone(state_dict: dict[str, Any], folder: Path) -> None:
     """DCP's load in this process alone, with no collective, even where a process group is initialized.
 
-    `dcp.load(..., no_dist=True)` says so from torch 2.8 on; 2.6 and 2.7's `dcp.load` lacks the argument (it
-    assumes one process exactly when no group is initialized), and their `_load_state_dict` takes it.
+    `dcp.load(..., no_dist=True)` says so from torch 2.7 on; 2.6's `dcp.load` lacks the argument (it
+    assumes one process exactly when no group is initialized), and its `_load_state_dict` takes it.
     """
     import torch.distributed.checkpoint as dcp
 
