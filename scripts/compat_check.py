@@ -111,8 +111,10 @@ def install(pair: Pair, venv: Path, index: str) -> str | None:
     torch_source = [] if index == "pypi" else ["--index-url", index, "--extra-index-url", "https://pypi.org/simple"]
     if run_logged([*pip, f"torch=={pair.torch}", *torch_source], log):
         return f"torch {pair.torch} install failed: {first_error(log)}"
-    # The requirements beside that torch: pip keeps the installed torch, which requirements.txt must accept.
-    if run_logged([*pip, "-r", str(ROOT / "requirements.txt")], log):
+    # The requirements beside that torch, held to it: a torch that requirements.txt refuses fails here, not replaced.
+    held = venv / "torch-constraint.txt"
+    held.write_text(f"torch=={pair.torch}\n")
+    if run_logged([*pip, "-r", str(ROOT / "requirements.txt"), "-c", str(held)], log):
         return f"requirements install failed: {first_error(log)}"
     return None
 
@@ -129,7 +131,9 @@ def test(pair: Pair, venv: Path) -> str:
     )
     if found.returncode:
         return f"failed: torch does not import: {found.stderr.strip().splitlines()[-1:]}"
-    code = run_logged([str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", *CORE_TESTS], log)
+    code = run_logged(
+        [str(python), "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2", "--dist", "loadfile", *CORE_TESTS], log
+    )
     lines = log.read_text(errors="replace").splitlines()
     counts = next((line.strip("= ") for line in reversed(lines) if re.search(r"\d+ (passed|failed|error)", line)), "")
     installed = f"torch {found.stdout.strip()}"

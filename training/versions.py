@@ -56,10 +56,15 @@ def version_problem(path: Path = REQUIREMENTS) -> str | None:
     return None
 
 
+def shown(requirement: Any) -> str:
+    """`torch>=2.7,<2.15` as requirements.txt writes it (packaging's str puts the upper bound first)."""
+    return requirement.name + ",".join(sorted(map(str, requirement.specifier), key=lambda spec: spec[0] != ">"))
+
+
 def refusal(requirement: Any, found: str | None) -> str:
     """One line: the release found, the range and the command that installs a tested release."""
     have = f"{requirement.name} {found} is installed" if found else f"{requirement.name} is not installed"
     return (
-        f"{have}; the project runs on {requirement} (tested: docs/compat.md); "
-        f"install a tested release: pip install '{requirement}'"
+        f"{have}; the project runs on {shown(requirement)} (tested: docs/compat.md); "
+        f"install a tested release: pip install '{shown(requirement)}'"
     )
