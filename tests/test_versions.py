@@ -16,6 +16,10 @@ from tests.launch import REPO, run
 from training import versions
 
 RANGES = {r.name: r for r in versions.requirements() if r.name in versions.CHECKED}
+# requirements.txt's torch line as written, which the error line and the docs repeat.
+TORCH_LINE = next(
+    line.split("#")[0].strip() for line in versions.REQUIREMENTS.read_text().splitlines() if line.startswith("torch")
+)
 
 
 def installed(monkeypatch: pytest.MonkeyPatch, **found: str | None) -> None:
@@ -36,7 +40,7 @@ def test_a_torch_outside_the_range_is_one_line_with_the_version_the_range_and_th
     line = versions.version_problem()
     assert line is not None and "\n" not in line
     assert (f"torch {torch} is installed" if torch else "torch is not installed") in line
-    assert f"runs on {RANGES['torch']}" in line and f"pip install '{RANGES['torch']}'" in line
+    assert f"runs on {TORCH_LINE} " in line and f"pip install '{TORCH_LINE}'" in line
 
 
 def test_an_accelerate_outside_its_range_is_refused_too(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -76,7 +80,7 @@ def test_the_notebook_stops_with_the_line_and_installs_no_torch(monkeypatch: pyt
     with pytest.raises(support.OutsideRange) as refused:
         support.install(missing)
     (shown,) = refused.value._render_traceback_()  # what the notebook prints instead of a traceback
-    assert shown.startswith("error: torch 2.5.1 is installed") and f"pip install '{RANGES['torch']}'" in shown
+    assert shown.startswith("error: torch 2.5.1 is installed") and f"pip install '{TORCH_LINE}'" in shown
 
 
 def test_train_py_under_a_too_old_torch_exits_2_with_one_line_before_any_step(tmp_path: Path) -> None:
@@ -97,3 +101,13 @@ def test_train_py_under_a_too_old_torch_exits_2_with_one_line_before_any_step(tm
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [versions.refusal(RANGES["torch"], "2.5.1").join(["error: ", ""])]
     assert result.stdout == "" and not out.exists()  # no step, no run folder
+
+
+@pytest.mark.parametrize("doc", ["README.md", "docs/compat.md"])
+def test_the_docs_declare_requirements_txts_torch_range(doc: str) -> None:
+    line = next(
+        line.split("#")[0].strip()
+        for line in versions.REQUIREMENTS.read_text().splitlines()
+        if line.startswith("torch")
+    )
+    assert f"`{line}`" in (REPO / doc).read_text()

@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING, Any
 
 from training.errors import RunError
 from training.faults import during_checkpoint_write
-from training.torch_compat import dcp_load_alone
 
 if TYPE_CHECKING:  # only annotations need them: reading a checkpoint imports neither accelerate nor torch at first
     import torch
@@ -141,10 +140,10 @@ def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: An
 
     # By parameter name, whatever wraps the model (DDP's `module.`, FSDP2's DTensor shards, checkpoint wrappers).
     model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
-    # No `no_dist` (torch 2.6 lacks it): DCP assumes one process exactly when no group is initialized.
+    single = _single_process()
     with _one_process_quiet():
-        dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR))
-        dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR))
+        dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR), no_dist=single)
+        dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR), no_dist=single)
     (path / RNG_DIR).mkdir(exist_ok=True)
     (path / RNG_DIR / f"rank_{accelerator.process_index}.json").write_text(json.dumps(rng_states()))
     if accelerator.is_main_process:
@@ -175,9 +174,10 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
 
     # Templates laid out for this launch (with optimizer state initialised), filled in place by DCP.
     model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
-    with _one_process_quiet():  # one process exactly when no group is initialized, as at save
-        dcp.load(model_state, checkpoint_id=path / MODEL_DIR)
-        dcp.load(optimizer_state["state"], checkpoint_id=path / OPTIMIZER_DIR)
+    single = _single_process()
+    with _one_process_quiet():
+        dcp.load(model_state, checkpoint_id=path / MODEL_DIR, no_dist=single)
+        dcp.load(optimizer_state["state"], checkpoint_id=path / OPTIMIZER_DIR, no_dist=single)
     optimizer_state["param_groups"] = json.loads((path / OPTIMIZER_GROUPS).read_text())
     set_state_dict(model, _unwrapped(optimizer), model_state_dict=model_state, optim_state_dict=optimizer_state)
     if accelerator.scaler is not None and (path / SCALER).is_file():
@@ -191,6 +191,12 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
 def _unwrapped(optimizer: Any) -> Any:
     """The torch optimizer inside accelerate's AcceleratedOptimizer (DCP asks its param_groups and state)."""
     return getattr(optimizer, "optimizer", optimizer)
+
+
+def _single_process() -> bool:
+    import torch.distributed as dist
+
+    return not (dist.is_available() and dist.is_initialized())
 
 
 @contextlib.contextmanager
@@ -342,7 +348,7 @@ def load_model_state_dict(path: Path) -> dict[str, Any]:
         if isinstance(entry, dcp.metadata.TensorStorageMetadata)
     }
     with _one_process_quiet():
-        dcp_load_alone(state, model_dir)
+        dcp.load(state, checkpoint_id=model_dir, no_dist=True)
     return state
 
 
