@@ -44,7 +44,7 @@ CORE_TESTS = (
     "tests/test_versions.py",
 )
 # docs/compat.md's table: the declared minimum, one in the middle, CI's, the newest allowed here, and Colab's Python.
-DEFAULT_PAIRS = ("3.11:2.9.0", "3.11:2.10.0", "3.11:2.13.0", "3.11:2.14.1", "3.12:2.14.1")
+DEFAULT_PAIRS = ("3.11:2.10.0", "3.11:2.12.0", "3.11:2.13.0", "3.11:2.14.1", "3.12:2.14.1")
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
