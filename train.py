@@ -20,6 +20,16 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from training.versions import version_problem
+
+    problem = version_problem()  # before anything imports torch or accelerate: one line, not a crash at step N
+    if problem:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"error: {problem}", file=sys.stderr, flush=True)
+        with contextlib.suppress(ImportError):  # no torch at all: no process group to leave
+            _leave_together()
+        return 2
+
     from training.cli import parse_config
 
     try:

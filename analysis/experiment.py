@@ -46,6 +46,7 @@ from analysis.scaling import price_text
 from training import registry
 from training.cli import DefaultsHelpFormatter, OneLineParser, add_flags, config_from, flag, run_main
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
+from training.versions import version_problem
 
 if TYPE_CHECKING:
     from analysis.prediction import Prediction
@@ -660,6 +661,10 @@ def main(
     config_dir: Path = CONFIG_DIR,
     echo: bool = True,
 ) -> int:
+    problem = version_problem()  # before the first launch: every run would stop on it
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return EXIT_SETUP
     try:
         spec = parse_spec(sys.argv[1:] if argv is None else argv)
     except SetupError as err:

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training import registry
+from training import registry, versions
 
 if TYPE_CHECKING:
     from analysis.experiment import ExperimentSpec
@@ -58,37 +58,27 @@ def platform_name() -> str:
 
 def missing_requirements(requirements: Path = ROOT / "requirements.txt") -> list[str]:
     """The lines of requirements.txt that the installed packages do not satisfy (test-only ones left out)."""
-    try:
-        from packaging.requirements import Requirement
-    except ImportError:  # pip always carries a copy
-        from pip._vendor.packaging.requirements import Requirement
     missing = []
-    for line in requirements.read_text(encoding="utf-8").splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        requirement = Requirement(line)
-        if requirement.name in TEST_ONLY:
-            continue
-        try:
-            installed = importlib.metadata.version(requirement.name)
-        except importlib.metadata.PackageNotFoundError:
-            missing.append(line)
-            continue
-        if not requirement.specifier.contains(installed, prereleases=True):
-            missing.append(line)
+    for requirement in versions.requirements(requirements):
+        installed = _version(requirement.name)
+        if requirement.name not in TEST_ONLY and (installed is None or not versions.in_range(installed, requirement)):
+            missing.append(str(requirement))
     return missing
 
 
+class OutsideRange(RuntimeError):
+    """Stops the notebook with one `error:` line: IPython shows _render_traceback_'s lines instead of a traceback."""
+
+    def _render_traceback_(self) -> list[str]:
+        return [f"error: {self}"]
+
+
 def install(requirements: list[str]) -> None:
-    """pip-install `requirements`, never torch: the platform's CUDA build stays (pinned as a constraint)."""
+    """pip-install `requirements`, never torch: the platform's CUDA build stays (pinned as a constraint). A torch
+    outside the project's range stops here, with the command that installs a tested one (then restart the kernel)."""
     if any(re.match(r"torch\b(?![-_])", r) for r in requirements):
-        have = _version("torch")
-        raise RuntimeError(
-            f"this environment has torch {have or '(none)'}, the project needs "
-            f"{next(r for r in requirements if r.startswith('torch'))}; install a CUDA build "
-            "of torch that fits your GPU, restart the kernel and run again"
-        )
+        wanted = versions.parse(next(r for r in requirements if re.match(r"torch\b(?![-_])", r)))
+        raise OutsideRange(f"{versions.refusal(wanted, _version('torch'))}, then restart the kernel")
     with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as constraints:
         constraints.write(f"torch=={_version('torch')}\n" if _version("torch") else "")
     command = [sys.executable, "-m", "pip", "install", "-q", *requirements, "-c", constraints.name]
