@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -80,17 +81,91 @@ def checkpoint_path(output_dir: Path, step: int) -> Path:
     return output_dir / CHECKPOINTS_DIR / f"step_{step:07d}"
 
 
-def complete_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+# A checkpoint folder's name: the step, zero-padded to 7 digits (wider past 10^7 steps). Anything after it
+# (step_N.damaged, ...) is a folder set aside, which no listing counts.
+_NAME = re.compile(r"step_(\d+)")
+DAMAGED_SUFFIX = ".damaged"
+
+
+def step_of_name(path: Path) -> int | None:
+    """The step a checkpoint folder's name says, or None for a name that is not a checkpoint's."""
+    match = _NAME.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_folders(output_dir: Path) -> list[Path]:
+    """Every checkpoint folder, complete or not (folders set aside left out), oldest step first."""
     root = output_dir / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if (p / COMPLETE_MARKER).is_file())
+    found = [p for p in root.iterdir() if p.is_dir() and step_of_name(p) is not None]
+    # By the step as a number: names sort as strings only up to 10^7 steps.
+    return sorted(found, key=lambda p: step_of_name(p) or 0)
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest step first (folders set aside as damaged are not counted)."""
+    return [p for p in checkpoint_folders(output_dir) if (p / COMPLETE_MARKER).is_file()]
 
 
 def newest_checkpoint(output_dir: Path) -> Path | None:
     found = complete_checkpoints(output_dir)
     return found[-1] if found else None
+
+
+def set_aside(path: Path, suffix: str) -> Path:
+    """Rename a checkpoint folder so that no listing counts it again, keeping its files for a person to look
+    at; a second folder of the same step and suffix gets a number after it."""
+    target = path.with_name(path.name + suffix)
+    number = 1
+    while target.exists():
+        target, number = path.with_name(f"{path.name}{suffix}.{number}"), number + 1
+    path.rename(target)
+    return target
+
+
+def set_aside_damaged(path: Path, problem: str) -> Path:
+    """A checkpoint that failed verification: renamed step_N.damaged, with one warning line (main process)."""
+    target = set_aside(path, DAMAGED_SUFFIX)
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            f"warning: checkpoint {path.name} is damaged ({problem}); set aside as {target.name}, never resumed from",
+            file=sys.stderr,
+            flush=True,
+        )
+    return target
+
+
+def keep_decision(complete: list[Path], just_written: Path, newest_verified: Path | None, keep: int) -> list[Path]:
+    """Which complete checkpoints (oldest step first) a save deletes: all but the newest `keep`, never the one
+    just written and never the newest verified one, whatever `keep` says."""
+    spared = {just_written, newest_verified}
+    return [p for p in complete[: max(len(complete) - keep, 0)] if p not in spared]
+
+
+def prune_checkpoints(output_dir: Path, just_written: Path, keep: int) -> None:
+    """After `just_written` is marked complete: delete what `keep_decision` says, and interrupted saves.
+
+    The checkpoint just written is verified by construction (its checksums are of the bytes just written), so
+    when it is the newest nothing older needs reading. A newer complete one (a run resumed from an older
+    step) is verified before anything is deleted: the damaged are set aside, and the newest verified kept.
+    """
+    complete = complete_checkpoints(output_dir)
+    newest_verified = just_written
+    for path in reversed(complete):
+        if path == just_written or (step_of_name(path) or 0) < (step_of_name(just_written) or 0):
+            break
+        problem = checkpoint_problem(path)
+        if problem is None:
+            newest_verified = path
+            break
+        set_aside_damaged(path, problem)
+    complete = complete_checkpoints(output_dir)
+    for old in keep_decision(complete, just_written, newest_verified, keep):
+        shutil.rmtree(old, ignore_errors=True)
+    for partial in checkpoint_folders(output_dir):
+        if partial != just_written and not (partial / COMPLETE_MARKER).exists():
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -124,11 +199,7 @@ def save_checkpoint(
         (path / ORIGIN).write_text(json.dumps({"format": FORMAT, **(origin or {})}, indent=2))
         # Last, after every file: the marker that makes the checkpoint count, with what it must hold.
         (path / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": _manifest(path)}))
-        for old in complete_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for partial in (output_dir / CHECKPOINTS_DIR).glob("step_*"):
-            if not (partial / COMPLETE_MARKER).exists():
-                shutil.rmtree(partial, ignore_errors=True)
+        prune_checkpoints(output_dir, path, keep)
     accelerator.wait_for_everyone()
     return path
 
@@ -294,7 +365,8 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 def newest_good_checkpoint(output_dir: Path) -> Path:
-    """The newest complete checkpoint whose files are intact; one warning line per one skipped.
+    """The newest complete checkpoint whose files are intact; each damaged one newer than it is set aside
+    (step_N.damaged, one warning line), so that no later listing counts or chooses it.
 
     Raises RunError (one line) when there is none.
     """
@@ -303,12 +375,12 @@ def newest_good_checkpoint(output_dir: Path) -> Path:
         problem = checkpoint_problem(path)
         if problem is None:
             return path
-        if os.environ.get("RANK", "0") == "0":  # every rank checks; one says so
-            print(f"warning: skipping checkpoint {path.name}: {problem}", file=sys.stderr, flush=True)
+        set_aside_damaged(path, problem)
     if found:
         raise RunError(
             f"--resume: no intact checkpoint in {output_dir / CHECKPOINTS_DIR} "
-            f"({len(found)} complete, all damaged); run without --resume or with --overwrite"
+            f"({len(found)} complete, all damaged and set aside as *{DAMAGED_SUFFIX}); run without --resume or "
+            f"with --overwrite"
         )
     raise RunError(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS_DIR}; run without --resume")
 
