@@ -110,6 +110,27 @@ def test_the_newest_verified_checkpoint_outlives_keep_1_when_the_one_written_is_
     assert steps(tmp_path) == [6, 9]
 
 
+def test_a_write_error_inside_dcp_leaves_the_checkpoint_before_as_the_newest(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPT2S_FAULT's save_error fires inside DCP's storage writer, as a full disk would: no shard of the failed
+    save is written, the error is this process's own OSError, and the checkpoint before is the one to resume."""
+    from training import faults
+
+    save(prepared, tmp_path, 3, keep=2)
+    monkeypatch.setenv("GPT2S_FAULT", "save_error:step=6")
+    faults._this_process_fault.cache_clear()
+    try:
+        with pytest.raises(OSError, match="No space left on device"):
+            save(prepared, tmp_path, 6, keep=2)
+    finally:
+        monkeypatch.delenv("GPT2S_FAULT")
+        faults._this_process_fault.cache_clear()
+    failed = checkpoint_path(tmp_path, 6)
+    assert not list(failed.glob("**/*.distcp")) and not (failed / "complete.json").exists()
+    assert steps(tmp_path) == [3] and newest_good_checkpoint(tmp_path) == checkpoint_path(tmp_path, 3)
+
+
 # --------------------------------------------------------------------------------------------- stateful
 
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from training.errors import RunError
-from training.faults import during_checkpoint_write
+from training.faults import checkpoint_failure_told_once, during_checkpoint_write, inside_checkpoint_writer
 
 if TYPE_CHECKING:  # only annotations need them: reading a checkpoint imports neither accelerate nor torch at first
     import torch
@@ -189,22 +189,70 @@ def save_checkpoint(
     if accelerator.is_main_process and path.exists():
         shutil.rmtree(path)  # a leftover of an interrupted save at the same step
     accelerator.wait_for_everyone()
-    _save_states(accelerator, model, optimizer, path)
+    _save_states(accelerator, model, optimizer, path, step)
     during_checkpoint_write(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
-    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (path / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))
         if train_state is not None:
             (path / TRAIN_STATE).write_text(json.dumps(train_state))
         (path / ORIGIN).write_text(json.dumps({"format": FORMAT, **(origin or {})}, indent=2))
-        # Last, after every file: the marker that makes the checkpoint count, with what it must hold.
-        (path / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": _manifest(path)}))
+    # Each rank makes its own files durable and checksums them (in parallel, no rank re-reads another's);
+    # the main process gathers the lists. The gather is also where every rank has finished writing.
+    own = _own_files(path, accelerator.process_index, accelerator.is_main_process)
+    manifest = _durable_manifest(path, own)
+    from accelerate.utils import gather_object
+
+    from training.rundir import write_atomic  # here: rundir imports this module
+
+    files = {name: entry for part in gather_object([manifest]) for name, entry in part.items()}
+    if accelerator.is_main_process:
+        # Last, after every file is on disk: the marker that makes the checkpoint count, with what it must hold,
+        # written whole or not at all and synced with its folder before anything older is deleted.
+        write_atomic(path / COMPLETE_MARKER, json.dumps({"step": step, "files": files}), sync=True)
+        _sync_folder(path)
+        _sync_folder(path.parent)
         prune_checkpoints(output_dir, path, keep)
     accelerator.wait_for_everyone()
     return path
 
 
-def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path) -> None:
+def _own_files(path: Path, rank: int, main: bool) -> list[Path]:
+    """The files this rank wrote: its DCP shards (DCP names them __<rank>_<n>.distcp) and random states, and
+    for the main process everything else (DCP's .metadata, the JSON files)."""
+    found = []
+    for file in sorted(path.rglob("*")):
+        if not file.is_file() or file.name == COMPLETE_MARKER:
+            continue
+        shard = re.fullmatch(r"__(\d+)_\d+\.distcp", file.name)
+        rng = re.fullmatch(r"rank_(\d+)\.json", file.name) if file.parent.name == RNG_DIR else None
+        owner = int(shard.group(1)) if shard else int(rng.group(1)) if rng else None
+        if owner == rank or (owner is None and main):
+            found.append(file)
+    return found
+
+
+def _durable_manifest(folder: Path, files: list[Path]) -> dict[str, list[int]]:
+    """Each file fsynced, then its folders; the files' sizes and CRC-32s by path in `folder`."""
+    manifest = {}
+    for file in files:
+        with file.open("rb") as stream:
+            os.fsync(stream.fileno())
+        manifest[str(file.relative_to(folder))] = [file.stat().st_size, _crc32(file)]
+    for parent in sorted({file.parent for file in files}):
+        _sync_folder(parent)
+    return manifest
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a folder's entries (files created or renamed in it) durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path, step: int) -> None:
     """Model and optimizer through DCP (each rank its part), this rank's random states, the grad scaler."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -212,9 +260,9 @@ def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: An
     # By parameter name, whatever wraps the model (DDP's `module.`, FSDP2's DTensor shards, checkpoint wrappers).
     model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
     single = _single_process()
-    with _one_process_quiet():
-        dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR), no_dist=single)
-        dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR), no_dist=single)
+    with _one_process_quiet(), checkpoint_failure_told_once(accelerator.process_index):
+        dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR, step), no_dist=single)
+        dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR, step), no_dist=single)
     (path / RNG_DIR).mkdir(exist_ok=True)
     (path / RNG_DIR / f"rank_{accelerator.process_index}.json").write_text(json.dumps(rng_states()))
     if accelerator.is_main_process:
@@ -223,13 +271,18 @@ def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: An
             (path / SCALER).write_text(json.dumps(accelerator.scaler.state_dict()))
 
 
-def _writer(folder: Path) -> Any:
-    """DCP's file writer without an fsync per file: complete.json's sizes and checksums already catch a file
-    that did not reach the disk whole, and a save must fit in the seconds a launcher allows after a signal
-    (accelerate's single-process launcher: 5), which fsyncs on a busy disk exceeded."""
+def _writer(folder: Path, step: int) -> Any:
+    """DCP's file writer, without its fsync per file: each rank syncs its own files afterwards
+    (`_durable_manifest`), together with their folders, which DCP does not sync. GPT2S_FAULT's write error
+    fires inside it, where a full disk would."""
     import torch.distributed.checkpoint as dcp
 
-    return dcp.FileSystemWriter(folder, sync_files=False)
+    class Writer(dcp.FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            inside_checkpoint_writer(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
+            return super().write_data(plan, planner)
+
+    return Writer(folder, sync_files=False)
 
 
 def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path) -> bool:
@@ -326,14 +379,6 @@ def read_origin(path: Path) -> dict[str, Any] | None:
     """origin.json of a checkpoint (format, writer, what a resume must match); None for an earlier layout."""
     file = path / ORIGIN
     return json.loads(file.read_text()) if file.is_file() else None
-
-
-def _manifest(folder: Path) -> dict[str, list[int]]:
-    return {
-        str(p.relative_to(folder)): [p.stat().st_size, _crc32(p)]
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != COMPLETE_MARKER
-    }
 
 
 def _crc32(path: Path) -> int:
