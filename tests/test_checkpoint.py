@@ -148,10 +148,12 @@ def test_a_truncated_or_corrupted_checkpoint_is_skipped_for_the_newest_intact_on
     assert "optimizer/__0_0.distcp is corrupted" in checkpoint_problem(checkpoint_path(tmp_path, 4))
     assert newest_good_checkpoint(tmp_path) == checkpoint_path(tmp_path, 2)
     warnings = capsys.readouterr().err.strip().splitlines()
-    assert [w.split(":")[1].strip() for w in warnings] == [
-        "skipping checkpoint step_0000006",
-        "skipping checkpoint step_0000004",
+    assert [w.split(" (")[0] for w in warnings] == [
+        "warning: checkpoint step_0000006 is damaged",
+        "warning: checkpoint step_0000004 is damaged",
     ]
+    # Set aside: never counted or chosen again, kept for a person to look at.
+    assert names(tmp_path) == ["step_0000002", "step_0000004.damaged", "step_0000006.damaged"]
 
 
 def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path: Path) -> None:
@@ -160,7 +162,9 @@ def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path
 
     save(prepared, tmp_path, 3)
     (checkpoint_path(tmp_path, 3) / "model" / "__0_0.distcp").unlink()
-    with pytest.raises(RunError, match=r"no intact checkpoint .* \(1 complete, all damaged\)") as error:
+    with pytest.raises(
+        RunError, match=r"no intact checkpoint .* \(1 complete, all damaged and set aside as \*\.damaged\)"
+    ) as error:
         newest_good_checkpoint(tmp_path)
     assert "\n" not in str(error.value)
     with pytest.raises(RunError, match="no complete checkpoint"):

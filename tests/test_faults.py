@@ -22,7 +22,7 @@ from tests.launch import (
     train_lines,
     wait_on_machines,
 )
-from training.checkpoint import COMPLETE_MARKER, complete_checkpoints
+from training.checkpoint import COMPLETE_MARKER, complete_checkpoints, newest_good_checkpoint
 from training.config import RunConfig
 from training.errors import RunError
 from training.faults import (
@@ -144,15 +144,22 @@ def test_a_restarted_job_continues_from_its_newest_checkpoint_by_itself(
 
 
 @pytest.mark.multiprocess
-def test_a_write_error_on_rank_0_ends_the_job_and_marks_nothing_complete(tmp_path: Path, args: list[str]) -> None:
+def test_a_write_error_inside_dcp_on_rank_1_is_told_once_and_keeps_the_checkpoint_before(
+    tmp_path: Path, args: list[str]
+) -> None:
+    """The full disk strikes inside DCP's storage writer on rank 1: DCP hands every rank its CheckpointException,
+    and only rank 1 tells it, exit 5; step 3 stays the newest complete checkpoint, intact."""
     run_dir = tmp_path / "save-error"
-    result = _ddp(run_dir, args, f"save_error:rank=0:step={SAVE_STEP}")
+    result = _ddp(run_dir, args, f"save_error:rank=1:step={SAVE_STEP}")
     assert result.returncode != 0
     (error,) = _errors(result)
-    assert error.startswith(f"error: rank 0 failed after step {SAVE_STEP}: OSError: [Errno 28] No space left")
+    assert error.startswith(f"error: rank 1 failed after step {SAVE_STEP}: OSError: [Errno 28] No space left")
+    assert "exitcode  : 5" in result.stderr and "CheckpointException" not in result.stdout + result.stderr
     assert [c.name for c in complete_checkpoints(run_dir)] == ["step_0000003"]
+    assert newest_good_checkpoint(run_dir).name == "step_0000003"  # what --resume takes
     written = run_dir / "checkpoints" / f"step_{SAVE_STEP:07d}"
-    assert list(written.iterdir()) and not (written / COMPLETE_MARKER).exists()  # states written, not marked
+    assert not (written / COMPLETE_MARKER).exists()
+    assert not list(written.glob("model/__1_*.distcp"))  # it failed inside the writer, before rank 1's shard
 
 
 @pytest.mark.multiprocess

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sys
 import warnings
@@ -27,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from training.errors import RunError
-from training.faults import during_checkpoint_write
+from training.faults import checkpoint_failure_told_once, during_checkpoint_write, inside_checkpoint_writer
 
 if TYPE_CHECKING:  # only annotations need them: reading a checkpoint imports neither accelerate nor torch at first
     import torch
@@ -80,17 +81,91 @@ def checkpoint_path(output_dir: Path, step: int) -> Path:
     return output_dir / CHECKPOINTS_DIR / f"step_{step:07d}"
 
 
-def complete_checkpoints(output_dir: Path) -> list[Path]:
-    """Complete checkpoints, oldest first."""
+# A checkpoint folder's name: the step, zero-padded to 7 digits (wider past 10^7 steps). Anything after it
+# (step_N.damaged, ...) is a folder set aside, which no listing counts.
+_NAME = re.compile(r"step_(\d+)")
+DAMAGED_SUFFIX = ".damaged"
+
+
+def step_of_name(path: Path) -> int | None:
+    """The step a checkpoint folder's name says, or None for a name that is not a checkpoint's."""
+    match = _NAME.fullmatch(path.name)
+    return int(match.group(1)) if match else None
+
+
+def checkpoint_folders(output_dir: Path) -> list[Path]:
+    """Every checkpoint folder, complete or not (folders set aside left out), oldest step first."""
     root = output_dir / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
-    return sorted(p for p in root.glob("step_*") if (p / COMPLETE_MARKER).is_file())
+    found = [p for p in root.iterdir() if p.is_dir() and step_of_name(p) is not None]
+    # By the step as a number: names sort as strings only up to 10^7 steps.
+    return sorted(found, key=lambda p: step_of_name(p) or 0)
+
+
+def complete_checkpoints(output_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest step first (folders set aside as damaged are not counted)."""
+    return [p for p in checkpoint_folders(output_dir) if (p / COMPLETE_MARKER).is_file()]
 
 
 def newest_checkpoint(output_dir: Path) -> Path | None:
     found = complete_checkpoints(output_dir)
     return found[-1] if found else None
+
+
+def set_aside(path: Path, suffix: str) -> Path:
+    """Rename a checkpoint folder so that no listing counts it again, keeping its files for a person to look
+    at; a second folder of the same step and suffix gets a number after it."""
+    target = path.with_name(path.name + suffix)
+    number = 1
+    while target.exists():
+        target, number = path.with_name(f"{path.name}{suffix}.{number}"), number + 1
+    path.rename(target)
+    return target
+
+
+def set_aside_damaged(path: Path, problem: str) -> Path:
+    """A checkpoint that failed verification: renamed step_N.damaged, with one warning line (main process)."""
+    target = set_aside(path, DAMAGED_SUFFIX)
+    if os.environ.get("RANK", "0") == "0":
+        print(
+            f"warning: checkpoint {path.name} is damaged ({problem}); set aside as {target.name}, never resumed from",
+            file=sys.stderr,
+            flush=True,
+        )
+    return target
+
+
+def keep_decision(complete: list[Path], just_written: Path, newest_verified: Path | None, keep: int) -> list[Path]:
+    """Which complete checkpoints (oldest step first) a save deletes: all but the newest `keep`, never the one
+    just written and never the newest verified one, whatever `keep` says."""
+    spared = {just_written, newest_verified}
+    return [p for p in complete[: max(len(complete) - keep, 0)] if p not in spared]
+
+
+def prune_checkpoints(output_dir: Path, just_written: Path, keep: int) -> None:
+    """After `just_written` is marked complete: delete what `keep_decision` says, and interrupted saves.
+
+    The checkpoint just written is verified by construction (its checksums are of the bytes just written), so
+    when it is the newest nothing older needs reading. A newer complete one (a run resumed from an older
+    step) is verified before anything is deleted: the damaged are set aside, and the newest verified kept.
+    """
+    complete = complete_checkpoints(output_dir)
+    newest_verified = just_written
+    for path in reversed(complete):
+        if path == just_written or (step_of_name(path) or 0) < (step_of_name(just_written) or 0):
+            break
+        problem = checkpoint_problem(path)
+        if problem is None:
+            newest_verified = path
+            break
+        set_aside_damaged(path, problem)
+    complete = complete_checkpoints(output_dir)
+    for old in keep_decision(complete, just_written, newest_verified, keep):
+        shutil.rmtree(old, ignore_errors=True)
+    for partial in checkpoint_folders(output_dir):
+        if partial != just_written and not (partial / COMPLETE_MARKER).exists():
+            shutil.rmtree(partial, ignore_errors=True)
 
 
 def save_checkpoint(
@@ -114,26 +189,70 @@ def save_checkpoint(
     if accelerator.is_main_process and path.exists():
         shutil.rmtree(path)  # a leftover of an interrupted save at the same step
     accelerator.wait_for_everyone()
-    _save_states(accelerator, model, optimizer, path)
+    _save_states(accelerator, model, optimizer, path, step)
     during_checkpoint_write(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
-    accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         (path / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))
         if train_state is not None:
             (path / TRAIN_STATE).write_text(json.dumps(train_state))
         (path / ORIGIN).write_text(json.dumps({"format": FORMAT, **(origin or {})}, indent=2))
-        # Last, after every file: the marker that makes the checkpoint count, with what it must hold.
-        (path / COMPLETE_MARKER).write_text(json.dumps({"step": step, "files": _manifest(path)}))
-        for old in complete_checkpoints(output_dir)[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-        for partial in (output_dir / CHECKPOINTS_DIR).glob("step_*"):
-            if not (partial / COMPLETE_MARKER).exists():
-                shutil.rmtree(partial, ignore_errors=True)
+    # Each rank makes its own files durable and checksums them (in parallel, no rank re-reads another's);
+    # the main process gathers the lists. The gather is also where every rank has finished writing.
+    own = _own_files(path, accelerator.process_index, accelerator.is_main_process)
+    manifest = _durable_manifest(path, own)
+    from accelerate.utils import gather_object
+
+    from training.rundir import write_atomic  # here: rundir imports this module
+
+    files = {name: entry for part in gather_object([manifest]) for name, entry in part.items()}
+    if accelerator.is_main_process:
+        # Last, after every file is on disk: the marker that makes the checkpoint count, with what it must hold,
+        # written whole or not at all and synced with its folder before anything older is deleted.
+        write_atomic(path / COMPLETE_MARKER, json.dumps({"step": step, "files": files}), sync=True)
+        _sync_folder(path)
+        _sync_folder(path.parent)
+        prune_checkpoints(output_dir, path, keep)
     accelerator.wait_for_everyone()
     return path
 
 
-def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path) -> None:
+def _own_files(path: Path, rank: int, main: bool) -> list[Path]:
+    """The files this rank wrote: its DCP shards (DCP names them __<rank>_<n>.distcp) and random states, and
+    for the main process everything else (DCP's .metadata, the JSON files)."""
+    found = []
+    for file in sorted(path.rglob("*")):
+        if not file.is_file() or file.name == COMPLETE_MARKER:
+            continue
+        shard = re.fullmatch(r"__(\d+)_\d+\.distcp", file.name)
+        rng = re.fullmatch(r"rank_(\d+)\.json", file.name) if file.parent.name == RNG_DIR else None
+        owner = int(shard.group(1)) if shard else int(rng.group(1)) if rng else None
+        if owner == rank or (owner is None and main):
+            found.append(file)
+    return found
+
+
+def _durable_manifest(folder: Path, files: list[Path]) -> dict[str, list[int]]:
+    """Each file fsynced, then its folders; the files' sizes and CRC-32s by path in `folder`."""
+    manifest = {}
+    for file in files:
+        with file.open("rb") as stream:
+            os.fsync(stream.fileno())
+        manifest[str(file.relative_to(folder))] = [file.stat().st_size, _crc32(file)]
+    for parent in sorted({file.parent for file in files}):
+        _sync_folder(parent)
+    return manifest
+
+
+def _sync_folder(folder: Path) -> None:
+    """Make a folder's entries (files created or renamed in it) durable."""
+    descriptor = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path, step: int) -> None:
     """Model and optimizer through DCP (each rank its part), this rank's random states, the grad scaler."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
@@ -141,9 +260,9 @@ def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: An
     # By parameter name, whatever wraps the model (DDP's `module.`, FSDP2's DTensor shards, checkpoint wrappers).
     model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
     single = _single_process()
-    with _one_process_quiet():
-        dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR), no_dist=single)
-        dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR), no_dist=single)
+    with _one_process_quiet(), checkpoint_failure_told_once(accelerator.process_index):
+        dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR, step), no_dist=single)
+        dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR, step), no_dist=single)
     (path / RNG_DIR).mkdir(exist_ok=True)
     (path / RNG_DIR / f"rank_{accelerator.process_index}.json").write_text(json.dumps(rng_states()))
     if accelerator.is_main_process:
@@ -152,13 +271,18 @@ def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: An
             (path / SCALER).write_text(json.dumps(accelerator.scaler.state_dict()))
 
 
-def _writer(folder: Path) -> Any:
-    """DCP's file writer without an fsync per file: complete.json's sizes and checksums already catch a file
-    that did not reach the disk whole, and a save must fit in the seconds a launcher allows after a signal
-    (accelerate's single-process launcher: 5), which fsyncs on a busy disk exceeded."""
+def _writer(folder: Path, step: int) -> Any:
+    """DCP's file writer, without its fsync per file: each rank syncs its own files afterwards
+    (`_durable_manifest`), together with their folders, which DCP does not sync. GPT2S_FAULT's write error
+    fires inside it, where a full disk would."""
     import torch.distributed.checkpoint as dcp
 
-    return dcp.FileSystemWriter(folder, sync_files=False)
+    class Writer(dcp.FileSystemWriter):
+        def write_data(self, plan: Any, planner: Any) -> Any:
+            inside_checkpoint_writer(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
+            return super().write_data(plan, planner)
+
+    return Writer(folder, sync_files=False)
 
 
 def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path) -> bool:
@@ -257,14 +381,6 @@ def read_origin(path: Path) -> dict[str, Any] | None:
     return json.loads(file.read_text()) if file.is_file() else None
 
 
-def _manifest(folder: Path) -> dict[str, list[int]]:
-    return {
-        str(p.relative_to(folder)): [p.stat().st_size, _crc32(p)]
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and p.name != COMPLETE_MARKER
-    }
-
-
 def _crc32(path: Path) -> int:
     crc = 0
     with path.open("rb") as f:
@@ -294,7 +410,8 @@ def checkpoint_problem(path: Path) -> str | None:
 
 
 def newest_good_checkpoint(output_dir: Path) -> Path:
-    """The newest complete checkpoint whose files are intact; one warning line per one skipped.
+    """The newest complete checkpoint whose files are intact; each damaged one newer than it is set aside
+    (step_N.damaged, one warning line), so that no later listing counts or chooses it.
 
     Raises RunError (one line) when there is none.
     """
@@ -303,12 +420,12 @@ def newest_good_checkpoint(output_dir: Path) -> Path:
         problem = checkpoint_problem(path)
         if problem is None:
             return path
-        if os.environ.get("RANK", "0") == "0":  # every rank checks; one says so
-            print(f"warning: skipping checkpoint {path.name}: {problem}", file=sys.stderr, flush=True)
+        set_aside_damaged(path, problem)
     if found:
         raise RunError(
             f"--resume: no intact checkpoint in {output_dir / CHECKPOINTS_DIR} "
-            f"({len(found)} complete, all damaged); run without --resume or with --overwrite"
+            f"({len(found)} complete, all damaged and set aside as *{DAMAGED_SUFFIX}); run without --resume or "
+            f"with --overwrite"
         )
     raise RunError(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS_DIR}; run without --resume")
 

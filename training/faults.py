@@ -7,7 +7,7 @@ say nothing when the launcher then stops them (its SIGTERM), so the one line is 
 GPT2S_FAULT makes a fault happen, to try the failure paths (and the restarts) before a long run:
 
     GPT2S_FAULT="raise:rank=1:step=5"      # rank 1 raises after its optimizer step 5
-    GPT2S_FAULT="save_error:rank=0:step=6" # rank 0 fails writing step 6's checkpoint (no space left)
+    GPT2S_FAULT="save_error:rank=0:step=6" # rank 0 fails inside DCP's writer of step 6's checkpoint (no space left)
     GPT2S_FAULT="kill:step=6"              # every rank SIGKILLs itself half-way through step 6's checkpoint
 
 `rank` left out: every rank. A fault fires only in a job's first attempt (TORCHELASTIC_RESTART_COUNT
@@ -16,12 +16,13 @@ unset or 0), so a job restarted by torchrun (--max_restarts) runs on without it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import os
 import signal
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
 
@@ -35,7 +36,7 @@ LAUNCHER_STOP_GRACE_S = 10.0
 
 class FaultKind(Enum):
     RAISE = "raise"  # an exception after the optimizer step
-    SAVE_ERROR = "save_error"  # an OSError (no space left) after the checkpoint's states are written
+    SAVE_ERROR = "save_error"  # an OSError (no space left) inside DCP's storage writer, where a full disk fails
     KILL = "kill"  # SIGKILL at that same point: the checkpoint is written but not marked complete
 
 
@@ -93,14 +94,17 @@ def after_step(step: int) -> None:
         raise InjectedFault(f"{FAULT_VARIABLE} fault after step {step}")
 
 
+def inside_checkpoint_writer(step: int) -> None:
+    """Called by DCP's storage writer as it starts writing this rank's part of a checkpoint."""
+    fault = _this_process_fault()
+    if fault is not None and fault.kind is FaultKind.SAVE_ERROR and fault.step == step:
+        raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_VARIABLE} fault writing step {step})")
+
+
 def during_checkpoint_write(step: int) -> None:
     """Called once a checkpoint's states are on disk and before it is marked complete."""
     fault = _this_process_fault()
-    if fault is None or fault.step != step:
-        return
-    if fault.kind is FaultKind.SAVE_ERROR:
-        raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_VARIABLE} fault writing step {step})")
-    if fault.kind is FaultKind.KILL:
+    if fault is not None and fault.kind is FaultKind.KILL and fault.step == step:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -116,13 +120,34 @@ class RankFailed(Exception):
         self.quiet = quiet
 
 
+class PeerCheckpointFailed(RuntimeError):
+    """Another rank failed writing the checkpoint this rank was writing: an echo, which that rank tells."""
+
+
+@contextlib.contextmanager
+def checkpoint_failure_told_once(rank: int) -> Iterator[None]:
+    """Inside DCP's save, one rank's write error (a full disk) reaches every rank as one CheckpointException
+    listing each failed rank's exception. The lowest failed rank raises its own exception, to be told as
+    its failure; every other rank raises PeerCheckpointFailed, an echo that stays quiet."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    try:
+        yield
+    except CheckpointException as exc:
+        failures = exc.failures
+        if failures and rank == min(failures):
+            own, _trace = failures[rank]
+            raise own from None
+        raise PeerCheckpointFailed(f"rank(s) {sorted(failures)} failed writing the checkpoint") from None
+
+
 def is_broken_collective(exc: BaseException) -> bool:
     """The error a process gets when a peer of its collective has gone (gloo's closed connection, NCCL's
-    error, a timeout), rather than a failure of its own."""
+    error, a timeout, another rank's failed checkpoint write), rather than a failure of its own."""
     import torch.distributed as dist
 
     text = str(exc)
-    return isinstance(exc, dist.DistError) or any(
+    return isinstance(exc, (dist.DistError, PeerCheckpointFailed)) or any(
         mark in text for mark in ("Connection closed by peer", "Connection reset by peer", "gloo", "NCCL")
     )
 

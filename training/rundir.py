@@ -58,8 +58,11 @@ def truncate_metrics(path: Path, last_step: int) -> None:
     write_atomic(path, "".join(line + "\n" for line in kept))
 
 
-def write_atomic(path: Path, data: str | bytes) -> None:
+def write_atomic(path: Path, data: str | bytes, sync: bool = False) -> None:
     """Write `data` (text is written as UTF-8) so that a reader sees the old file or the whole new one.
+
+    `sync`: the data reaches the disk before the rename, so that a crash cannot leave the new name on an
+    empty file (the caller syncs the folder for the rename itself to last).
 
     The data goes to a temporary file in the same folder, which is then renamed over `path`; on any
     failure the temporary file is removed. Its name is unique per call, so two writers never share one.
@@ -71,6 +74,9 @@ def write_atomic(path: Path, data: str | bytes) -> None:
     try:
         with open(temp, "xb") as stream:
             stream.write(data)
+            if sync:
+                stream.flush()
+                os.fsync(stream.fileno())
         os.replace(temp, path)
     except BaseException:
         temp.unlink(missing_ok=True)

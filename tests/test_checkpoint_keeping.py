@@ -1,0 +1,248 @@
+"""Keeping checkpoints: ordered by their integer step, a damaged one set aside and never counted or chosen,
+and the checkpoint just written and the newest verified one never deleted, whatever --keep_checkpoints says.
+
+In-process with the real save (a tiny model saves in milliseconds), including a stateful property test of
+random saves, damage, resumes and keep settings; one launch test of the issue's keep-1 case.
+"""
+
+from __future__ import annotations
+
+import functools
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from model import GPT2, GPT2Config
+from tests.launch import SHARED_STEPS, train, train_lines
+from training.checkpoint import (
+    checkpoint_path,
+    checkpoint_problem,
+    complete_checkpoints,
+    load_model_state_dict,
+    newest_good_checkpoint,
+    save_checkpoint,
+)
+from training.errors import RunError
+
+CONFIG = GPT2Config.from_preset("tiny", vocab_size=256, n_positions=32)
+MARKED = "transformer.wte.weight"  # its [0, 0] holds the step a checkpoint was saved at
+
+
+@functools.cache
+def _prepared() -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
+    """One process on CPU, a model and its optimizer prepared as training prepares them (one for the module)."""
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = GPT2(CONFIG)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+@pytest.fixture()
+def prepared() -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
+    return _prepared()
+
+
+def save(prepared, out: Path, step: int, keep: int) -> Path:
+    """A checkpoint whose weights say which step wrote it."""
+    accelerator, model, optimizer = prepared
+    with torch.no_grad():
+        model.transformer.wte.weight[0, 0] = step
+    return save_checkpoint(accelerator, model, optimizer, out, step, CONFIG.to_dict(), keep=keep)
+
+
+def damage(checkpoint: Path) -> None:
+    """One changed byte in the weights, same size: what a bad disk leaves (twice is still damaged)."""
+    shard = sorted((checkpoint / "model").glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] = (data[len(data) // 2] + 1) % 256
+    shard.write_bytes(bytes(data))
+
+
+def saved_step(checkpoint: Path) -> int:
+    return int(load_model_state_dict(checkpoint)[MARKED][0, 0].item())
+
+
+def steps(out: Path) -> list[int]:
+    return [int(p.name.removeprefix("step_")) for p in complete_checkpoints(out)]
+
+
+def test_checkpoints_are_ordered_by_their_step_as_a_number(prepared, tmp_path: Path) -> None:
+    # Past 10^7 steps the zero-padded names grow a digit: as strings, step_10000000 sorts before step_9999999.
+    for step in (9_999_999, 10_000_000):
+        save(prepared, tmp_path, step, keep=1)
+    assert steps(tmp_path) == [10_000_000]
+    assert newest_good_checkpoint(tmp_path) == checkpoint_path(tmp_path, 10_000_000)
+
+
+def test_a_damaged_newest_checkpoint_is_set_aside_and_the_next_save_under_keep_1_leaves_a_verified_one(
+    prepared, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The issue's case: step 6 damaged, --resume falls back to 4, the next save (5) under keep 1."""
+    for step in (4, 6):
+        save(prepared, tmp_path, step, keep=2)
+    damage(checkpoint_path(tmp_path, 6))
+    assert newest_good_checkpoint(tmp_path) == checkpoint_path(tmp_path, 4)
+    (warning,) = capsys.readouterr().err.strip().splitlines()
+    assert (
+        warning.startswith("warning: checkpoint step_0000006 is damaged (model/") and "step_0000006.damaged" in warning
+    )
+    assert (tmp_path / "checkpoints" / "step_0000006.damaged").is_dir()  # kept for a person to look at
+    save(prepared, tmp_path, 5, keep=1)
+    assert steps(tmp_path) == [5]
+    resumed = newest_good_checkpoint(tmp_path)
+    assert checkpoint_problem(resumed) is None and saved_step(resumed) == 5
+
+
+def test_the_newest_verified_checkpoint_outlives_keep_1_when_the_one_written_is_older(prepared, tmp_path) -> None:
+    """A run resumed from an older step writes below a newer verified checkpoint: both stay."""
+    for step in (3, 9):
+        save(prepared, tmp_path, step, keep=2)
+    save(prepared, tmp_path, 6, keep=1)
+    assert steps(tmp_path) == [6, 9]
+
+
+def test_a_write_error_inside_dcp_leaves_the_checkpoint_before_as_the_newest(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GPT2S_FAULT's save_error fires inside DCP's storage writer, as a full disk would: no shard of the failed
+    save is written, the error is this process's own OSError, and the checkpoint before is the one to resume."""
+    from training import faults
+
+    save(prepared, tmp_path, 3, keep=2)
+    monkeypatch.setenv("GPT2S_FAULT", "save_error:step=6")
+    faults._this_process_fault.cache_clear()
+    try:
+        with pytest.raises(OSError, match="No space left on device"):
+            save(prepared, tmp_path, 6, keep=2)
+    finally:
+        monkeypatch.delenv("GPT2S_FAULT")
+        faults._this_process_fault.cache_clear()
+    failed = checkpoint_path(tmp_path, 6)
+    assert not list(failed.glob("**/*.distcp")) and not (failed / "complete.json").exists()
+    assert steps(tmp_path) == [3] and newest_good_checkpoint(tmp_path) == checkpoint_path(tmp_path, 3)
+
+
+# --------------------------------------------------------------------------------------------- stateful
+
+
+class CheckpointFolder(RuleBasedStateMachine):
+    """Random saves, damage, resumes and keep settings on one run folder. After every step the newest verified
+    checkpoint is resumable (it verifies, a resume chooses it, it holds its step's weights); a save deletes
+    neither the checkpoint it wrote, nor the newest verified one unless it wrote a newer one, nor any of the
+    newest `keep`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.out = Path(tempfile.mkdtemp(prefix="keeping-"))
+        self.keep = 2
+        self.position = 0  # the step the run has reached (a resume moves it back)
+        self.damaged: set[int] = set()  # steps whose checkpoint was damaged after it was written
+        self.newest_before: int | None = None
+        self.damaged_since_last_check = False
+
+    def intact(self) -> list[int]:
+        return [s for s in steps(self.out) if s not in self.damaged]
+
+    def newest_intact(self) -> int | None:
+        found = self.intact()
+        return found[-1] if found else None
+
+    @initialize(first=st.integers(1, 3), second=st.integers(1, 3))
+    def two_saves(self, first: int, second: int) -> None:
+        """Where the cases worth trying start: something to damage and an older one to fall back on."""
+        self.save(first)
+        self.save(second)
+
+    @rule(advance=st.integers(1, 3))
+    def save(self, advance: int) -> None:
+        listed = steps(self.out)
+        self.position += advance
+        self.damaged.discard(self.position)  # a leftover folder of this step is replaced
+        save(_prepared(), self.out, self.position, self.keep)
+        now = steps(self.out)
+        assert self.position in now, "the checkpoint just written was deleted"
+        newest = sorted({*listed, self.position})[-self.keep :]
+        assert set(newest) <= set(now), f"keep {self.keep}: {newest} should all be there, found {now}"
+
+    @precondition(lambda self: bool(steps(self.out)))
+    @rule(data=st.data())
+    def damage_one(self, data: st.DataObject) -> None:
+        step = data.draw(st.sampled_from(steps(self.out)[::-1]))  # newest first: the case that matters most
+        damage(checkpoint_path(self.out, step))
+        self.damaged.add(step)
+        self.damaged_since_last_check = True
+
+    @rule(keep=st.integers(1, 3))
+    def set_keep(self, keep: int) -> None:
+        self.keep = keep
+
+    @rule()
+    def resume(self) -> None:
+        expected = self.newest_intact()
+        if expected is None:
+            with pytest.raises(RunError):
+                newest_good_checkpoint(self.out)
+            return
+        resumed = newest_good_checkpoint(self.out)
+        assert resumed == checkpoint_path(self.out, expected)
+        assert all(s <= expected for s in steps(self.out)), "a damaged newer checkpoint is still counted"
+        self.position = expected
+
+    @invariant()
+    def the_newest_verified_checkpoint_is_resumable_and_only_ever_moves_forward(self) -> None:
+        newest = self.newest_intact()
+        if newest is not None:
+            path = checkpoint_path(self.out, newest)
+            assert checkpoint_problem(path) is None and saved_step(path) == newest
+        if not self.damaged_since_last_check and self.newest_before is not None:
+            assert newest is not None and newest >= self.newest_before, (
+                f"the newest verified checkpoint went from step {self.newest_before} to {newest}"
+            )
+        self.newest_before, self.damaged_since_last_check = newest, False
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.out, ignore_errors=True)
+
+
+TestCheckpointFolder = CheckpointFolder.TestCase
+TestCheckpointFolder.settings = settings(max_examples=60, stateful_step_count=10, deadline=None)
+
+
+# --------------------------------------------------------------------------------------------- launches
+
+
+@pytest.mark.multiprocess
+def test_after_a_damaged_newest_checkpoint_keep_1_still_leaves_a_run_that_resumes_to_the_end(
+    tmp_path: Path, base_args: list[str], shared_runs
+) -> None:
+    """The shared single run (checkpoints at 9 and 12) with step 12 damaged: --resume falls back to 9 and
+    stops at 10 under --keep_checkpoints 1; the next --resume continues to the end with the uninterrupted
+    run's losses."""
+    reference = shared_runs["single"]
+    run_dir = tmp_path / "run"
+    shutil.copytree(reference, run_dir, ignore=shutil.ignore_patterns(".lock"))
+    damage(checkpoint_path(run_dir, SHARED_STEPS))
+    args = [*base_args, "--strategy", "single", "--wandb_mode", "disabled", "--no-export_hf"]
+    first = train(
+        "single_gpu.yaml", run_dir, [*args, "--resume", "--keep_checkpoints", "1", "--stop_after_steps", "10"]
+    )
+    assert "step_0000009 at step 9" in first.stdout
+    assert [line for line in first.stderr.splitlines() if "damaged" in line] == [
+        line for line in first.stderr.splitlines() if line.startswith("warning: checkpoint step_0000012 is damaged")
+    ]
+    assert steps(run_dir) == [10]
+    second = train("single_gpu.yaml", run_dir, [*args, "--resume"])
+    assert "step_0000010 at step 10" in second.stdout
+    got, want = train_lines(run_dir), train_lines(reference)
+    assert sorted(got) == list(range(1, SHARED_STEPS + 1))
+    for step in range(11, SHARED_STEPS + 1):
+        assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
