@@ -83,14 +83,19 @@ def test_the_notebook_stops_with_the_line_and_installs_no_torch(monkeypatch: pyt
     assert shown.startswith("error: torch 2.5.1 is installed") and f"pip install '{TORCH_LINE}'" in shown
 
 
-def test_train_py_under_a_too_old_torch_exits_2_with_one_line_before_any_step(tmp_path: Path) -> None:
-    """train.py itself, in an interpreter whose package metadata reports torch 2.5.1."""
+@pytest.mark.parametrize("rank", ["0", "1"])
+def test_train_py_under_a_too_old_torch_exits_2_with_one_line_before_any_step(tmp_path: Path, rank: str) -> None:
+    """train.py itself, in an interpreter whose package metadata reports torch 2.5.1 and in which torch and
+    accelerate cannot be imported at all (an old torch may crash on import): the line comes before either is
+    imported, from the main process only (each process of a launch finds the same)."""
     wrapper = tmp_path / "old_torch_train.py"
     wrapper.write_text(
-        "import importlib.metadata, runpy, sys\n"
+        "import importlib.metadata, os, runpy, sys\n"
         f"sys.path.insert(0, {str(REPO)!r})\n"
         "real = importlib.metadata.version\n"
         "importlib.metadata.version = lambda name: '2.5.1' if name == 'torch' else real(name)\n"
+        "sys.modules['torch'] = sys.modules['accelerate'] = None  # importing either raises ImportError\n"
+        f"os.environ['RANK'] = {rank!r}\n"
         "sys.argv = ['train.py', *sys.argv[1:]]\n"
         f"runpy.run_path({str(REPO / 'train.py')!r}, run_name='__main__')\n"
     )
@@ -98,9 +103,24 @@ def test_train_py_under_a_too_old_torch_exits_2_with_one_line_before_any_step(tm
     result = run(
         [sys.executable, str(wrapper), "--preset", "tiny", "--max_steps", "2", "--output_dir", str(out)], False
     )
-    assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [versions.refusal(RANGES["torch"], "2.5.1").join(["error: ", ""])]
+    assert result.returncode == 2, result.stderr[-2000:]
+    told = [versions.refusal(RANGES["torch"], "2.5.1").join(["error: ", ""])] if rank == "0" else []
+    assert result.stderr.strip().splitlines() == told
     assert result.stdout == "" and not out.exists()  # no step, no run folder
+
+
+def test_a_requirements_file_that_cannot_be_read_is_one_line_too(tmp_path: Path) -> None:
+    assert "cannot read the declared" in versions.version_problem(tmp_path / "missing.txt")
+    broken = tmp_path / "requirements.txt"
+    broken.write_text("-e .\ntorch>=2.10,<2.15\naccelerate>=1.16 ; python_version >\n")
+    line = versions.version_problem(broken)
+    assert line.startswith("cannot read the declared") and "\n" not in line
+
+
+def test_a_version_that_is_no_pep_440_version_is_not_refused() -> None:
+    assert versions.in_range("2.13.0-custom build", RANGES["torch"])
+    assert not versions.in_range("2.15.0.dev20261201+cu130", RANGES["torch"])
+    assert versions.in_range("2.14.1+cu130", RANGES["torch"])
 
 
 @pytest.mark.parametrize("doc", ["README.md", "docs/compat.md"])

@@ -25,9 +25,9 @@ def parse(line: str) -> Any:
 
 
 def requirements(path: Path = REQUIREMENTS) -> list[Any]:
-    """requirements.txt's lines as Requirements, comments and blank lines left out."""
+    """requirements.txt's lines as Requirements, comments, blank lines and pip's own options (`-e .`) left out."""
     lines = (line.split("#", 1)[0].strip() for line in path.read_text(encoding="utf-8").splitlines())
-    return [parse(line) for line in lines if line]
+    return [parse(line) for line in lines if line and not line.startswith("-")]
 
 
 def installed_version(name: str) -> str | None:
@@ -44,12 +44,22 @@ def in_range(version: str, requirement: Any) -> bool:
         from packaging.version import Version
     except ImportError:
         from pip._vendor.packaging.version import Version
-    return requirement.specifier.contains(Version(version).base_version, prereleases=True)
+    try:
+        release = Version(version).base_version
+    except ValueError:  # not a PEP 440 version (a hand-made build's own tag): nothing to judge it by
+        return True
+    return requirement.specifier.contains(release, prereleases=True)
 
 
 def version_problem(path: Path = REQUIREMENTS) -> str | None:
-    """None when the installed torch and accelerate lie in requirements.txt's ranges, else refusal()'s line."""
-    for requirement in requirements(path):
+    """None when the installed torch and accelerate lie in requirements.txt's ranges, else refusal()'s line (or
+    the one line saying why the ranges cannot be read)."""
+    try:
+        declared = requirements(path)
+    except (OSError, ValueError) as exc:  # a missing file, or a line packaging cannot read (InvalidRequirement)
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__  # packaging's points at the column
+        return f"cannot read the declared torch and accelerate ranges from {path}: {reason}"
+    for requirement in declared:
         found = installed_version(requirement.name)
         if requirement.name in CHECKED and (found is None or not in_range(found, requirement)):
             return refusal(requirement, found)
