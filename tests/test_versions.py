@@ -81,6 +81,7 @@ def test_the_notebook_stops_with_the_line_and_installs_no_torch(monkeypatch: pyt
         support.install(missing)
     (shown,) = refused.value._render_traceback_()  # what the notebook prints instead of a traceback
     assert shown.startswith("error: torch 2.5.1 is installed") and f"pip install '{TORCH_LINE}'" in shown
+    assert shown.endswith(", then restart the kernel") and "\n" not in shown
 
 
 @pytest.mark.parametrize("rank", ["0", "1"])
