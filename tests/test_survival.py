@@ -125,3 +125,7 @@ def test_a_relabelling_with_nothing_to_compare_counts_as_a_statistic_of_zero() -
     result = log_rank([*not_before(1.0), *reached(2.0)], not_before(1.0, 2.0))
     assert result.statistic == pytest.approx(1.0)
     assert result.p_value == pytest.approx(2 / 3)
+    # An observed Z of 0 with such relabellings among the 15: counted as 0 they are as extreme as it (p = 1);
+    # left out of both tails they would lower it to 14/15.
+    zero = log_rank([*not_before(1.0), *reached(3.0)], [*not_before(1.0), *reached(2.0, 2.0), *not_before(3.0)])
+    assert zero.statistic == pytest.approx(0.0) and zero.p_value == 1.0
