@@ -64,9 +64,10 @@ def test_the_exact_p_is_the_share_of_relabellings_as_extreme(x: np.ndarray, y: n
 
 
 def test_the_difference_of_means_follows_the_axis_it_is_given() -> None:
-    x = np.array([[1.0, 10.0], [3.0, 20.0]])
-    y = np.array([[0.0, 5.0], [2.0, 5.0]])
-    assert mean_difference(x, y, axis=0) == pytest.approx([1.0, 10.0])
+    # Rows out of order: sorting along any axis but the one averaged over would mix the columns.
+    x = np.array([[10.0, 1.0], [3.0, 20.0]])
+    y = np.array([[5.0, 0.0], [2.0, 5.0]])
+    assert mean_difference(x, y, axis=0) == pytest.approx([3.0, 8.0])
     assert mean_difference(x, y, axis=1) == pytest.approx([3.0, 8.0])
 
 
