@@ -4,6 +4,9 @@ last seen, and report.json's fields. In this process, on runs built in memory.""
 
 from __future__ import annotations
 
+import json
+from dataclasses import fields
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -15,14 +18,22 @@ from analysis.uncertainty import (
     HIGHER,
     LOWER,
     SAME,
+    STEP_BOOTSTRAP,
+    THROUGHPUT,
     Comparison,
     block_length,
     bootstrap_median_interval,
     bootstrap_medians,
+    build_statistics,
     censored_at,
+    json_ready,
+    run_figures,
+    step_bootstrap_comparison,
+    step_rates,
     step_ratio,
+    verdict,
 )
-from tests.test_statistics import target_run
+from tests.test_statistics import make_run, target_run
 
 ratios = st.floats(0.01, 100.0)
 
@@ -85,3 +96,63 @@ def test_a_run_that_never_reached_the_target_is_censored_at_its_last_evaluation(
     assert (point.seconds, point.tokens) == (14.0, 3000)
     assert point.cost == pytest.approx(3.0 * 2 * 14.0 / 3600)  # per device-hour, two devices
     assert censored_at(run).cost is None
+
+
+def test_json_ready_turns_every_non_finite_number_into_null_at_any_depth() -> None:
+    value = {"a": [1.0, float("nan"), (float("inf"), -float("inf"))], "b": {"c": 2, "d": "x", "e": None}}
+    assert json_ready(value) == {"a": [1.0, None, [None, None]], "b": {"c": 2, "d": "x", "e": None}}
+
+
+def _repeats() -> list:
+    runs = []
+    for name, rates in (("ddp", [1000.0, 1040.0, 990.0]), ("fsdp", [700.0, 720.0, 705.0])):
+        for k, rate in enumerate(rates):
+            run = make_run(name, tokens_per_s=rate, name=f"r{k}", train_time_s=10.0 + k, final_val_loss=float("nan"))
+            runs.append(run)
+    return runs
+
+
+def test_report_json_holds_every_field_of_every_summary_and_comparison() -> None:
+    stats = build_statistics(_repeats(), mlperf=True)
+    report = json.loads(json.dumps(stats.to_dict(), allow_nan=False))  # strict JSON: nothing non-finite left
+    assert set(report) == {"figures", "comparisons", "time_to_target", "time_to_target_comparisons"}
+    for figure, by_strategy in stats.figures.items():
+        for strategy, summary in by_strategy.items():
+            entry = report["figures"][figure][strategy]
+            assert entry["mlperf_mean"] == stats.mlperf[figure][strategy]
+            assert {k: entry[k] for k in ("n", "median", "min", "max", "mean", "geometric_mean", "method")} == {
+                "n": summary.n,
+                "median": summary.median,
+                "min": summary.minimum,
+                "max": summary.maximum,
+                "mean": summary.mean,
+                "geometric_mean": summary.geometric_mean,
+                "method": summary.method,
+            }
+            assert entry["ci95"] == (list(summary.ci95) if summary.ci95 else None)
+            assert entry["block_steps"] == summary.block
+    assert report["figures"][THROUGHPUT]["ddp"]["mlperf_mean"] == pytest.approx(1000.0)  # 990 and 1040 dropped
+    written = {(c["figure"], c["a"], c["b"]): c for c in report["comparisons"]}
+    assert len(written) == len(stats.comparisons) > 0
+    for c in stats.comparisons:
+        entry = written[(c.figure, c.a, c.b)]
+        expected = {f.name: getattr(c, f.name) for f in fields(Comparison)}
+        expected["ci95"] = list(c.ci95) if c.ci95 is not None else None
+        assert entry == expected
+    assert "mlperf_mean" not in json.dumps(build_statistics(_repeats()).to_dict())  # only when asked for
+
+
+def test_the_step_bootstrap_comparison_puts_the_step_ratio_interval_around_the_recorded_ratio() -> None:
+    # One run each: the recorded throughputs' ratio, with the relative width of the median step rates' ratio.
+    steps_a, steps_b = list(1 / _steps(4, 40)), list(1 / _steps(5, 40))
+    a = make_run("ddp", tokens_per_s=1200.0, step_times=steps_a, warmup=3)
+    b = make_run("fsdp", tokens_per_s=1000.0, step_times=steps_b, warmup=3)
+    figure = next(f for f in run_figures([a, b]) if f.name == THROUGHPUT)
+    c = step_bootstrap_comparison(figure, "ddp", [a], "fsdp", [b])
+    middle, (low, high) = step_ratio(step_rates(a), step_rates(b))
+    assert (c.a, c.b, c.figure, c.method) == ("ddp", "fsdp", THROUGHPUT, STEP_BOOTSTRAP)
+    assert c.ratio == pytest.approx(1.2) and c.ci95 == pytest.approx((1.2 * low / middle, 1.2 * high / middle))
+    assert c.verdict == verdict(c.ci95)
+    short = make_run("fsdp", tokens_per_s=1000.0, step_times=steps_b[:7], warmup=3)  # 4 steps after warm-up
+    assert step_bootstrap_comparison(figure, "ddp", [a], "fsdp", [short]) is None
+    assert step_bootstrap_comparison(figure, "ddp", [a], "fsdp", [make_run("fsdp", step_times=steps_b[:8])])
