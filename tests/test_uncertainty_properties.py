@@ -5,18 +5,22 @@ last seen, and report.json's fields. In this process, on runs built in memory.""
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import fields
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy.stats import t as t_dist
 
 from analysis.uncertainty import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
     HIGHER,
     LOWER,
+    MAX_REPEATS,
+    RUN_SIGMA,
     SAME,
     STEP_BOOTSTRAP,
     THROUGHPUT,
@@ -27,6 +31,7 @@ from analysis.uncertainty import (
     build_statistics,
     censored_at,
     json_ready,
+    repeats_needed,
     run_figures,
     step_bootstrap_comparison,
     step_rates,
@@ -156,3 +161,36 @@ def test_the_step_bootstrap_comparison_puts_the_step_ratio_interval_around_the_r
     short = make_run("fsdp", tokens_per_s=1000.0, step_times=steps_b[:7], warmup=3)  # 4 steps after warm-up
     assert step_bootstrap_comparison(figure, "ddp", [a], "fsdp", [short]) is None
     assert step_bootstrap_comparison(figure, "ddp", [a], "fsdp", [make_run("fsdp", step_times=steps_b[:8])])
+
+
+def _welch_decides(n: int, gap: float, sigma: float = RUN_SIGMA) -> bool:
+    """docs/statistics.md's power arithmetic: (t(0.975) + t(0.80)) x sigma x sqrt(2 / n) <= |ln ratio|, df 2n - 2."""
+    df = 2 * n - 2
+    return (t_dist.ppf(0.975, df) + t_dist.ppf(0.80, df)) * sigma * math.sqrt(2 / n) <= gap
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(1.007, 3.0), st.booleans())  # beyond 1.0063, 1000 runs each decide
+def test_the_repeats_needed_are_the_fewest_that_meet_the_power_arithmetic(ratio: float, slower: bool) -> None:
+    ratio = 1 / ratio if slower else ratio
+    n = repeats_needed(ratio)
+    gap = abs(math.log(ratio))
+    assert n is not None and n >= 2 and _welch_decides(n, gap)
+    assert n == 2 or not _welch_decides(n - 1, gap)
+
+
+def test_no_repeats_decide_no_difference_or_one_beyond_the_cap() -> None:
+    assert repeats_needed(1.0) is None and repeats_needed(0.0) is None and repeats_needed(-2.0) is None
+    # Half way between the gaps that 999 and 1000 runs each decide: 1000, the cap, is still an answer; half
+    # way between 1000 and 1001: beyond the cap, None.
+    at_cap = math.exp((_gap_decided(999) + _gap_decided(1000)) / 2)
+    beyond = math.exp((_gap_decided(1000) + _gap_decided(1001)) / 2)
+    assert repeats_needed(at_cap) == MAX_REPEATS == 1000 and repeats_needed(beyond) is None
+    assert repeats_needed(2.0) == 2  # a doubling: the fewest runs that have a variance
+    # Twice the noise needs the same runs as half the gap on the log scale.
+    assert repeats_needed(1.1, sigma=2 * RUN_SIGMA) == repeats_needed(math.sqrt(1.1))
+
+
+def _gap_decided(n: int) -> float:
+    df = 2 * n - 2
+    return (t_dist.ppf(0.975, df) + t_dist.ppf(0.80, df)) * RUN_SIGMA * math.sqrt(2 / n)
