@@ -37,8 +37,10 @@ from analysis.uncertainty import (
     step_rates,
     step_ratio,
     verdict,
+    warmup_steps,
 )
 from tests.test_statistics import make_run, target_run
+from training.config import RunConfig
 
 ratios = st.floats(0.01, 100.0)
 
@@ -194,3 +196,16 @@ def test_no_repeats_decide_no_difference_or_one_beyond_the_cap() -> None:
 def _gap_decided(n: int) -> float:
     df = 2 * n - 2
     return (t_dist.ppf(0.975, df) + t_dist.ppf(0.80, df)) * RUN_SIGMA * math.sqrt(2 / n)
+
+
+def test_the_warm_up_left_out_is_the_one_the_run_recorded() -> None:
+    default = next(f.default for f in fields(RunConfig) if f.name == "perf_warmup_steps")
+    recorded = default + 4  # anything but the default, so reading the default instead shows
+    run = make_run("ddp", step_times=[1.0] * recorded + [0.5] * 6, warmup=recorded)
+    assert warmup_steps(run) == recorded
+    assert list(step_rates(run)) == [1000 / 0.5] * 6  # global batch 1000 tokens over the steps after it
+    for config in (None, {}, {"run": None}, {"run": {"perf_warmup_steps": True}}, {"run": {"perf_warmup_steps": -1}}):
+        run.config = config
+        assert warmup_steps(run) == default
+    run.config = {"run": {"perf_warmup_steps": 0}}
+    assert warmup_steps(run) == 0
