@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import t as t_dist
 
+from analysis.permutation import SIGNIFICANCE
 from analysis.uncertainty import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -25,6 +26,7 @@ from analysis.uncertainty import (
     STEP_BOOTSTRAP,
     THROUGHPUT,
     Comparison,
+    _target_verdict,
     block_length,
     bootstrap_median_interval,
     bootstrap_medians,
@@ -209,3 +211,22 @@ def test_the_warm_up_left_out_is_the_one_the_run_recorded() -> None:
         assert warmup_steps(run) == default
     run.config = {"run": {"perf_warmup_steps": 0}}
     assert warmup_steps(run) == 0
+
+
+def test_step_rates_need_a_positive_batch_and_skip_steps_of_no_time() -> None:
+    run = make_run("ddp", step_times=[1.0] * 3 + [0.5, 0.0, 0.25], warmup=3)
+    assert list(step_rates(run)) == [2000.0, 4000.0]  # a step of 0 s has no rate: left out, not infinite
+    run.summary["global_batch_tokens"] = 1
+    assert list(step_rates(run)) == [2.0, 4.0]
+    for tokens in (0, -5, None):
+        run.summary["global_batch_tokens"] = tokens
+        assert step_rates(run).size == 0
+
+
+def test_a_time_to_target_verdict_needs_p_below_5_percent() -> None:
+    pair = {"direction": "sooner", "median_a": 1.0, "median_b": 2.0, "margin": 0.02}
+    assert _target_verdict(pair, 0.049) == "sooner"
+    assert _target_verdict(pair, SIGNIFICANCE) == SAME and _target_verdict(pair, None) == SAME
+    assert _target_verdict({**pair, "direction": None}, 0.01) == SAME
+    assert _target_verdict({**pair, "median_b": 1.01}, 0.01) == SAME  # 1% apart: inside the 2% margin
+    assert _target_verdict({**pair, "median_b": None}, 0.01) == "sooner"  # no median to weigh: the test decides
