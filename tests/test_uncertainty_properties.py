@@ -13,6 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.stats import t as t_dist
+from scipy.stats import ttest_ind
 
 from analysis.permutation import SIGNIFICANCE
 from analysis.uncertainty import (
@@ -25,6 +26,8 @@ from analysis.uncertainty import (
     SAME,
     STEP_BOOTSTRAP,
     THROUGHPUT,
+    WELCH_LOG_RATIO,
+    WELCH_TEST,
     Comparison,
     _target_verdict,
     block_length,
@@ -33,6 +36,7 @@ from analysis.uncertainty import (
     build_statistics,
     censored_at,
     json_ready,
+    ratio_over_runs,
     repeats_needed,
     run_figures,
     step_bootstrap_comparison,
@@ -230,3 +234,23 @@ def test_a_time_to_target_verdict_needs_p_below_5_percent() -> None:
     assert _target_verdict({**pair, "direction": None}, 0.01) == SAME
     assert _target_verdict({**pair, "median_b": 1.01}, 0.01) == SAME  # 1% apart: inside the 2% margin
     assert _target_verdict({**pair, "median_b": None}, 0.01) == "sooner"  # no median to weigh: the test decides
+
+
+def test_the_ratio_interval_is_welchs_not_students() -> None:
+    # Unequal spreads and numbers of runs, where Welch's interval and the pooled-variance one differ; one side
+    # of identical runs still has an interval (the other side varies).
+    a, b = [1000.0, 1010.0, 990.0], [700.0, 900.0, 650.0, 820.0, 760.0]
+    for x, y in ((a, b), ([1000.0] * 3, b)):
+        logs_x, logs_y = np.log(x), np.log(y)
+        welch = ttest_ind(logs_x, logs_y, equal_var=False).confidence_interval(0.95)
+        student = ttest_ind(logs_x, logs_y, equal_var=True).confidence_interval(0.95)
+        assert not np.isclose(welch.low, student.low)
+        result = ratio_over_runs(x, y)
+        assert result.ci95 == pytest.approx((math.exp(welch.low), math.exp(welch.high)))
+        assert result.method == WELCH_LOG_RATIO
+    # Eight runs each: beyond the exact test's limit, Welch's p of the same logarithms.
+    many_a, many_b = [1000.0 + 7 * k for k in range(8)], [950.0 + 31 * k for k in range(8)]
+    result = ratio_over_runs(many_a, many_b)
+    expected = ttest_ind(np.log(many_a), np.log(many_b), equal_var=False)
+    assert result.test == WELCH_TEST and result.p_value == pytest.approx(expected.pvalue)
+    assert result.smallest_p is None
