@@ -42,6 +42,7 @@ from analysis.uncertainty import (
     step_bootstrap_comparison,
     step_rates,
     step_ratio,
+    time_to_target,
     verdict,
     warmup_steps,
 )
@@ -254,3 +255,15 @@ def test_the_ratio_interval_is_welchs_not_students() -> None:
     expected = ttest_ind(np.log(many_a), np.log(many_b), equal_var=False)
     assert result.test == WELCH_TEST and result.p_value == pytest.approx(expected.pvalue)
     assert result.smallest_p is None
+
+
+def test_medians_of_zero_or_below_one_are_weighed_by_the_margin_only_when_they_can_be() -> None:
+    pair = {"direction": "later", "median_a": 0.5, "median_b": 0.501, "margin": 0.02}
+    assert _target_verdict(pair, 0.01) == SAME  # 0.2% apart, below 1 s: inside the margin all the same
+    assert _target_verdict({**pair, "median_a": 0.0, "median_b": 0.0}, 0.01) == "later"  # no ratio of zeros
+
+
+def test_an_evaluation_exactly_at_the_target_reaches_it() -> None:
+    run = target_run([(10, 1000, 8.0), (20, 2000, 7.0)], [(10, 5.0), (20, 9.0)])
+    point = time_to_target(run, 7.0)
+    assert point is not None and (point.seconds, point.tokens) == (9.0, 2000.0)
