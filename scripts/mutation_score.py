@@ -56,6 +56,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("module", type=Path, help="the module to mutate, e.g. data/packing.py")
     parser.add_argument("--tests", nargs="+", required=True, type=Path, help="test files to run against each mutant")
+    parser.add_argument(
+        "--marker",
+        default="not multiprocess",
+        help="pytest -m expression for every run (default: %(default)s; launches cost minutes per mutant)",
+    )
     parser.add_argument("--work", type=Path, help="scratch folder (default: a new one under the system's temp)")
     parser.add_argument("--survivors", type=Path, help="where the survivors' diffs go (default: in the scratch folder)")
     return parser.parse_args(argv)
@@ -81,7 +86,7 @@ def packages(work: Path) -> list[str]:
     return sorted(p.parent.name for p in work.glob("*/__init__.py") if p.parent.name != "tests")
 
 
-def write_config(work: Path, module: Path, tests: list[Path]) -> None:
+def write_config(work: Path, module: Path, tests: list[Path], marker: str = "not multiprocess") -> None:
     """setup.cfg's [mutmut] section; pyproject.toml must not hold a [tool.mutmut] table, or mutmut reads that."""
     package = module.parts[0]
     also = [p for p in packages(work) if p != package] + [p for p in EXTRA_COPIES if (work / p).exists()]
@@ -95,6 +100,7 @@ def write_config(work: Path, module: Path, tests: list[Path]) -> None:
         f"only_mutate = {module.as_posix()}\n"
         f"also_copy ={lines(also)}\n"
         f"pytest_add_cli_args_test_selection ={lines([t.as_posix() for t in tests])}\n"
+        + (f"pytest_add_cli_args ={lines(['-m', marker])}\n" if marker else "")
     )
 
 
@@ -158,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work.mkdir(parents=True, exist_ok=True)
     copy_tree(REPO, work)
-    write_config(work, args.module, args.tests)
+    write_config(work, args.module, args.tests, args.marker)
     run_mutants(work)
     score = read_results(mutmut(work, "results", "--all", "true"), args.module)
     survivors = args.survivors or work / "survivors.txt"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from scipy import stats
 
 from analysis.survival import (
     EXACT_LOG_RANK,
@@ -86,3 +87,45 @@ def test_many_runs_use_the_large_sample_test() -> None:
     # C(16, 8) = 12,870 relabellings: beyond the exact limit, scipy's chi-square p of the same statistic.
     result = log_rank(reached(*range(1, 9)), reached(*range(9, 17)))
     assert result.test == LARGE_SAMPLE_LOG_RANK and result.p_value < 1e-3 and result.direction == SOONER
+
+
+def test_half_way_at_the_second_last_reaching_time_takes_the_midpoint_to_the_last() -> None:
+    # Two runs: half are there at 1.0 and stay half until 2.0, the last reaching time; the ordinary median.
+    assert median_time(reached(1.0, 2.0)) == 1.5
+    # 3/4 after 1.0, 3/4 x 2/3 = 1/2 after 3.0, the last reaching time: no later one to go half way to.
+    assert median_time([*reached(1.0, 3.0), *not_before(4.0, 4.0)]) == 3.0
+
+
+def test_what_a_test_that_cannot_decide_says() -> None:
+    # Runs that reach it at one time together: a statistic of exactly 0 (no direction), p = 1, and the name of
+    # the exact test that was asked; runs that never reach it: nothing to test, still named.
+    tied = log_rank(reached(5.0, 5.0, 5.0), reached(5.0, 5.0, 5.0))
+    assert tied.statistic == 0.0 and tied.test == EXACT_LOG_RANK
+    nothing = log_rank(not_before(1.0), not_before(2.0))
+    assert nothing.test == EXACT_LOG_RANK
+
+
+def test_the_large_sample_test_reports_the_statistic_it_read() -> None:
+    # Eight against eight fully separated: the same Z as scipy.stats.logrank's, positive (a sooner).
+    a, b = reached(*range(1, 9)), reached(*range(9, 17))
+    result = log_rank(a, b)
+    expected = stats.logrank(
+        stats.CensoredData(uncensored=list(range(1, 9))), stats.CensoredData(uncensored=list(range(9, 17)))
+    )
+    assert result.statistic == pytest.approx(expected.statistic) and result.statistic > 0
+    assert result.p_value == pytest.approx(expected.pvalue)
+
+
+def test_a_relabelling_with_nothing_to_compare_counts_as_a_statistic_of_zero() -> None:
+    # a = (not before 1, reached 2), b = (not before 1, not before 2): Z = 1 (at 2: a has 1 of 2 at risk, 1
+    # event: O - E = 1/2, V = 1/4). Of the C(4, 2) = 6 relabellings, the two that put both "not before 1" on
+    # one side leave that side no run at risk at 2: no statistic, counted as 0 (no evidence). The others
+    # give Z = +1 (2 of them, the observed included) or -1 (2). Two-sided: 2 x min(4/6, 2/6) = 2/3. Counting
+    # the empty relabellings as anything above 0 would make them as extreme as the observed one (p = 1).
+    result = log_rank([*not_before(1.0), *reached(2.0)], not_before(1.0, 2.0))
+    assert result.statistic == pytest.approx(1.0)
+    assert result.p_value == pytest.approx(2 / 3)
+    # An observed Z of 0 with such relabellings among the 15: counted as 0 they are as extreme as it (p = 1);
+    # left out of both tails they would lower it to 14/15.
+    zero = log_rank([*not_before(1.0), *reached(3.0)], [*not_before(1.0), *reached(2.0, 2.0), *not_before(3.0)])
+    assert zero.statistic == pytest.approx(0.0) and zero.p_value == 1.0
