@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from training.rundir import write_atomic
+from training.durable import write_atomic
 
 PREDICTION_FILE = "prediction.json"
 ORDER_FILE = Path("runs") / "order.json"

@@ -55,7 +55,7 @@ from analysis.uncertainty import (
     build_statistics,
 )
 from training import run_schema as schema
-from training.rundir import write_atomic
+from training.durable import write_atomic
 
 # Facts that must be equal across runs for the comparison to be like for like, with their names.
 FAIRNESS_FACTS = {

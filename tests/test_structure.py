@@ -263,7 +263,7 @@ def test_one_write_atomic() -> None:
         for node in ast.walk(_tree(path))
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == "write_atomic"
     )
-    assert len(found) == 1, f"expected one write_atomic (training/rundir.py), found {len(found)}: {', '.join(found)}"
+    assert len(found) == 1, f"expected one write_atomic (training/durable.py), found {len(found)}: {', '.join(found)}"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from training.durable import sync_folder, write_atomic
 from training.errors import RunError
 from training.faults import checkpoint_failure_told_once, during_checkpoint_write, inside_checkpoint_writer
 
@@ -202,15 +203,13 @@ def save_checkpoint(
     manifest = _durable_manifest(path, own)
     from accelerate.utils import gather_object
 
-    from training.rundir import write_atomic  # here: rundir imports this module
-
     files = {name: entry for part in gather_object([manifest]) for name, entry in part.items()}
     if accelerator.is_main_process:
         # Last, after every file is on disk: the marker that makes the checkpoint count, with what it must hold,
         # written whole or not at all and synced with its folder before anything older is deleted.
         write_atomic(path / COMPLETE_MARKER, json.dumps({"step": step, "files": files}), sync=True)
-        _sync_folder(path)
-        _sync_folder(path.parent)
+        sync_folder(path)
+        sync_folder(path.parent)
         prune_checkpoints(output_dir, path, keep)
     accelerator.wait_for_everyone()
     return path
@@ -239,17 +238,8 @@ def _durable_manifest(folder: Path, files: list[Path]) -> dict[str, list[int]]:
             os.fsync(stream.fileno())
         manifest[str(file.relative_to(folder))] = [file.stat().st_size, _crc32(file)]
     for parent in sorted({file.parent for file in files}):
-        _sync_folder(parent)
+        sync_folder(parent)
     return manifest
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make a folder's entries (files created or renamed in it) durable."""
-    descriptor = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
 
 
 def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path, step: int) -> None:

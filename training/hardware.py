@@ -32,8 +32,8 @@ from typing import Any
 import torch
 
 from training.cli import run_main
+from training.durable import write_atomic
 from training.gpu_peaks import datasheet_entry
-from training.rundir import write_atomic
 
 
 @dataclass(frozen=True)

@@ -12,13 +12,13 @@ from typing import Any
 
 from training.batching import chunks
 from training.checkpoint import save_checkpoint
+from training.durable import write_atomic
 from training.errors import RunError
 from training.faults import RankFailed, after_step, rank_failure
 from training.hardware import reset_peak_memory, synchronize
 from training.metrics import epoch_summary, eval_line, total_summary
 from training.record import EpochFigures, EvalLine, RunFacts, RunSummary, StopRecord, run_summary
 from training.resume import origin_record
-from training.rundir import write_atomic
 from training.session import Session, set_up
 from training.sinks import wandb_summary_key
 from training.step import evaluate, train_step

@@ -1,4 +1,4 @@
-"""The run directory: one run per directory (and one at a time: its lock), atomic writes, and what a resume rewrites."""
+"""The run directory: one run per directory (and one at a time: its lock), and what a resume rewrites."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TextIO
 
 from training.checkpoint import complete_checkpoints, newest_good_checkpoint
+from training.durable import write_atomic
 from training.errors import RunError
 
 _RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "wandb_run_id")
@@ -56,31 +57,6 @@ def truncate_metrics(path: Path, last_step: int) -> None:
         line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step
     ]
     write_atomic(path, "".join(line + "\n" for line in kept))
-
-
-def write_atomic(path: Path, data: str | bytes, sync: bool = False) -> None:
-    """Write `data` (text is written as UTF-8) so that a reader sees the old file or the whole new one.
-
-    `sync`: the data reaches the disk before the rename, so that a crash cannot leave the new name on an
-    empty file (the caller syncs the folder for the rename itself to last).
-
-    The data goes to a temporary file in the same folder, which is then renamed over `path`; on any
-    failure the temporary file is removed. Its name is unique per call, so two writers never share one.
-    open(..., "xb") rather than mkstemp: the file gets the usual umask permissions, not 0600.
-    """
-    if isinstance(data, str):
-        data = data.encode("utf-8")
-    temp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        with open(temp, "xb") as stream:
-            stream.write(data)
-            if sync:
-                stream.flush()
-                os.fsync(stream.fileno())
-        os.replace(temp, path)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
 
 
 def wandb_run_id(out: Path) -> str:
