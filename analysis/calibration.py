@@ -1,22 +1,33 @@
-"""How often a comparison is wrong: A/A and B/A pairs of synthetic runs fed to the report's own functions.
+"""How often a comparison is wrong: A/A and B/A pairs of synthetic runs fed to the report's own functions, and
+A/A splits of a real experiment's runs.
 
     python -m analysis.calibration [--trials N] [--seed S]
+    python -m analysis.calibration --runs OUT [--target_loss L] [--splits N] [--seed S]
 
-prints, for n = 1, 3, 5, 10 and 18 runs per strategy, the rate of false throughput verdicts (a `higher` or
+prints, for n = 1 to 5, 10 and 18 runs per strategy, the rate of false throughput verdicts (a `higher` or
 `lower` between two strategies that are the same) and the power (a true 10% difference called in the right
 direction); the same with heavy tails (`HEAVY_TAILS`: a throttled mode and one slow machine) at 4, 5 and 10;
-and the time to a target loss (`sooner` or `later` on the seconds or tokens of an A/A pair) at 3 and 4.
+and the time to a target loss (`sooner` or `later` on the seconds or tokens of an A/A pair) at 3, 4 and 5.
 The runs are drawn as the step times measured here behave (`StepTimeModel`): each run has its own level
 (run-to-run drift, a random effect) and its steps follow it with AR(1) autocorrelation. n = 1 is also
 measured with the step-time bootstrap the report used to decide on one run each, which is why it no longer
 does (docs/statistics.md).
+
+With --runs, the runs are real: OUT is an A/A experiment's folder (`python -m analysis.experiment --strategies ddp
+ddp --repeats 6`: 12 runs of one strategy), or any folder whose run folders all hold one strategy. Its runs are
+pooled and split into two groups of n (n = 2 to 5), every distinct split where there are at most --splits of
+them, else that many drawn without replacement from the seed; each split goes through the report's comparison
+of every figure and of the time to the target, and a `higher`/`lower`/`sooner`/`later` is a false verdict. The
+splits share runs, so they are not independent experiments: the rate they give is the machine's, measured on
+these runs, with more scatter than a binomial count of independent pairs would have.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -25,7 +36,8 @@ from typing import Any
 import numpy as np
 from scipy import stats
 
-from analysis.runs import Run
+from analysis.compare import target_loss as target_loss_flag
+from analysis.runs import Run, load_run, sort_runs
 from analysis.uncertainty import (
     HIGHER,
     LOWER,
@@ -41,7 +53,7 @@ from training import run_schema as schema
 from training.cli import EXIT_BAD_INPUT, OneLineParser
 from training.record import EvalLine, RunTotals, TrainLine
 
-REPEATS = (1, 3, 5, 10, 18)  # one run each, and docs/statistics.md's repeat counts
+REPEATS = (1, 2, 3, 4, 5, 10, 18)  # one run each, the real A/A splits' 2 to 5, docs/statistics.md's repeat counts
 HEAVY_REPEATS = (4, 5, 10)
 TRIALS = 400
 SEED = 2024
@@ -173,7 +185,7 @@ def binomial_upper_count(trials: int, rate: float, alpha: float) -> int:
     return int(stats.binom.isf(alpha, trials, rate))
 
 
-TARGET_REPEATS = (3, 4)  # 3: no verdict is possible; 4: the fewest at which one pair can have one
+TARGET_REPEATS = (3, 4, 5)  # 3: no verdict is possible; 4: the fewest at which one pair can have one
 TARGET_TRIALS = 200  # the exact log-rank recomputes scipy's statistic per relabelling: 252 at 5 runs each
 TARGET_LOSS, TARGET_STEP = 7.0, 15
 
@@ -218,6 +230,135 @@ def calibrate_target(
     return Calibration(repeats, trials, counts[0], counts[1])
 
 
+# ---------------------------------------------------------------------------------------------
+# A/A splits of real runs
+
+REAL_REPEATS = (2, 3, 4, 5)
+REAL_SPLITS = 200  # per n: every split where there are fewer, else this many drawn from the seed
+FALSE = frozenset({HIGHER, LOWER, "sooner", "later"})
+
+
+class PoolError(ValueError):
+    """A folder that is no A/A pool (no runs, or runs of several strategies); the message is one line."""
+
+
+def pooled_runs(folder: Path) -> list[Run]:
+    """The complete runs below `folder` (an experiment's OUT, or its runs/), which must all be one strategy."""
+    runs = [load_run(path.parent) for path in sorted(folder.glob("**/summary.json"))]
+    runs = [run for run in runs if run.usable and run.complete]
+    if len(runs) < 2 * REAL_REPEATS[0]:
+        raise PoolError(f"{folder} holds {len(runs)} complete runs; an A/A split needs at least {2 * REAL_REPEATS[0]}")
+    strategies = sorted({run.strategy for run in runs})
+    if len(strategies) > 1:
+        raise PoolError(
+            f"{folder} holds runs of {', '.join(strategies)}; A/A splits pool runs of one strategy "
+            "(python -m analysis.experiment --strategies ddp ddp --repeats 6)"
+        )
+    return sort_runs(runs)
+
+
+def distinct_splits(pool: int, n: int) -> int:
+    """Ways to take two groups of n from `pool` runs, unordered: C(pool, n) C(pool - n, n) / 2."""
+    return math.comb(pool, n) * math.comb(pool - n, n) // 2
+
+
+def splits(pool: int, n: int, limit: int, rng: np.random.Generator) -> Iterator[tuple[tuple[int, ...], ...]]:
+    """Two groups of n run indices each: every distinct split when there are at most `limit`, else `limit`
+    distinct ones drawn at random."""
+    if distinct_splits(pool, n) <= limit:
+        for a in itertools.combinations(range(pool), n):
+            rest = [i for i in range(pool) if i not in a]
+            yield from ((a, b) for b in itertools.combinations(rest, n) if a < b)
+        return
+    seen: set[tuple[tuple[int, ...], ...]] = set()
+    while len(seen) < limit:
+        order = rng.permutation(pool)
+        split = tuple(sorted((tuple(sorted(order[:n].tolist())), tuple(sorted(order[n : 2 * n].tolist())))))
+        if split not in seen:
+            seen.add(split)
+            yield split
+
+
+@dataclass(frozen=True)
+class RealCount:
+    """False verdicts of one figure over the A/A splits of n runs each."""
+
+    figure: str
+    repeats: int
+    splits: int
+    distinct: int
+    false_verdicts: int
+
+    @property
+    def false_rate(self) -> float:
+        return self.false_verdicts / self.splits
+
+
+def default_target(runs: Sequence[Run]) -> float | None:
+    """Halfway between the first and the last validation loss of the first run with two: same-seed runs reach
+    it between two evaluations, so the tokens are interpolated and the seconds are each run's own."""
+    for run in runs:
+        losses = [e.val_loss for e in run.evals if e.val_loss is not None]
+        if len(losses) >= 2 and losses[0] > losses[-1]:
+            return (losses[0] + losses[-1]) / 2
+    return None
+
+
+def calibrate_real(
+    runs: Sequence[Run], target: float | None, limit: int = REAL_SPLITS, seed: int = SEED
+) -> list[RealCount]:
+    """Per figure (the time and the tokens to `target` included, when given) and n, the false verdicts over
+    the splits of `runs` into two groups of n, through the report's own comparisons of one pair."""
+    figures = run_figures(runs)
+    counts: dict[tuple[str, int], list[int]] = {}
+    for n in (n for n in REAL_REPEATS if 2 * n <= len(runs)):
+        rng = np.random.default_rng([seed, n])
+        for a, b in splits(len(runs), n, limit, rng):
+            side_a, side_b = [runs[i] for i in a], [runs[i] for i in b]
+            verdicts = {
+                f.name: c.verdict for f in figures if (c := compare_figure(f, "b", side_b, "a", side_a)) is not None
+            }
+            if target is not None:
+                verdicts |= {
+                    f"{TO_TARGET}{p['figure']}": p["verdict"]
+                    for p in target_comparisons({"b": side_b, "a": side_a}, target)
+                }
+            for name, said in verdicts.items():
+                tally = counts.setdefault((name, n), [0, 0])
+                tally[0] += 1
+                tally[1] += said in FALSE
+    return [
+        RealCount(name, n, seen, distinct_splits(len(runs), n), false) for (name, n), (seen, false) in counts.items()
+    ]
+
+
+TO_TARGET = "to target: "
+
+
+def real_table(folder: Path, target: float | None, limit: int, seed: int) -> list[str]:
+    """The printed table of --runs: one line per figure, one column per n."""
+    runs = pooled_runs(folder)
+    target = target if target is not None else default_target(runs)
+    counts = calibrate_real(runs, target, limit, seed)
+    per_n = {c.repeats: c.splits for c in counts}
+    ns = sorted(per_n)
+    by = {(c.figure, c.repeats): c for c in counts}
+    target_line = f"target loss {target:.4g}" if target is not None else "no target (the runs have no falling loss)"
+    lines = [
+        f"{len(runs)} complete {runs[0].strategy} runs of {folder}, pooled; {target_line}; seed {seed}",
+        "splits per n (of the distinct splits): "
+        + ", ".join(f"n={n}: {per_n[n]} (of {distinct_splits(len(runs), n):,})" for n in ns),
+        f"{'figure':<28}" + "".join(f"{f'n={n}':>16}" for n in ns),
+    ]
+    for name in dict.fromkeys(f for f, _ in by):
+        cells = [by.get((name, n)) for n in ns]
+        lines.append(
+            f"{name:<28}"
+            + "".join(f"{f'{c.false_verdicts}/{c.splits} {c.false_rate:.1%}':>16}" if c else f"{'':>16}" for c in cells)
+        )
+    return lines
+
+
 def table(trials: int, seed: int) -> list[str]:
     """The printed table: the report's method at each repeat count, and the step-time bootstrap at n = 1."""
     rows = [("step-time bootstrap (one run each)", calibrate(1, trials, seed, method=step_bootstrap_comparison))]
@@ -245,11 +386,39 @@ def main(argv: list[str] | None = None) -> int:
     parser = OneLineParser(prog="python -m analysis.calibration", description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=TRIALS, help=f"pairs of each kind per row (default {TRIALS})")
     parser.add_argument("--seed", type=int, default=SEED, help=f"random seed (default {SEED})")
+    parser.add_argument(
+        "--runs",
+        type=Path,
+        metavar="OUT",
+        help="count false verdicts over A/A splits of the runs below OUT (an experiment of one strategy, e.g. "
+        "--strategies ddp ddp --repeats 6) instead of simulating",
+    )
+    parser.add_argument(
+        "--target_loss",
+        type=target_loss_flag,
+        metavar="LOSS",
+        help="with --runs: the time to this validation loss is a figure too (default: halfway between the first "
+        "run's first and last validation loss)",
+    )
+    parser.add_argument(
+        "--splits", type=int, default=REAL_SPLITS, help=f"with --runs: splits per n at most (default {REAL_SPLITS})"
+    )
     args = parser.parse_args(argv)
     if args.trials < 1:
         print("error: --trials must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print("\n".join(table(args.trials, args.seed)))
+    if args.splits < 1:
+        print("error: --splits must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.runs is None:
+        print("\n".join(table(args.trials, args.seed)))
+        return 0
+    try:
+        lines = real_table(args.runs, args.target_loss, args.splits, args.seed)
+    except PoolError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print("\n".join(lines))
     return 0
 
 

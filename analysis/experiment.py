@@ -10,7 +10,9 @@ OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share
 one W&B group (the experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds:
 training noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs
 beside them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared machine's
-slow drift touches every strategy alike; OUT/runs/order.json records the order they ran in.
+slow drift touches every strategy alike; OUT/runs/order.json records the order they ran in. A strategy named
+twice is an A/A experiment: two arms, `--strategies ddp ddp` training ddp into OUT/runs/ddp and ddp#2 into
+OUT/runs/ddp#2 (the k-th mention is <strategy>#<k>, recorded by train.py --arm), compared as two strategies.
 
 Before launching, the driver prints the global batch and the plan's predicted wall time (written to
 OUT/prediction.json for the report); with --gpu or --gpu_memory_gib it skips, and says so, the strategies the
@@ -36,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, replace
 from pathlib import Path
@@ -86,7 +89,10 @@ class ExperimentSpec:
     max_steps: int | None = flag("optimizer steps per strategy", group=BUDGET)
     epochs: int | None = flag("epochs per strategy", group=BUDGET)
     strategies: tuple[str, ...] = flag(
-        f"strategies to train ({_ON_REQUEST} on request)", registry.reference_names(), choices=registry.names()
+        f"strategies to train, from {', '.join(registry.names())} ({_ON_REQUEST} on request); a strategy named "
+        f"twice runs as two arms, <strategy> and <strategy>#2 (an A/A experiment: its false verdicts)",
+        registry.reference_names(),
+        metavar="STRATEGY",
     )
     data: tuple[str, ...] = flag("train.py --data, the same for all", (), metavar="PATH")
     seed: int = flag("the seed of every run (model init, data order, dropout)", 1337, group=SEEDING)
@@ -153,12 +159,8 @@ class ExperimentSpec:
     def __post_init__(self) -> None:
         if (self.max_steps is None) == (self.epochs is None):
             raise SetupError("give exactly one of --max_steps and --epochs")
-        unknown = [s for s in self.strategies if registry.find(s) is None]
-        if unknown:
-            raise SetupError(f"unknown strategy {unknown[0]!r}; choose from {', '.join(registry.names())}")
-        if len(set(self.strategies)) != len(self.strategies):
-            raise SetupError("each strategy once: the run directory is named after it")
-        spanning = [s for s in self.strategies if registry.get(s).multi_machine]
+        arms_of(self.strategies)  # an unknown strategy or an ambiguous label: SetupError
+        spanning = [s for s in self.strategy_names if registry.get(s).multi_machine]
         if spanning and self.main_process_ip is None:
             raise SetupError(
                 f"{spanning[0]} spans machines: give --main_process_ip (machine rank 0's address) and "
@@ -187,10 +189,20 @@ class ExperimentSpec:
                 raise SetupError(f"--{name} must be > 0, got {value}")
 
     @property
-    def strategies_here(self) -> tuple[str, ...]:
+    def arms(self) -> tuple[Arm, ...]:
+        """Each strategy under its label, in --strategies' order (ddp, ddp#2 for `ddp ddp`)."""
+        return arms_of(self.strategies)
+
+    @property
+    def strategy_names(self) -> tuple[str, ...]:
+        """The strategies trained, each once, in order of first mention."""
+        return tuple(dict.fromkeys(arm.strategy for arm in self.arms))
+
+    @property
+    def arms_here(self) -> tuple[Arm, ...]:
         """What this machine trains: everything on machine rank 0; only the strategies that span machines on
         the others (rank 0's report is the experiment's)."""
-        return tuple(s for s in self.strategies if self.machine_rank == 0 or registry.get(s).multi_machine)
+        return tuple(a for a in self.arms if self.machine_rank == 0 or registry.get(a.strategy).multi_machine)
 
     @property
     def run_seeds(self) -> tuple[int, ...]:
@@ -200,6 +212,41 @@ class ExperimentSpec:
     def one_run_each(self) -> bool:
         """One run per strategy: today's layout (OUT/runs/<strategy>), no run name or repeat passed."""
         return self.repeats == 1 and len(self.run_seeds) == 1
+
+
+# The k-th arm of a strategy named k times (an A/A experiment) is <strategy>#<k>, its folder OUT/runs/<strategy>#<k>:
+# no registry name holds "#" (they hold "_"), and shlex quotes it wherever a command is printed.
+ARM_MARK = "#"
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One side of the comparison: a strategy under its label, the strategy's own name for its first arm and
+    <strategy>#<k> for its k-th; the label names the run folder and the report's column."""
+
+    label: str
+    strategy: str
+
+
+def arms_of(entries: Sequence[str]) -> tuple[Arm, ...]:
+    """--strategies' entries as arms: the k-th mention of a strategy is its arm <strategy>#<k>. An entry may be
+    written as its label (`ddp ddp#2`, as a report names them), and must then be the arm its place makes it.
+    SetupError (one line) for an unknown strategy and for a label that names another arm than its place's."""
+    seen: Counter[str] = Counter()
+    arms = []
+    for entry in entries:
+        name, mark, _ = entry.partition(ARM_MARK)
+        if registry.find(name) is None:
+            raise SetupError(f"unknown strategy {entry!r}; choose from {', '.join(registry.names())}")
+        seen[name] += 1
+        label = name if seen[name] == 1 else f"{name}{ARM_MARK}{seen[name]}"
+        if mark and entry != label:
+            raise SetupError(
+                f"ambiguous label {entry!r}: mention {seen[name]} of {name} in --strategies is the arm {label!r}; "
+                f"name the strategy once per arm (--strategies {name} {name} trains {name} and {name}{ARM_MARK}2)"
+            )
+        arms.append(Arm(label, name))
+    return tuple(arms)
 
 
 @dataclass(frozen=True)
@@ -245,10 +292,11 @@ class Launch:
     seed: int = 1337
     repeat: int = 1
     run_name: str = ""  # empty: train.py's default name
+    arm: str = ""  # the strategy's label (ddp#2); empty: the strategy itself
 
     @property
     def label(self) -> str:
-        return self.run_name or self.strategy
+        return self.run_name or self.arm or self.strategy
 
 
 @dataclass
@@ -348,7 +396,7 @@ def planned_misfits(
     try:
         hw = hardware(gpu, precision, memory_gib, None)
         misfits = {}
-        for strategy in spec.strategies:
+        for strategy in spec.strategy_names:
             args = PlanRequest(
                 preset=spec.preset,
                 block_size=batch.block_size,
@@ -421,16 +469,31 @@ def build_launches(
     shared = _shared_args(spec, batch)
     launches = []
     for slot in slots(spec):
-        for strategy in spec.strategies_here:
+        for arm in spec.arms_here:
             launches.append(
-                _launch(spec, strategy, slot, sizes[strategy], shared, launcher, cwd, config_dir, train_script)
+                _launch(spec, arm, slot, sizes[arm.strategy], shared, launcher, cwd, config_dir, train_script)
             )
     return launches
 
 
+def _identity(arm: Arm, slot: Slot) -> tuple[str, list[str]]:
+    """The run name and train.py's flags that tell this run apart: its seed, and its name and repeat when the
+    strategy runs several times; its arm when it is not the strategy's first (recorded: the report compares arms).
+    One run per strategy keeps train.py's default run name; several are told apart in W&B by name
+    (<label>-r<k>), grouped by the experiment, job type the strategy; a second arm always by its label."""
+    relabelled = arm.label != arm.strategy
+    run_name = f"{arm.label}-{slot.name}" if slot.name else (arm.label if relabelled else "")
+    identity = ["--seed", str(slot.seed)]
+    if slot.name:
+        identity += ["--run_name", run_name, "--repeat", str(slot.repeat)]
+    elif relabelled:
+        identity += ["--run_name", run_name]
+    return run_name, [*identity, *(["--arm", arm.label] if relabelled else [])]
+
+
 def _launch(
     spec: ExperimentSpec,
-    strategy: str,
+    arm: Arm,
     slot: Slot,
     world_size: int,
     shared: list[str],
@@ -439,14 +502,10 @@ def _launch(
     config_dir: Path,
     train_script: Path,
 ) -> Launch:
-    folder = spec.out / "runs" / strategy
+    strategy, relabelled = arm.strategy, arm.label != arm.strategy
+    folder = spec.out / "runs" / arm.label
     run_dir = folder / slot.name if slot.name else folder
-    # One run per strategy keeps train.py's default run name; several are told apart in W&B by name
-    # (<strategy>-r<k>), grouped by the experiment, job type the strategy.
-    run_name = f"{strategy}-{slot.name}" if slot.name else ""
-    identity = ["--seed", str(slot.seed)]
-    if run_name:
-        identity += ["--run_name", run_name, "--repeat", str(slot.repeat)]
+    run_name, identity = _identity(arm, slot)
     # accelerate's own flag overrides the file's num_processes, so the printed command says it. A config that
     # spans machines counts the processes of all of them: it keeps its own, and is told where it runs.
     entry = registry.get(strategy)
@@ -478,7 +537,15 @@ def _launch(
         *spec.extra,
     )
     return Launch(
-        strategy, world_size, argv, run_dir, run_dir.parent / f"{run_dir.name}.log", slot.seed, slot.repeat, run_name
+        strategy,
+        world_size,
+        argv,
+        run_dir,
+        run_dir.parent / f"{run_dir.name}.log",
+        slot.seed,
+        slot.repeat,
+        run_name,
+        arm.label if relabelled else "",
     )
 
 
@@ -595,6 +662,7 @@ def write_run_order(spec: ExperimentSpec, outcomes: list[Outcome], earlier: Sequ
     rows = [
         {
             "strategy": o.launch.strategy,
+            "arm": o.launch.arm or o.launch.strategy,
             "seed": o.launch.seed,
             "repeat": o.launch.repeat,
             "run_name": o.launch.run_name or None,
@@ -696,21 +764,21 @@ def run(
     spec = named(spec)
     cwd = Path(os.getcwd())
     try:
-        sizes = world_sizes(spec.strategies, config_dir, spec.num_processes)
+        sizes = world_sizes(spec.strategy_names, config_dir, spec.num_processes)
         batch = choose_batch(spec, list(sizes.values()), preset_defaults(spec.preset))
         spec, skipped = _skip_misfits(spec, sizes, batch)
     except SetupError as err:
         print(f"error: {err}", file=sys.stderr)
         return EXIT_SETUP
     launches = build_launches(spec, sizes, batch, launcher or default_launcher(), cwd, config_dir)
-    accumulation = ", ".join(f"{s} {batch.grad_accum(n)}" for s, n in sizes.items() if s in spec.strategies)
+    accumulation = ", ".join(f"{s} {batch.grad_accum(n)}" for s, n in sizes.items() if s in spec.strategy_names)
     print(
         f"experiment {spec.experiment}: global batch {batch.global_batch_tokens:,} tokens "
         f"(micro batch {batch.micro_batch_size} x block {batch.block_size}; accumulation steps: {accumulation})"
     )
     if not spec.one_run_each:
         print(
-            f"{len(launches)} runs: {len(spec.strategies)} strategies x {len(spec.run_seeds)} seed(s) x "
+            f"{len(launches)} runs: {len(spec.arms)} strategies x {len(spec.run_seeds)} seed(s) x "
             f"{spec.repeats} repeat(s), interleaved"
         )
     prediction, predicted = predicted_wall_time(spec, sizes, batch)
@@ -759,7 +827,8 @@ def predicted_wall_time(spec: ExperimentSpec, sizes: dict[str, int], batch: Batc
     if spec.max_steps is None:
         return None, "predicted wall time: none with --epochs (the steps depend on the data; --max_steps has one)"
     runs = len(spec.run_seeds) * spec.repeats
-    plans = [Planned(s, sizes[s], spec.max_steps, runs) for s in spec.strategies_here]
+    arms = Counter(arm.strategy for arm in spec.arms_here)  # an A/A experiment runs its strategy twice as often
+    plans = [Planned(s, sizes[s], spec.max_steps, runs * k) for s, k in arms.items()]
     workload = {
         "preset": spec.preset,
         "block_size": batch.block_size,
@@ -784,7 +853,7 @@ def _skip_misfits(spec: ExperimentSpec, sizes: dict[str, int], batch: Batch) -> 
     misfits = planned_misfits(spec, sizes, batch, spec.gpu, spec.gpu_memory_gib, spec.precision)
     for line in misfits.values():
         print(f"skipping {line}", flush=True)
-    kept = tuple(s for s in spec.strategies if s not in misfits)
+    kept = tuple(a.label for a in spec.arms if a.strategy not in misfits)
     if not kept:
         raise SetupError(
             f"no strategy fits {spec.preset} at this batch; python -m planner --preset "

@@ -59,6 +59,14 @@ class Run:
         return str(record.strategy if record is not None and record.strategy else "unknown")
 
     @property
+    def arm(self) -> str:
+        """What the report compares: the strategy, or the label an experiment gave it when one strategy ran
+        under several (config.json run.arm, e.g. ddp#2 of an A/A experiment `--strategies ddp ddp`)."""
+        run = (self.config or {}).get("run")
+        arm = run.get("arm") if isinstance(run, dict) else None
+        return arm if isinstance(arm, str) and arm else self.strategy
+
+    @property
     def total(self) -> RunTotals:
         """The whole-run figures; every one None when the run has none."""
         record = self.record
@@ -177,18 +185,20 @@ def number(value: Any) -> float | None:
 
 
 def assign_labels(runs: list[Run]) -> None:
-    """Label each run by its strategy; where two runs share one, add the directory name."""
+    """Label each run by its arm (its strategy, or ddp#2 and the like); where two runs share one, add the
+    directory name."""
     counts: dict[str, int] = {}
     for run in runs:
-        counts[run.strategy] = counts.get(run.strategy, 0) + 1
+        counts[run.arm] = counts.get(run.arm, 0) + 1
     for run in runs:
-        run.label = run.strategy if counts[run.strategy] == 1 else f"{run.strategy} ({run.path.name})"
+        run.label = run.arm if counts[run.arm] == 1 else f"{run.arm} ({run.path.name})"
 
 
 def sort_runs(runs: list[Run]) -> list[Run]:
-    """In the strategy registry's order (the reference's baseline first), then anything else by name."""
+    """In the strategy registry's order (the reference's baseline first), then anything else by name; a
+    strategy's arms by name (ddp before ddp#2)."""
 
-    def key(run: Run) -> tuple[int, str]:
-        return registry.order(run.strategy), run.label
+    def key(run: Run) -> tuple[int, str, str]:
+        return registry.order(run.strategy), run.arm, run.label
 
     return sorted(runs, key=key)

@@ -68,7 +68,7 @@ def metric_column(column: TableColumn) -> Column:
 # that make runs comparable.
 COLUMNS: tuple[Column, ...] = (
     Column("run", lambda run: run.path.name, text),
-    Column("strategy", lambda run: run.strategy, text),
+    Column("strategy", lambda run: run.arm, text),  # ddp#2: the second arm of ddp in an A/A experiment
     Column("complete", lambda run: run.complete, lambda v: "yes" if v else "**no (partial)**"),
     *(metric_column(column) for column in TABLE),
     Column("world size (devices)", _fact("world_size"), text),

@@ -393,10 +393,11 @@ def best_first(summaries: dict[str, Summary], better: schema.Better | None) -> l
 
 
 def group_by_strategy(runs: Sequence[Run]) -> dict[str, list[Run]]:
-    """Runs by Run.strategy, strategies in the order of their first run (the table's order)."""
+    """Runs by Run.arm (the strategy, or its label in an A/A experiment), in the order of their first run (the
+    table's order)."""
     groups: dict[str, list[Run]] = {}
     for run in runs:
-        groups.setdefault(run.strategy, []).append(run)
+        groups.setdefault(run.arm, []).append(run)
     return groups
 
 

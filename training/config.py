@@ -147,6 +147,11 @@ class RunConfig:
         "which repeat of the same strategy and seed this run is (analysis.experiment --repeats sets it); recorded only",
         default=None,
     )
+    arm: str | None = _help(
+        "the experiment arm this run belongs to when one strategy runs under several labels (analysis.experiment "
+        "--strategies ddp ddp sets ddp#2); the report compares arms, not strategies; recorded only",
+        default=None,
+    )
     wandb_project: str = _help("W&B project", default="gpt2-strategies")
     wandb_entity: str | None = _help("W&B entity (team or user; none: yours)", default=None)
     wandb_mode: str = _help("auto (online when logged in, else offline), online, offline or disabled", default="auto")
