@@ -8,7 +8,8 @@ registry, planner and resume tests all read the same run folders; the jobs over 
 compared with `single_24`, a one-process run of their global batch.
 
 The README's test line runs the suite in two pytest-xdist workers, one per core of a 2-core machine: a
-single-process launch or an in-process test leaves the other core idle otherwise. The workers share these
+single-process launch or an in-process test leaves the other core idle otherwise. The files go out to the
+workers heaviest first (tests/schedule.py), so that both end together. The workers share these
 folders (under one lock each), so each run is still launched once per session, whichever worker asks first.
 """
 
@@ -29,6 +30,7 @@ from tests.launch import (
     train_on_machines,
     write_news_csv,
 )
+from tests.schedule import file_seconds, heaviest_first
 from training import registry
 
 # The test process and every process it starts: offline for the hub, and no W&B login from the machine.
@@ -42,6 +44,19 @@ for _name in ("WANDB_API_KEY", "WANDB_BASE_URL"):
 # heap changes no figure a test checks (memory is counted per tensor, not from the process's pages).
 os.environ.setdefault("MALLOC_MMAP_MAX_", "0")
 os.environ.setdefault("MALLOC_TRIM_THRESHOLD_", str(2**32))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # xdist's loadfile reorders files by their number of tests; tests/schedule.py orders them by seconds.
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The heaviest files first (tests/schedule.py), so that the two workers end together."""
+    root = config.rootpath
+    paths = [item.path.relative_to(root).as_posix() if item.path.is_relative_to(root) else "" for item in items]
+    items[:] = [items[i] for i in heaviest_first(paths, file_seconds())]
 
 
 def _session_root(tmp_path_factory: pytest.TempPathFactory) -> Path:

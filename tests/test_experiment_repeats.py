@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis.experiment import Batch, ExperimentSpec, SetupError, build_launches, main, slots
-from tests.launch import REPO, launch_env
+from tests.launch import REPO, free_port, launch_env
 
 BATCH = Batch(micro_batch_size=8, block_size=64, global_batch_tokens=1024)
 SIZES = {"single": 1, "ddp": 2, "fsdp": 2}
@@ -81,26 +81,31 @@ def test_target_loss_reaches_the_comparison_command_only_when_given(tmp_path: Pa
     assert capsys.readouterr().out.splitlines()[-1].endswith("--target_loss 5.5")
 
 
-# accelerate on a free port per launch: the default port may be taken by another test or user of the machine.
-FREE_PORT_LAUNCHER = """
-    import os, socket, sys
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+# accelerate on a port of its own per launch: the default port may be taken by another test or user of the
+# machine. The ports come from this worker's range (tests/launch.py free_port), one per run name, picked
+# before the experiment starts: a port the kernel hands out and the launcher then releases could be taken
+# by the other worker's launch before accelerate binds it.
+PORT_PER_RUN_LAUNCHER = """
+    import os, sys
+    argv = sys.argv[1:]
+    port = {ports!r}[argv[argv.index("--run_name") + 1]]
     os.execv(sys.executable, [sys.executable, "-m", "accelerate.commands.launch", "--main_process_port", str(port),
-                              *sys.argv[1:]])
+                              *argv])
 """
+REPEATS = 2
 
 
 @pytest.mark.multiprocess
-def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatch, capsys) -> None:
-    """9 real launches at the tiny preset, 4 steps each with a validation at step 2; W&B at its default."""
+def test_two_repeats_of_three_strategies_end_to_end(tmp_path: Path, shared_cache: Path, monkeypatch, capsys) -> None:
+    """6 real launches at the tiny preset, 4 steps each with a validation at step 2; W&B at its default.
+    Two repeats are the fewest that give every figure an interval and every pair a test."""
     for name in list(os.environ):
         monkeypatch.delenv(name)
     for name, value in launch_env().items():
         monkeypatch.setenv(name, value)
     script = tmp_path / "launch.py"
-    script.write_text(textwrap.dedent(FREE_PORT_LAUNCHER))
+    ports = {f"{s}-r{k}": free_port() for k in range(1, REPEATS + 1) for s in STRATEGIES}
+    script.write_text(textwrap.dedent(PORT_PER_RUN_LAUNCHER.format(ports=ports)))
     out = tmp_path / "exp"
     argv = [
         "--preset",
@@ -110,7 +115,7 @@ def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatc
         "--out",
         str(out),
         "--repeats",
-        "3",
+        str(REPEATS),
         "--seed",
         "5",
         "--experiment",
@@ -123,14 +128,14 @@ def test_three_repeats_of_three_strategies_end_to_end(tmp_path: Path, monkeypatc
         "--eval_blocks",
         "16",
         "--cache_dir",
-        str(tmp_path / "cache"),
+        str(shared_cache),  # the session's: the corpus tokenized and the peak measured once
         "--no-export_hf",
     ]
     status = main(argv, launcher=(sys.executable, str(script)), config_dir=REPO / "accelerate_configs", echo=False)
     printed = capsys.readouterr()
     assert status == 0, printed.err[-3000:]
-    started = [m.group(1) for m in re.finditer(r"^\[\d+/9\] (\S+) \(", printed.out, re.MULTILINE)]
-    assert started == [f"{s}-r{k}" for k in (1, 2, 3) for s in ("single", "ddp", "fsdp")]
+    started = [m.group(1) for m in re.finditer(r"^\[\d+/6\] (\S+) \(", printed.out, re.MULTILINE)]
+    assert started == [f"{s}-r{k}" for k in range(1, REPEATS + 1) for s in STRATEGIES]
     order = json.loads((out / "runs" / "order.json").read_text())["runs"]
     assert [r["started_unix_s"] for r in order] == sorted(r["started_unix_s"] for r in order)
     for row in order:
@@ -160,16 +165,16 @@ STRATEGIES = ("single", "ddp", "fsdp")
 
 
 def _assert_report_json(report: dict) -> None:
-    """Every figure per strategy over its 3 repeats with an interval; equal losses give no verdict; every
+    """Every figure per strategy over its repeats with an interval; equal losses give no verdict; every
     strategy's time to the target loss."""
     for figure in ("tokens_per_s", "step_peak_bytes", "train_time_s", "final_val_loss", "avg_loss"):
         for strategy in STRATEGIES:
             entry = report["figures"][figure][strategy]
-            assert entry["n"] == 3 and entry["min"] <= entry["median"] <= entry["max"], (figure, strategy)
+            assert entry["n"] == REPEATS and entry["min"] <= entry["median"] <= entry["max"], (figure, strategy)
     for strategy in STRATEGIES:  # throughput has a positive interval of nonzero width around its geometric mean
         entry = report["figures"]["tokens_per_s"][strategy]
         low, high = entry["ci95"]
-        # Positive however widely three repeats spread on a machine busy with other work (the suite's other
+        # Positive however widely the repeats spread on a machine busy with other work (the suite's other
         # worker): the interval is taken on the log scale.
         assert 0 < low < entry["geometric_mean"] < high, (strategy, entry)
     loss_verdicts = {c["verdict"] for c in report["comparisons"] if c["figure"] == "final_val_loss"}
@@ -181,7 +186,7 @@ def _assert_report_json(report: dict) -> None:
         assert pair["test"].startswith("exact permutation test") and pair["p_adjusted"] >= pair["p_value"]
     for strategy in STRATEGIES:
         reached = report["time_to_target"][strategy]
-        assert reached["target_loss"] == TARGET_LOSS and reached["reached"] == 3, reached
+        assert reached["target_loss"] == TARGET_LOSS and reached["reached"] == REPEATS, reached
         assert reached["seconds"] > 0 and 2 * 1024 < reached["tokens"] < 4 * 1024, reached
 
 

@@ -92,25 +92,41 @@ def runs(shared_runs) -> dict[str, Path]:
     return {strategy: shared_runs[strategy] for strategy in STRATEGIES}
 
 
-def _check(run_dir: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "analysis.export_check", str(run_dir), "--json"],
-        cwd=REPO,
-        env={**launch_env(), **OFFLINE},
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+# The command as a user runs it, `python -m analysis.export_check RUN --json`, for one run (its own process,
+# entry point and exit status); the other runs through the same main() in this process, which spares each a
+# Python start with torch, transformers and evaluate to import (about 5 s).
+BY_COMMAND = "single"
+
+
+def _check(run_dir: Path, by_command: bool, capsys, monkeypatch) -> subprocess.CompletedProcess[str]:
+    argv = [str(run_dir), "--json"]
+    if by_command:
+        return subprocess.run(
+            [sys.executable, "-m", "analysis.export_check", *argv],
+            cwd=REPO,
+            env={**launch_env(), **OFFLINE},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+    for name, value in OFFLINE.items():
+        monkeypatch.setenv(name, value)
+    capsys.readouterr()
+    status = export_check.main(argv)
+    printed = capsys.readouterr()
+    return subprocess.CompletedProcess(argv, status, printed.out, printed.err)
 
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", STRATEGIES)
-def test_export_scores_the_recorded_final_validation_loss(runs: dict[str, Path], strategy: str) -> None:
+def test_export_scores_the_recorded_final_validation_loss(
+    runs: dict[str, Path], strategy: str, capsys, monkeypatch
+) -> None:
     summary = json.loads((runs[strategy] / "summary.json").read_text())
     assert summary["strategy"] == strategy
     recorded = summary["total"]["final_val_loss"]
     assert recorded < math.log(50257) - 1.0  # trained away from the uniform guess, so agreement says something
-    result = _check(runs[strategy])
+    result = _check(runs[strategy], strategy == BY_COMMAND, capsys, monkeypatch)
     assert result.returncode == 0, result.stderr[-2000:]
     check = json.loads(result.stdout)
     assert check["blocks"] == EVAL_BLOCKS and check["tokens"] == EVAL_BLOCKS * 64
@@ -126,10 +142,12 @@ BF16_SCORED_IN = {"single": "bf16 autocast", "fsdp": "bf16 parameters (as FSDP's
 
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("strategy", list(BF16_SCORED_IN))
-def test_a_bf16_export_is_scored_in_bf16_and_agrees(bf16_runs: dict[str, Path], strategy: str) -> None:
+def test_a_bf16_export_is_scored_in_bf16_and_agrees(
+    bf16_runs: dict[str, Path], strategy: str, capsys, monkeypatch
+) -> None:
     recorded = json.loads((bf16_runs[strategy] / "summary.json").read_text())["total"]["final_val_loss"]
     assert recorded < math.log(50257) - 1.0  # trained away from the uniform guess, so agreement says something
-    result = _check(bf16_runs[strategy])
+    result = _check(bf16_runs[strategy], False, capsys, monkeypatch)
     assert result.returncode == 0, result.stderr[-2000:]
     check = json.loads(result.stdout)
     assert check["scored_in"] == BF16_SCORED_IN[strategy] and check["agree"]

@@ -69,8 +69,9 @@ def test_secret_patterns_find_what_they_are_for() -> None:
     )
 
 
-def _clean_env(tmp: Path) -> dict[str, str]:
-    """No W&B credentials (so the default mode is offline), no GPU (the CPU path), a kernel of this Python."""
+def _clean_env(tmp: Path, cache: Path) -> dict[str, str]:
+    """No W&B credentials (so the default mode is offline), no GPU (the CPU path), a kernel of this Python;
+    the session's cache (tests/conftest.py), where the sample is tokenized and the CPU peak measured once."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(name, None)
@@ -90,7 +91,7 @@ def _clean_env(tmp: Path) -> dict[str, str]:
             "NETRC": str(tmp / "no-netrc"),  # a developer's `wandb login` must not be used
             "CUDA_VISIBLE_DEVICES": "",
             "JUPYTER_PATH": os.pathsep.join(filter(None, [str(tmp / "jupyter"), env.get("JUPYTER_PATH")])),
-            "GPT2S_CACHE": str(tmp / "cache"),
+            "GPT2S_CACHE": str(cache),
             "HF_HUB_OFFLINE": "1",
             "HF_DATASETS_OFFLINE": "1",
             "TRANSFORMERS_OFFLINE": "1",
@@ -101,7 +102,7 @@ def _clean_env(tmp: Path) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def executed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
+def executed(tmp_path_factory: pytest.TempPathFactory, shared_cache: Path) -> tuple[dict, Path]:
     """The notebook run once, as `-p preset tiny -p max_steps 4`: (the executed notebook, its out_dir)."""
     import papermill  # noqa: F401 - in requirements.txt: a missing or broken install fails, never skips
 
@@ -129,7 +130,7 @@ def executed(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, Path]:
             str(NOTEBOOK.parent),
             "--no-progress-bar",
         ],
-        env=_clean_env(tmp),
+        env=_clean_env(tmp, shared_cache),
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,

@@ -76,7 +76,7 @@ def test_without_a_project_source_the_notebook_stops_with_one_line(tmp_path: Pat
             str(alone),
             "--no-progress-bar",
         ],
-        env=_clean_env(tmp_path),
+        env=_clean_env(tmp_path, tmp_path / "cache"),  # stops before any use of it
         capture_output=True,
         text=True,
         timeout=300,

@@ -1,6 +1,7 @@
 """Pre-emption and crashes with real launches: a signal stops every rank at a step boundary with a checkpoint,
-the resumed run equals the uninterrupted one bit for bit (dropout on), also when its newest checkpoint is
-damaged and the one before is used, and a killed rank ends the job.
+the resumed run equals the uninterrupted one bit for bit (dropout on under DDP; the single process and FSDP at
+dropout 0, against the shared runs), also when its newest checkpoint is damaged and the one before is used,
+and a killed rank ends the job.
 
 Launches keep W&B at its default (offline without a login), so the W&B side of stopping is exercised too.
 """
@@ -53,24 +54,41 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("preemption")
 
 
+# Dropout on in one strategy of two processes: an exact resume must restore every rank's own random state,
+# not only the weights (its run also feeds the resume on another process count below). The single process
+# and FSDP run at the shared runs' dropout 0, so their shared runs (same flags, a checkpoint every 3 steps as
+# here) are their uninterrupted runs: two launches fewer.
+DROPOUT = {"single": "0", "ddp": "0.1", "fsdp": "0"}
+
+
 @pytest.fixture(scope="module")
 def args(base_args: list[str]) -> list[str]:
-    # The shared runs' flags (tests/conftest.py) with dropout on: exact resume must restore every rank's
-    # random state, not only the weights. A checkpoint every 3 steps, and one when stopped.
-    return [*base_args, "--dropout", "0.1", "--no-export_hf", "--checkpoint_interval", str(CHECKPOINT_INTERVAL)]
+    # The shared runs' flags (tests/conftest.py): a checkpoint every 3 steps, and one when stopped.
+    assert base_args[base_args.index("--checkpoint_interval") + 1] == str(CHECKPOINT_INTERVAL)
+    return [*base_args, "--no-export_hf"]
 
 
-def _launch(strategy: str, out: Path, args: list[str]) -> psutil.Popen:
-    command = accelerate_command(CONFIGS / CONFIG[strategy], "train.py", [*args, "--output_dir", str(out)])
+def _flags(strategy: str, args: list[str]) -> list[str]:
+    return [*args, "--dropout", DROPOUT[strategy]]
+
+
+def _launch(strategy: str, out: Path, args: list[str], dropout_of: str | None = None) -> psutil.Popen:
+    """`strategy` launched on `args` at the DROPOUT of `dropout_of` (by default its own)."""
+    flags = _flags(dropout_of or strategy, args)
+    command = accelerate_command(CONFIGS / CONFIG[strategy], "train.py", [*flags, "--output_dir", str(out)])
     return psutil.Popen(
         command, cwd=REPO, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(workdir: Path, args: list[str]) -> dict[str, Path]:
+def uninterrupted(workdir: Path, args: list[str], shared_runs) -> dict[str, Path]:
+    """Each strategy's run to the end on `args` at its DROPOUT: launched here with dropout on, else shared."""
     out = {}
     for strategy in CONFIG:
+        if DROPOUT[strategy] == "0":
+            out[strategy] = shared_runs[strategy]
+            continue
         out[strategy] = workdir / f"{strategy}-whole"
         process = _launch(strategy, out[strategy], args)
         output, _ = process.communicate(timeout=600)
@@ -178,10 +196,10 @@ def test_the_resumed_run_equals_the_uninterrupted_one_bit_for_bit(
     assert epochs[0] == epochs[1]
 
 
-@pytest.mark.parametrize("strategy", list(CONFIG))
-def test_dropout_is_in_effect_in_the_runs_resumed_exactly(uninterrupted, shared_runs, strategy: str) -> None:
-    # The shared run of the strategy has the same flags with dropout 0 (and checkpoints, which change no
+def test_dropout_is_in_effect_in_the_two_process_run_resumed_exactly(uninterrupted, shared_runs) -> None:
+    # The shared run of the strategy has the same flags with dropout 0 (and no export, which changes no
     # loss): some loss differs, so the exact resume above restored dropout's random state too.
+    strategy = next(s for s in CONFIG if DROPOUT[s] != "0")
     with_dropout, without = train_lines(uninterrupted[strategy]), train_lines(shared_runs[strategy])
     assert sorted(with_dropout) == sorted(without) == list(range(1, STEPS + 1))
     assert any(with_dropout[s]["loss"] != without[s]["loss"] for s in range(1, STEPS + 1))
@@ -234,7 +252,7 @@ def test_a_streak_of_non_finite_steps_stops_the_run_and_keeps_the_last_good_chec
         [
             sys.executable,
             "train.py",
-            *args,
+            *_flags("single", args),
             "--max_steps",
             "20",
             "--checkpoint_interval",
@@ -266,12 +284,13 @@ def test_a_streak_of_non_finite_steps_stops_the_run_and_keeps_the_last_good_chec
 def test_a_resume_on_another_process_count_says_that_dropout_cannot_follow(
     uninterrupted, args: list[str], tmp_path: Path
 ) -> None:
-    """One process's checkpoint (dropout on) resumed by two: each rank would need its own random state, which
-    one process never wrote, so the launch says so once instead of claiming an exact continuation."""
-    run_dir = copy_cut_at_checkpoint(uninterrupted["single"], tmp_path / "run", 9)
+    """Two processes' checkpoint (dropout on) resumed by one: no assignment of the two ranks' saved random
+    states reproduces one process's masks, so the launch says so once instead of claiming an exact
+    continuation."""
+    run_dir = copy_cut_at_checkpoint(uninterrupted["ddp"], tmp_path / "run", 9)
     resume = [*args, "--resume", "--stop_after_steps", "10", "--wandb_mode", "disabled"]
-    output, _ = _launch("ddp", run_dir, resume).communicate(timeout=600)
+    output, _ = _launch("single", run_dir, resume, dropout_of="ddp").communicate(timeout=600)
     dropout = [w for w in _warnings(output) if "dropout" in w]
-    assert len(dropout) == 1 and "written by 1 process(es), this launch has 2" in dropout[0], output[-3000:]
+    assert len(dropout) == 1 and "written by 2 process(es), this launch has 1" in dropout[0], output[-3000:]
     assert json.loads((run_dir / "config.json").read_text())["launch"]["resumed_from"]["random_states_exact"] is False
     assert max(train_lines(run_dir)) == 10

@@ -173,6 +173,9 @@ def rank_failure(exc: BaseException, rank: int, step: int, received: Callable[[]
 # Restarts
 
 
+_restart_stores: list[object] = []  # the store rank 0 hosts for a restarted attempt, kept alive by reference
+
+
 def fresh_store_on_restart(env: dict[str, str] | os._Environ, timeout_s: int) -> None:
     """On a torchrun restart, give the new attempt's process group a store of its own (sets MASTER_PORT).
 
@@ -180,12 +183,15 @@ def fresh_store_on_restart(env: dict[str, str] | os._Environ, timeout_s: int) ->
     attempt, and the process group's keys in it carry no attempt number: the restarted processes read the
     dead attempt's gloo addresses and fail ("Connection refused" in connectFullMesh). So rank 0 hosts a new
     store on a free port and tells the others the port through the agent's store, under this restart's key.
+
+    Rank 0 opens that store itself on a port the kernel picks and keeps it open: the process group's own
+    store (env:// with multi_tenant) then serves from the same socket. Probing a free port and closing it
+    again would leave the port to anyone between the probe and the process group's bind.
     """
     restart = restart_count(env)
     if restart == 0 or env.get("TORCHELASTIC_USE_AGENT_STORE") != str(True):
         return
     import datetime
-    import socket
 
     from torch.distributed import TCPStore
 
@@ -194,8 +200,9 @@ def fresh_store_on_restart(env: dict[str, str] | os._Environ, timeout_s: int) ->
     )
     key = f"gpt2s/restart_{restart}/master_port"
     if env.get("RANK", "0") == "0":
-        with socket.socket() as probe:
-            probe.bind(("", 0))
-            agent.set(key, str(probe.getsockname()[1]))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = TCPStore(env["MASTER_ADDR"], 0, is_master=True, multi_tenant=True, timeout=timeout)
+        _restart_stores.append(store)  # open until the process ends; the process group reuses its server
+        agent.set(key, str(store.port))
     env["MASTER_PORT"] = agent.get(key).decode()
     env["TORCHELASTIC_USE_AGENT_STORE"] = str(False)  # rank 0 then hosts the store on that port
