@@ -121,7 +121,7 @@ def test_a_new_run_from_a_finished_fsdp_run_starts_far_below_a_fresh_ones_loss(
     tmp_path: Path, base_args: list[str], shared_runs
 ) -> None:
     """One process from the shared 2-process FSDP run's last checkpoint, with another learning rate and schedule:
-    step 1 on the same first batch as the fresh shared single run, at a loss far below its 10.8; the new schedule
+    step 1 on the same first batch as the fresh shared single run, a loss far below its 10.8; the new schedule
     from step 1; config.json names the checkpoint."""
     source, fresh = shared_runs["fsdp"], shared_runs["single"]
     out = tmp_path / "new"
@@ -133,8 +133,10 @@ def test_a_new_run_from_a_finished_fsdp_run_starts_far_below_a_fresh_ones_loss(
     assert f"initialised from {checkpoint} (step {SHARED_STEPS}, written by fsdp on 2 process(es))" in result.stdout
     got, before = train_lines(out), train_lines(fresh)
     assert sorted(got) == [1, 2, 3] and summary(out)["complete"]
-    assert got[1]["loss"] < before[1]["loss"] - 2, (got[1]["loss"], before[1]["loss"])
-    assert got[1]["loss"] == pytest.approx(train_lines(source)[SHARED_STEPS]["loss"], abs=1.0)
+    # 9.79 against 10.80 (measured, docs/faults.md): the trained weights score the first batch about as well as
+    # the source's last step scored its own (9.81), a fresh model as the uniform guess (ln 50257 = 10.8).
+    assert got[1]["loss"] < before[1]["loss"] - 0.9, (got[1]["loss"], before[1]["loss"])
+    assert got[1]["loss"] == pytest.approx(train_lines(source)[SHARED_STEPS]["loss"], abs=0.1)
     config = json.loads((out / "config.json").read_text())
     assert got[1]["lr"] == pytest.approx(3e-4 * lr_factor(0, 0, 3, config["optim"]["min_lr_ratio"]), rel=1e-12)
     launch = config["launch"]

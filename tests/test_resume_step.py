@@ -158,8 +158,8 @@ def test_resume_step_rolls_the_finished_run_back_and_trains_to_the_end_with_its_
     args = [*base_args, "--strategy", "single", "--wandb_mode", "disabled", "--no-export_hf", "--resume_step", "9"]
     result = train("single_gpu.yaml", run_dir, args)
     output = result.stdout + result.stderr
-    (warning,) = [line for line in output.splitlines() if line.startswith("warning: --resume_step")]
-    assert "renamed step_0000012.rolled_back" in warning
+    warnings = [line for line in output.splitlines() if line.startswith("warning: --resume_step")]
+    assert len(warnings) == 1 and "renamed step_0000012.rolled_back" in warnings[0], output[-3000:]
     assert "resumed from" in output and "step_0000009 at step 9" in output
     aside = run_dir / "checkpoints" / f"step_{SHARED_STEPS:07d}{ROLLED_BACK_SUFFIX}"
     assert checkpoint_problem(aside) is None  # kept whole, through the run's own saves under --keep_checkpoints 2
