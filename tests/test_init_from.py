@@ -23,7 +23,7 @@ from tests.test_checkpoint_keeping import CONFIG, _prepared, damage, save
 from training.checkpoint import checkpoint_path, load_model_state_dict, load_model_weights
 from training.config import RunConfig
 from training.errors import RunError
-from training.init_from import init_source, shape_differences
+from training.init_from import earlier_source, init_source, shape_differences
 from training.step import lr_factor
 
 
@@ -109,6 +109,16 @@ def test_the_weights_load_into_a_fresh_model_and_only_they(source: Path) -> None
             torch.testing.assert_close(tensor, saved[name], rtol=0, atol=0, msg=name)
     assert model.transformer.wte.weight[0, 0].item() == 4
     assert not optimizer.state  # no moments: the optimizer starts afresh
+
+
+def test_a_resumed_run_keeps_the_source_its_config_names(source: Path, tmp_path: Path) -> None:
+    chosen = init_source(str(source), tmp_path / "new", CONFIG.to_dict())
+    (tmp_path / "new").mkdir()
+    assert earlier_source(tmp_path / "new") is None
+    (tmp_path / "new" / "config.json").write_text(
+        json.dumps({"launch": {"initialised_from": chosen.record().to_dict()}})
+    )
+    assert earlier_source(tmp_path / "new") == chosen.record()
 
 
 # --------------------------------------------------------------------------------------------- launches

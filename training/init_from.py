@@ -105,3 +105,13 @@ def shape_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[
         for k in keys
         if size(saved, k) != size(requested, k)
     ]
+
+
+def earlier_source(out: Path) -> InitialisedFromRecord | None:
+    """The source a run folder's config.json names: a resumed run keeps it, since its launch cannot name one."""
+    try:
+        launch = json.loads((out / "config.json").read_text()).get("launch") or {}
+    except (OSError, ValueError, AttributeError):  # no config.json yet, or one that is not a JSON object
+        return None
+    found = launch.get("initialised_from")
+    return InitialisedFromRecord.from_dict(found) if isinstance(found, dict) else None

@@ -44,7 +44,7 @@ from training.errors import RunError
 from training.faults import fresh_store_on_restart, restart_count
 from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
-from training.init_from import InitSource, init_source
+from training.init_from import InitSource, earlier_source, init_source
 from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
@@ -179,7 +179,10 @@ def set_up(cfg: TrainConfig) -> Session:
     record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
     # The link as this run found it, before any training traffic; with the repeat, part of the record.
     link = measure_link(processes.accelerator.device, trainable.n_params, next(trainable.model.parameters()).dtype)
-    initialised = None if processes.init_from is None else processes.init_from.record()
+    # A resumed run keeps the source of the weights its first launch started from.
+    initialised = (
+        processes.init_from.record() if processes.init_from else (earlier_source(out) if resume_from else None)
+    )
     record = dataclasses.replace(
         record, repeat=cfg.run.repeat, link=link, resumed_from=resumed, initialised_from=initialised
     )
