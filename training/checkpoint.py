@@ -302,6 +302,18 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
     return same_rank
 
 
+def load_model_weights(model: torch.nn.Module, path: Path) -> None:
+    """Only the model's weights of a checkpoint (any strategy and process count), re-sharded by DCP into this
+    launch's prepared model, as `load_states` loads them; the optimizer, schedule and random states are left."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
+
+    model_state = get_model_state_dict(model)
+    with _one_process_quiet():
+        dcp.load(model_state, checkpoint_id=path / MODEL_DIR, no_dist=_single_process())
+    set_model_state_dict(model, model_state)
+
+
 def _unwrapped(optimizer: Any) -> Any:
     """The torch optimizer inside accelerate's AcceleratedOptimizer (DCP asks its param_groups and state)."""
     return getattr(optimizer, "optimizer", optimizer)

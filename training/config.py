@@ -102,6 +102,18 @@ class RunConfig:
         "(a re-run notebook cell, a requeued SLURM job); a torchrun restart (--max_restarts) does this anyway",
         default=False,
     )
+    resume_step: int | None = _help(
+        "continue from the verified checkpoint of this step in --output_dir, not the newest (roll back past a "
+        "loss spike): the newer checkpoints are renamed step_N.rolled_back (kept, never counted or resumed "
+        "from) and metrics.jsonl is cut back to this step; implies --resume",
+        default=None,
+    )
+    init_from: str | None = _help(
+        "start a new run (step 0, fresh optimizer and schedule, any settings) from the model weights of a run "
+        "folder (its newest verified checkpoint) or a checkpoint folder, written by any strategy and process "
+        "count; config.json records the source",
+        default=None,
+    )
     strategy: str = _help(
         "strategy this run must use: auto (whatever the launch config gives) or one of "
         + ", ".join(registry.names())
@@ -187,6 +199,22 @@ class RunConfig:
             raise ValueError("--resume and --overwrite contradict each other: choose one")
         if self.auto_resume and self.overwrite:
             raise ValueError("--auto_resume and --overwrite contradict each other: choose one")
+        self._check_starting_point()
+
+    def _check_starting_point(self) -> None:
+        """--resume_step picks a checkpoint to continue; --init_from starts a new run: each excludes the others."""
+        if self.resume_step is not None:
+            _positive("resume_step", self.resume_step)
+            for other in ("overwrite", "auto_resume"):
+                if getattr(self, other):
+                    raise ValueError(f"--resume_step and --{other} contradict each other: choose one")
+        if self.init_from is not None:
+            for other in ("resume", "auto_resume", "resume_step"):
+                if getattr(self, other) not in (False, None):
+                    raise ValueError(
+                        f"--init_from starts a new run from a checkpoint's weights, --{other} continues this "
+                        f"run: choose one"
+                    )
 
 
 @dataclass

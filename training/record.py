@@ -155,8 +155,24 @@ class ResumedFromRecord(Record):
     # learning rate differs from the saved schedule's (training/resume.py); both left out when it is the same.
     saved_total_steps: int | None = None
     schedule_changed_from_step: int | None = None
+    # --resume_step: the newer checkpoint folders it renamed aside (step_N.rolled_back), oldest first; left out
+    # when none was renamed.
+    rolled_back: tuple[str, ...] | None = None
 
-    _omitted_when_none: ClassVar[frozenset[str]] = frozenset({"saved_total_steps", "schedule_changed_from_step"})
+    _tuples: ClassVar[frozenset[str]] = frozenset({"rolled_back"})
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
+        {"saved_total_steps", "schedule_changed_from_step", "rolled_back"}
+    )
+
+
+@dataclass(frozen=True)
+class InitialisedFromRecord(Record):
+    """The checkpoint whose model weights a new run started from (--init_from, training/init_from.py)."""
+
+    path: str | None  # the checkpoint folder, absolute
+    step: int | None  # the step it was written at, in the run that wrote it
+    strategy: str | None  # the strategy in effect when it was written
+    num_processes: int | None
 
 
 @dataclass(frozen=True)
@@ -211,6 +227,8 @@ class LaunchRecord(Record):
     repeat: int | None = None
     link: LinkRecord | None = None  # the measured link; None for one process
     resumed_from: ResumedFromRecord | None = None  # the checkpoint --resume continued; None for a fresh start
+    # The checkpoint whose weights --init_from started this run from; None otherwise.
+    initialised_from: InitialisedFromRecord | None = None
 
     _nested: ClassVar[dict[str, type[Record]]] = {
         "requested": RequestedRecord,
@@ -219,10 +237,11 @@ class LaunchRecord(Record):
         "schedule": ScheduleRecord,
         "link": LinkRecord,
         "resumed_from": ResumedFromRecord,
+        "initialised_from": InitialisedFromRecord,
     }
     # Absent rather than null when None, so a run folder written before them reads back as it was written.
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link", "resumed_from"}
+        {"peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link", "resumed_from", "initialised_from"}
     )
 
     @property

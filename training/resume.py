@@ -19,7 +19,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from training.checkpoint import checkpoint_step, earlier_layout_error, read_origin
+from training.checkpoint import (
+    CHECKPOINTS_DIR,
+    checkpoint_folders,
+    checkpoint_problem,
+    checkpoint_step,
+    complete_checkpoints,
+    earlier_layout_error,
+    read_origin,
+    set_aside,
+    step_of_name,
+)
+from training.errors import RunError
 from training.record import ResumedFromRecord
 
 if TYPE_CHECKING:
@@ -259,4 +270,46 @@ def resumed_from(checkpoint: Path, change: ScheduleChange | None = None) -> Resu
         precision=origin.get("precision"),
         saved_total_steps=None if change is None else change.saved_total_steps,
         schedule_changed_from_step=None if change is None else change.from_step,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# --resume_step: continue from an older checkpoint than the newest
+
+ROLLED_BACK_SUFFIX = ".rolled_back"
+
+
+def checkpoint_at_step(output_dir: Path, step: int) -> Path:
+    """The complete checkpoint of `step` in `output_dir` when its files verify; else RunError, one line that lists
+    the steps that can be resumed from. Reads only: nothing is renamed or written."""
+    found = {step_of_name(p): p for p in complete_checkpoints(output_dir)}
+    problem = checkpoint_problem(found[step]) if step in found else None
+    if step in found and problem is None:
+        return found[step]
+    why = (
+        f"{found[step].name} fails verification ({problem})"
+        if step in found
+        else f"no complete checkpoint of step {step} in {output_dir / CHECKPOINTS_DIR}"
+    )
+    verified = [str(s) for s, p in found.items() if s != step and checkpoint_problem(p) is None]
+    raise RunError(
+        f"--resume_step {step}: {why}; verified checkpoints to resume from: steps {', '.join(verified) or 'none'}"
+    )
+
+
+def roll_back_past(checkpoint: Path) -> list[Path]:
+    """Rename every checkpoint folder of a later step than `checkpoint` (complete or not) step_N.rolled_back, so
+    that no listing counts, keeps, deletes or resumes from them; their files stay for a person to look at.
+    Returns the new names, oldest step first; main process only."""
+    step = checkpoint_step(checkpoint)
+    later = [p for p in checkpoint_folders(checkpoint.parent.parent) if (step_of_name(p) or 0) > step]
+    return [set_aside(p, ROLLED_BACK_SUFFIX) for p in later]
+
+
+def rolled_back_warning(checkpoint: Path, renamed: list[Path]) -> str:
+    """The one line that names the checkpoints a --resume_step set aside."""
+    return (
+        f"warning: --resume_step {checkpoint_step(checkpoint)}: rolled back past {len(renamed)} newer "
+        f"checkpoint(s), renamed {', '.join(p.name for p in renamed)} (kept, never resumed from or counted by "
+        f"--keep_checkpoints); their metrics.jsonl lines are cut"
     )

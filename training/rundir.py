@@ -15,18 +15,24 @@ from typing import TextIO
 from training.checkpoint import complete_checkpoints, newest_good_checkpoint
 from training.durable import write_atomic
 from training.errors import RunError
+from training.resume import checkpoint_at_step
 
 _RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "wandb_run_id")
 _RUN_DIRS = ("checkpoints", "hf", "wandb")
 
 
-def check_output_dir(out: Path, resume: bool, overwrite: bool, auto_resume: bool = False) -> Path | None:
+def check_output_dir(
+    out: Path, resume: bool, overwrite: bool, auto_resume: bool = False, resume_step: int | None = None
+) -> Path | None:
     """Refuse to mix two runs in one directory; return the checkpoint to resume from, if any.
 
     `auto_resume`: the newest intact checkpoint when there is a complete one, else None (the caller then
     starts afresh, replacing what an attempt that crashed before its first checkpoint left); a finished run
-    without a checkpoint is refused rather than replaced.
+    without a checkpoint is refused rather than replaced. `resume_step`: that step's verified checkpoint,
+    whatever is newer (training/resume.py).
     """
+    if resume_step is not None:
+        return checkpoint_at_step(out, resume_step)
     holds_run = any((out / f).exists() for f in _RUN_FILES + _RUN_DIRS)
     if resume or (auto_resume and complete_checkpoints(out)):
         return newest_good_checkpoint(out)

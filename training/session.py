@@ -38,12 +38,13 @@ from torch.utils.data import DataLoader
 from data.errors import DataError
 from training import registry
 from training.batching import EpochOrderSampler
-from training.checkpoint import TrainState, checkpoint_step, load_states, read_train_state
+from training.checkpoint import TrainState, checkpoint_step, load_model_weights, load_states, read_train_state
 from training.config import TrainConfig
 from training.errors import RunError
 from training.faults import fresh_store_on_restart, restart_count
 from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
+from training.init_from import InitSource, earlier_source, init_source
 from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
@@ -63,6 +64,8 @@ from training.resume import (
     refusal,
     resume_warnings,
     resumed_from,
+    roll_back_past,
+    rolled_back_warning,
 )
 from training.rundir import (
     acquire_run_lock,
@@ -161,8 +164,12 @@ def set_up(cfg: TrainConfig) -> Session:
     data = _data(cfg, processes)
     identity = _identity(cfg, model_config, data, processes.accelerator)
     # Before anything is loaded or written: a launch that cannot continue the checkpoint exactly leaves it be.
-    resumed = None if resume_from is None else _agree_on_resume(processes.accelerator, resume_from, identity)
+    roll_back = cfg.run.resume_step is not None
+    resumed = None if resume_from is None else _agree_on_resume(processes.accelerator, resume_from, identity, roll_back)
     trainable = _trainable(cfg, model_config, processes, data.schedule)
+    if processes.init_from is not None:  # the weights only, into the model as prepared for this launch
+        load_model_weights(trainable.model, processes.init_from.checkpoint)
+        log_on_main(processes.accelerator, processes.init_from.line())
     loaders = _loaders(cfg, processes.accelerator, data, processes.levers)
     # Cached per machine and thread count: the best measurement seen, measured again while its trials spread
     # widely (the ranks take turns through a file lock and take the figure of the one that measured). The
@@ -172,7 +179,13 @@ def set_up(cfg: TrainConfig) -> Session:
     record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
     # The link as this run found it, before any training traffic; with the repeat, part of the record.
     link = measure_link(processes.accelerator.device, trainable.n_params, next(trainable.model.parameters()).dtype)
-    record = dataclasses.replace(record, repeat=cfg.run.repeat, link=link, resumed_from=resumed)
+    # A resumed run keeps the source of the weights its first launch started from.
+    initialised = (
+        processes.init_from.record() if processes.init_from else (earlier_source(out) if resume_from else None)
+    )
+    record = dataclasses.replace(
+        record, repeat=cfg.run.repeat, link=link, resumed_from=resumed, initialised_from=initialised
+    )
     resolved = _write_config(cfg, processes.accelerator, out, record)
     log_on_main(processes.accelerator, _start_line(record, data.geometry))
     session = _session(cfg, out, processes, data, trainable, loaders, record, peak.flops_per_s, wall_start)
@@ -203,6 +216,7 @@ class _Processes:
     accelerator: Accelerator
     levers: Levers
     resume_from: Path | None  # the checkpoint --resume continues from
+    init_from: InitSource | None  # the checkpoint whose weights --init_from starts a new run from
 
 
 @dataclass
@@ -260,11 +274,13 @@ def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
     signals.install()  # from here on a signal waits for a step boundary
     accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
     _check_folder_shared(accelerator, out)  # before the claim: a refused job touches no run of the folder
+    # Before the claim too, which may clear the folder: a source that does not fit leaves everything as it was.
+    init_from = None if cfg.run.init_from is None else _agree_on_init(accelerator, cfg, out)
     resume_from = _claim_output_dir(accelerator, cfg, out)
     set_seed(cfg.run.seed)
     levers = _levers(cfg, accelerator, requested.strategy)
     log_on_main(accelerator, _levers_line(levers))
-    return _Processes(requested, wandb_mode, signals, accelerator, levers, resume_from)
+    return _Processes(requested, wandb_mode, signals, accelerator, levers, resume_from, init_from)
 
 
 def _data(cfg: TrainConfig, processes: _Processes) -> _Data:
@@ -471,15 +487,25 @@ def _identity(cfg: TrainConfig, model_config: Any, data: _Data, accelerator: Acc
     )
 
 
-def _agree_on_resume(accelerator: Accelerator, checkpoint: Path, identity: ResumeIdentity) -> ResumedFromRecord:
+def _agree_on_init(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> InitSource:
+    """The main process finds and checks --init_from's checkpoint; every process learns it, or fails alike."""
+    return _decided_by_main(accelerator, lambda: init_source(cfg.run.init_from, out, _model_config(cfg).to_dict()))
+
+
+def _agree_on_resume(
+    accelerator: Accelerator, checkpoint: Path, identity: ResumeIdentity, roll_back: bool
+) -> ResumedFromRecord:
     """The main process decides whether this launch continues `checkpoint` exactly; every process learns the
-    outcome and fails alike (one `error:` line, nothing touched). Returns the run record's note of it."""
-    record = _decided_by_main(accelerator, lambda: _resume_origin(checkpoint, identity))
+    outcome and fails alike (one `error:` line, nothing touched). Returns the run record's note of it.
+
+    `roll_back` (--resume_step): once the resume is accepted, the newer checkpoints are renamed aside.
+    """
+    record = _decided_by_main(accelerator, lambda: _resume_origin(checkpoint, identity, roll_back))
     exact = record["num_processes"] == accelerator.num_processes
     return dataclasses.replace(ResumedFromRecord.from_dict(record), random_states_exact=exact)
 
 
-def _resume_origin(checkpoint: Path, identity: ResumeIdentity) -> dict[str, Any]:
+def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool = False) -> dict[str, Any]:
     """Who wrote `checkpoint`, as the run record notes it; RunError (one line) when this launch cannot continue it
     exactly or its origin.json cannot be read."""
     try:
@@ -491,7 +517,12 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity) -> dict[str, Any]
         raise RunError(failure)
     for line in warnings:
         print(line, flush=True)
-    return resumed_from(checkpoint, change).to_dict()
+    record = resumed_from(checkpoint, change)
+    renamed = roll_back_past(checkpoint) if roll_back else []
+    if renamed:
+        print(rolled_back_warning(checkpoint, renamed), flush=True)
+        record = dataclasses.replace(record, rolled_back=tuple(p.name for p in renamed))
+    return record.to_dict()
 
 
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
@@ -620,7 +651,9 @@ def _claim_as_main(cfg: TrainConfig, out: Path, restart: int) -> str | None:
         print(stale_lock_warning(out, left), file=sys.stderr, flush=True)
     # A torchrun restart reruns the same command: it must continue, not refuse the folder or start over.
     auto_resume = cfg.run.auto_resume or restart > 0
-    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite and not restart, auto_resume)
+    # A restart continues from the newest checkpoint: --resume_step rolled back when the job first started.
+    resume_step = None if restart else cfg.run.resume_step
+    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite and not restart, auto_resume, resume_step)
     if restart:
         print(f"restart {restart} of the job: {_continuing(resume_from)}", file=sys.stderr, flush=True)
     if (cfg.run.overwrite and not restart) or (auto_resume and resume_from is None):
