@@ -185,7 +185,12 @@ def save_checkpoint(
     origin: dict[str, Any] | None = None,
 ) -> Path:
     """Write a checkpoint on every rank, mark it complete, keep the newest `keep` complete ones; returns once
-    it is complete (`start_checkpoint` with no groups)."""
+    it is complete (`start_checkpoint`, synchronous).
+
+    `train_state`: what the loop needs besides the model's and optimizer's states (position, measurements,
+    schedule); `origin`: who wrote it and what a resume must match (training/resume.py); both JSON, written
+    by the main process.
+    """
     pending = start_checkpoint(accelerator, model, optimizer, output_dir, step, model_config, keep, train_state, origin)
     pending.wait()
     return pending.path
