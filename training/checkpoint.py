@@ -20,9 +20,12 @@ import os
 import re
 import shutil
 import sys
+import threading
+import time
 import warnings
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -50,6 +53,7 @@ OPTIMIZER_GROUPS = "optimizer_param_groups.json"
 RNG_DIR = "rng"  # rank_<i>.json: each rank's random states
 SCALER = "grad_scaler.json"  # fp16's loss scale; absent without one
 _CRC_CHUNK = 1 << 22
+_ONE_PROCESS_WARNING = "torch.distributed is (disabled, )?unavailable or uninitialized"
 
 
 @dataclass
@@ -180,39 +184,150 @@ def save_checkpoint(
     train_state: dict[str, Any] | None = None,
     origin: dict[str, Any] | None = None,
 ) -> Path:
-    """Write a checkpoint on every rank, mark it complete, keep the newest `keep` complete ones.
+    """Write a checkpoint on every rank, mark it complete, keep the newest `keep` complete ones; returns once
+    it is complete (`start_checkpoint`, synchronous).
 
     `train_state`: what the loop needs besides the model's and optimizer's states (position, measurements,
     schedule); `origin`: who wrote it and what a resume must match (training/resume.py); both JSON, written
     by the main process.
     """
+    pending = start_checkpoint(accelerator, model, optimizer, output_dir, step, model_config, keep, train_state, origin)
+    pending.wait()
+    return pending.path
+
+
+@dataclass
+class PendingSave:
+    """A checkpoint being written: `future` gives the perf_counter time at which it was marked complete, or
+    raises what failed writing it (the failing rank's own error, other ranks PeerCheckpointFailed)."""
+
+    path: Path
+    step: int
+    started: float  # perf_counter when the save began
+    blocked_s: float  # how long starting it paused training (for a synchronous save: the whole save)
+    future: Future[float]
+    asynchronous: bool
+
+    def wait(self) -> float:
+        """Block until the checkpoint is complete (or its write failed: raised); returns the seconds waited."""
+        start = time.perf_counter()
+        self.future.result()
+        return time.perf_counter() - start
+
+    @property
+    def total_s(self) -> float:
+        """Seconds from the start of the save to its complete.json, once done."""
+        return self.future.result() - self.started
+
+
+def background_groups() -> tuple[Any, Any] | None:
+    """Process groups of their own for background saves, one per DCP save (model, optimizer), created on every
+    rank at once; None in one process, where a save needs no collective.
+
+    DCP's collectives run in a thread beside training's, and two threads' collectives on one group would
+    interleave on the wire, so neither may share a group with training or with each other. gloo: async_save
+    needs a CPU backend, whatever the device."""
+    import torch.distributed as dist
+
+    if _single_process():
+        return None
+    return dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+
+
+def start_checkpoint(
+    accelerator: Accelerator,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    output_dir: Path,
+    step: int,
+    model_config: dict[str, Any],
+    keep: int,
+    train_state: dict[str, Any] | None = None,
+    origin: dict[str, Any] | None = None,
+    asynchronous: bool = False,
+    groups: tuple[Any, Any] | None = None,
+) -> PendingSave:
+    """Begin a checkpoint on every rank; `save_checkpoint` describes it.
+
+    Synchronous, it is written here and this returns once it is complete. `asynchronous` (with
+    `background_groups()`'s groups) DCP's async_save copies the model's and optimizer's states to host memory
+    and returns, training goes on, and a thread writes them, then makes every rank's files durable and has
+    the main process mark the checkpoint complete and prune older ones: complete.json never comes before
+    the files it lists are on disk. The caller waits on the returned save before the next one starts.
+    """
+    started = time.perf_counter()
     path = checkpoint_path(output_dir, step)
     if accelerator.is_main_process and path.exists():
         shutil.rmtree(path)  # a leftover of an interrupted save at the same step
     accelerator.wait_for_everyone()
-    _save_states(accelerator, model, optimizer, path, step)
-    during_checkpoint_write(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
-    if accelerator.is_main_process:
+    rank, main = accelerator.process_index, accelerator.is_main_process
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    # By parameter name, whatever wraps the model (DDP's `module.`, FSDP2's DTensor shards, checkpoint wrappers).
+    model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
+    # The small files first, so that they are there when a background thread lists this rank's files.
+    path.mkdir(parents=True, exist_ok=True)
+    _save_small_states(accelerator, optimizer_state["param_groups"], path)
+    if main:
         (path / MODEL_CONFIG).write_text(json.dumps(model_config, indent=2))
         if train_state is not None:
             (path / TRAIN_STATE).write_text(json.dumps(train_state))
         (path / ORIGIN).write_text(json.dumps({"format": FORMAT, **(origin or {})}, indent=2))
-    # Each rank makes its own files durable and checksums them (in parallel, no rank re-reads another's);
-    # the main process gathers the lists. The gather is also where every rank has finished writing.
-    own = _own_files(path, accelerator.process_index, accelerator.is_main_process)
-    manifest = _durable_manifest(path, own)
-    from accelerate.utils import gather_object
+    writes = _save_tensors((model_state, optimizer_state["state"]), path, step, rank, asynchronous, groups)
 
-    files = {name: entry for part in gather_object([manifest]) for name, entry in part.items()}
-    if accelerator.is_main_process:
+    def complete() -> float:
+        with checkpoint_failure_told_once(rank):
+            for write in writes:
+                write.result()
+        during_checkpoint_write(step)  # GPT2S_FAULT's test-only fault (training/faults.py), if one is set
+        _mark_complete(output_dir, path, step, keep, rank, main, None if groups is None else groups[0])
+        return time.perf_counter()
+
+    future = _in_background(complete) if asynchronous else _done(complete)
+    return PendingSave(path, step, started, time.perf_counter() - started, future, asynchronous)
+
+
+def _done(work: Callable[[], float]) -> Future[float]:
+    """`work` run here, as a finished future; its exception is raised here, as a synchronous save's is."""
+    future: Future[float] = Future()
+    future.set_result(work())
+    return future
+
+
+def _in_background(work: Callable[[], float]) -> Future[float]:
+    """`work` run in a daemon thread: a process that fails meanwhile exits without waiting on it."""
+    future: Future[float] = Future()
+
+    def run() -> None:
+        try:
+            future.set_result(work())
+        except BaseException as exc:  # handed to whoever waits on the save
+            future.set_exception(exc)
+
+    threading.Thread(target=run, name="checkpoint-complete", daemon=True).start()
+    return future
+
+
+def _mark_complete(output_dir: Path, path: Path, step: int, keep: int, rank: int, main: bool, group: Any) -> None:
+    """Each rank makes its own files durable and checksums them (in parallel, no rank re-reads another's);
+    the main process gathers the lists (where every rank has finished writing) and marks the checkpoint."""
+    import torch.distributed as dist
+
+    manifest = _durable_manifest(path, _own_files(path, rank, main))
+    parts = [manifest]
+    if not _single_process():
+        parts = [{}] * dist.get_world_size()
+        dist.all_gather_object(parts, manifest, group=group)
+    files = {name: entry for part in parts for name, entry in part.items()}
+    if main:
         # Last, after every file is on disk: the marker that makes the checkpoint count, with what it must hold,
         # written whole or not at all and synced with its folder before anything older is deleted.
         write_atomic(path / COMPLETE_MARKER, json.dumps({"step": step, "files": files}), sync=True)
         sync_folder(path)
         sync_folder(path.parent)
         prune_checkpoints(output_dir, path, keep)
-    accelerator.wait_for_everyone()
-    return path
+    if not _single_process():
+        dist.barrier(group=group)  # every rank's save is done only once the checkpoint is complete
 
 
 def _own_files(path: Path, rank: int, main: bool) -> list[Path]:
@@ -242,23 +357,44 @@ def _durable_manifest(folder: Path, files: list[Path]) -> dict[str, list[int]]:
     return manifest
 
 
-def _save_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any, path: Path, step: int) -> None:
-    """Model and optimizer through DCP (each rank its part), this rank's random states, the grad scaler."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    # By parameter name, whatever wraps the model (DDP's `module.`, FSDP2's DTensor shards, checkpoint wrappers).
-    model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
-    single = _single_process()
-    with _one_process_quiet(), checkpoint_failure_told_once(accelerator.process_index):
-        dcp.save(model_state, storage_writer=_writer(path / MODEL_DIR, step), no_dist=single)
-        dcp.save(optimizer_state["state"], storage_writer=_writer(path / OPTIMIZER_DIR, step), no_dist=single)
+def _save_small_states(accelerator: Accelerator, param_groups: list[dict[str, Any]], path: Path) -> None:
+    """This rank's random states; from the main process the optimizer's param groups and the grad scaler."""
     (path / RNG_DIR).mkdir(exist_ok=True)
     (path / RNG_DIR / f"rank_{accelerator.process_index}.json").write_text(json.dumps(rng_states()))
     if accelerator.is_main_process:
-        (path / OPTIMIZER_GROUPS).write_text(json.dumps(optimizer_state["param_groups"]))
+        (path / OPTIMIZER_GROUPS).write_text(json.dumps(param_groups))
         if accelerator.scaler is not None:
             (path / SCALER).write_text(json.dumps(accelerator.scaler.state_dict()))
+
+
+def _save_tensors(
+    states: tuple[dict[str, Any], dict[str, Any]],
+    path: Path,
+    step: int,
+    rank: int,
+    asynchronous: bool,
+    groups: tuple[Any, Any] | None,
+) -> list[Future[Any]]:
+    """The model's and optimizer's states through DCP, each rank its part. Synchronous: written here, no
+    futures. Else DCP's async_save: each copied to host memory here, written by a thread of DCP's, on a
+    group of its own."""
+    import torch.distributed.checkpoint as dcp
+
+    single = _single_process()
+    if single and asynchronous:
+        # async_save's thread saves after _one_process_quiet has left: the same message, dropped for the process.
+        warnings.filterwarnings("ignore", message=_ONE_PROCESS_WARNING)
+    futures = []
+    with _one_process_quiet():
+        for index, (state, folder) in enumerate(zip(states, (MODEL_DIR, OPTIMIZER_DIR), strict=True)):
+            writer = _writer(path / folder, step)
+            if not asynchronous:
+                with checkpoint_failure_told_once(rank):
+                    dcp.save(state, storage_writer=writer, no_dist=single)
+                continue
+            group = None if groups is None else groups[index]
+            futures.append(dcp.async_save(state, storage_writer=writer, process_group=group, no_dist=single))
+    return futures
 
 
 def _writer(folder: Path, step: int) -> Any:
@@ -330,7 +466,7 @@ def _one_process_quiet() -> Iterator[None]:
     """DCP warns at every save and load in one process that it assumes one process, which is the case here;
     only that message is dropped."""
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is (disabled, )?unavailable or uninitialized")
+        warnings.filterwarnings("ignore", message=_ONE_PROCESS_WARNING)
         yield
 
 

@@ -134,6 +134,11 @@ class RunConfig:
     )
     checkpoint_interval: int = _help("optimizer steps between checkpoints (0 = only at the end)", default=0)
     keep_checkpoints: int = _help("newest checkpoints to keep (older ones are deleted)", default=2)
+    checkpoint_async: bool = _help(
+        "write --checkpoint_interval checkpoints beside training (DCP's async_save: training waits only for the "
+        "copy to host memory; each save waits for the one before); the last save and a signal's always wait",
+        default=True,
+    )
     stop_after_steps: int | None = _help(
         "stop (with a checkpoint) after this many steps although the schedule runs to --max_steps; "
         "simulates an interrupted job",

@@ -11,13 +11,13 @@ from enum import Enum
 from typing import Any
 
 from training.batching import chunks
-from training.checkpoint import save_checkpoint
+from training.checkpoint import background_groups, start_checkpoint
 from training.durable import write_atomic
 from training.errors import RunError
 from training.faults import RankFailed, after_step, rank_failure
 from training.hardware import reset_peak_memory, synchronize
 from training.metrics import epoch_summary, eval_line, total_summary
-from training.record import EpochFigures, EvalLine, RunFacts, RunSummary, StopRecord, run_summary
+from training.record import CheckpointSave, EpochFigures, EvalLine, RunFacts, RunSummary, StopRecord, run_summary
 from training.resume import origin_record
 from training.session import Session, set_up
 from training.sinks import wandb_summary_key
@@ -40,15 +40,23 @@ def run_training(cfg: Any) -> dict[str, Any]:
         except RunStopped as stop:
             return finish(session, stop)
         return finish(session)
+    except CheckpointWriteFailed as failed:  # told as the failure after the step whose checkpoint it was
+        raise _failed(session, failed.cause, failed.step) from failed.cause
     except Exception as exc:  # after set-up a failure is this process's alone: train.py tells it
-        raise _failed(session, exc) from exc
+        raise _failed(session, exc, session.state.step) from exc
 
 
-def _failed(s: Session, exc: Exception) -> RankFailed:
+class CheckpointWriteFailed(Exception):
+    """Writing a checkpoint in the background failed (found when the next save or the end waits on it)."""
+
+    def __init__(self, step: int, cause: Exception) -> None:
+        super().__init__(f"writing the checkpoint of step {step} failed: {cause}")
+        self.step, self.cause = step, cause
+
+
+def _failed(s: Session, exc: Exception, step: int) -> RankFailed:
     accelerator = s.accelerator
-    return rank_failure(
-        exc, accelerator.process_index, s.state.step, lambda: s.signals.received, accelerator.num_processes > 1
-    )
+    return rank_failure(exc, accelerator.process_index, step, lambda: s.signals.received, accelerator.num_processes > 1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -236,10 +244,12 @@ def _after_step(s: Session, progress: Any, health: StepHealth) -> bool:
     if actions.close_epoch:
         _close_epoch(s, partial=False)
     if actions.checkpoint:
-        checkpoint_now(s)
+        # The last save of the launch (its end, a signal's) is synchronous: the process may exit right after.
+        checkpoint_now(s, wait=actions.stop is not None or s.state.step >= s.schedule.stop_at)
     if actions.write_summary:
         _write_summary(s, complete=False)
     if actions.stop is Stop.DIVERGED:
+        settle_checkpoint(s)  # the newest good checkpoint it names is complete
         raise diverged(s.nonfinite_since, s.state.step, s.last_checkpoint)
     if actions.stop is Stop.SIGNAL:
         raise preempted(health.signal, s.state.step)
@@ -289,15 +299,20 @@ def evaluate_now(s: Session) -> EvalLine:
     return line
 
 
-def checkpoint_now(s: Session) -> None:
-    start = time.perf_counter()
+def checkpoint_now(s: Session, wait: bool = True) -> None:
+    """Checkpoint this step, once the save before it is complete. With --checkpoint_async and not `wait`, training
+    pauses only while the states are copied to host memory, and the write goes on beside it (settle_checkpoint)."""
+    settle_checkpoint(s)
     state = s.state
     state.records = [vars(r) for r in s.tracker.records]
     state.times = {"train_s": s.times.train_s, "eval_s": s.times.eval_s, "checkpoint_s": s.times.checkpoint_s}
     train_state = {"state": state.state_dict(), "scheduler": s.scheduler.state_dict()}
     effective = s.launch.effective
     origin = origin_record(effective.strategy, s.accelerator.num_processes, s.identity)
-    save_checkpoint(
+    asynchronous = s.cfg.run.checkpoint_async and not wait
+    if asynchronous and s.save_groups is None:
+        s.save_groups = background_groups()  # once, on every rank at the same save
+    s.pending_save = start_checkpoint(
         s.accelerator,
         s.model,
         s.optimizer,
@@ -307,9 +322,31 @@ def checkpoint_now(s: Session) -> None:
         s.cfg.run.keep_checkpoints,
         train_state,
         origin,
+        asynchronous=asynchronous,
+        groups=s.save_groups,
     )
-    s.times.checkpoint_s += time.perf_counter() - start
-    s.last_checkpoint = state.step
+    s.times.checkpoint_s += s.pending_save.blocked_s
+    if not asynchronous:
+        settle_checkpoint(s)
+
+
+def settle_checkpoint(s: Session) -> None:
+    """Wait until the save in progress, if any, is complete, and record how long it paused training and took.
+
+    Raises CheckpointWriteFailed when its write failed (the previous checkpoint is then the newest complete).
+    """
+    pending, s.pending_save = s.pending_save, None
+    if pending is None:
+        return
+    try:
+        waited = pending.wait()
+    except Exception as exc:
+        raise CheckpointWriteFailed(pending.step, exc) from exc
+    s.times.checkpoint_s += waited
+    s.checkpoint_saves.append(
+        CheckpointSave(pending.step, pending.asynchronous, pending.blocked_s + waited, pending.total_s)
+    )
+    s.last_checkpoint = pending.step
 
 
 # ---------------------------------------------------------------------------------------------
@@ -318,6 +355,7 @@ def checkpoint_now(s: Session) -> None:
 
 def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
     """Close a partial last epoch, export, write the summary, close the sinks, then the process group."""
+    settle_checkpoint(s)  # nothing of a save is left in flight when the process ends
     complete = s.state.step >= s.schedule.total_steps and stop is None
     if complete and s.state.steps_in_epoch:
         _close_epoch(s, partial=True)  # the step budget ended inside an epoch
@@ -387,6 +425,7 @@ def _summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunS
             total=total,
             step_times_s=[r.step_time_s for r in records],
             skipped_step_numbers=[r.step for r in records if r.skipped],
+            checkpoint_saves=list(s.checkpoint_saves),
             stop=None if stop is None else StopRecord(stop.reason, stop.exit_status, str(stop)),
         ),
     )

@@ -298,6 +298,18 @@ class StopRecord(Record):
 
 
 @dataclass(frozen=True)
+class CheckpointSave(Record):
+    """One checkpoint a launch wrote: how long training paused for it and how long it took to be complete."""
+
+    step: int | None
+    asynchronous: bool | None  # written beside training (DCP's async_save), or while training waited
+    # Seconds training was paused for it: the copy to host memory (asynchronous) or the whole save, plus any
+    # wait for it to be complete at the next save or the end.
+    blocked_s: float | None
+    total_s: float | None  # seconds from its start to its complete.json (written, synced, older ones pruned)
+
+
+@dataclass(frozen=True)
 class RunSummary(Record):
     """summary.json: who the run was (strategy, devices, model, data, batch), then how far it got and its figures."""
 
@@ -355,6 +367,7 @@ class RunSummary(Record):
     total: RunTotals | None
     step_times_s: list[float] | None
     skipped_step_numbers: list[int] | None
+    checkpoint_saves: list[CheckpointSave] | None = None  # this launch's saves, oldest first
     stop: StopRecord | None = None  # only when the run stopped early on purpose
 
     _nested: ClassVar[dict[str, type[Record]]] = {
@@ -362,6 +375,7 @@ class RunSummary(Record):
         "total": RunTotals,
         "stop": StopRecord,
         "link": LinkRecord,
+        "checkpoint_saves": CheckpointSave,
     }
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
     # Absent rather than null when None: older run folders read back as they were written.
@@ -375,6 +389,7 @@ class RunSummary(Record):
             "dp_replicate_size",
             "dp_shard_size",
             "shard_groups",
+            "checkpoint_saves",
         }
     )
 
@@ -397,6 +412,7 @@ class RunFacts:
     step_times_s: list[float]
     skipped_step_numbers: list[int] | None  # None: not known (a run fetched back from W&B)
     stop: StopRecord | None = None
+    checkpoint_saves: list[CheckpointSave] | None = None  # None: not known (a run fetched back from W&B)
 
 
 def recorded_precision(mixed_precision: str | None) -> str | None:
@@ -459,5 +475,6 @@ def run_summary(launch: LaunchRecord, facts: RunFacts) -> RunSummary:
         total=facts.total,
         step_times_s=facts.step_times_s,
         skipped_step_numbers=facts.skipped_step_numbers,
+        checkpoint_saves=facts.checkpoint_saves,
         stop=facts.stop,
     )

@@ -440,7 +440,15 @@ METRICS: tuple[Metric, ...] = (
     # summary.json "total"
     Metric("train_time_s", (_TOT,), "s", "training time, optimizer steps only", _SUM, _MAIN, _DOWN, margin=TIME_MARGIN),
     Metric("eval_time_s", (_TOT,), "s", "time spent validating", _SUM, _MAIN, _DOWN),
-    Metric("checkpoint_time_s", (_TOT,), "s", "time spent saving checkpoints", _SUM, _MAIN, _DOWN),
+    Metric(
+        "checkpoint_time_s",
+        (_TOT,),
+        "s",
+        "time training was paused for checkpoints (summary.json checkpoint_saves: blocked_s, per save)",
+        _SUM,
+        _MAIN,
+        _DOWN,
+    ),
     Metric("wall_time_s", (_TOT,), "s", "wall time of the whole run", _SUM, _MAIN, _DOWN),
     Metric("warmup_time_s", (_TOT,), "s", "time of the warm-up steps", _SUM, _MAIN),
     Metric(

@@ -38,7 +38,14 @@ from torch.utils.data import DataLoader
 from data.errors import DataError
 from training import registry
 from training.batching import EpochOrderSampler
-from training.checkpoint import TrainState, checkpoint_step, load_model_weights, load_states, read_train_state
+from training.checkpoint import (
+    PendingSave,
+    TrainState,
+    checkpoint_step,
+    load_model_weights,
+    load_states,
+    read_train_state,
+)
 from training.config import TrainConfig
 from training.errors import RunError
 from training.faults import fresh_store_on_restart, restart_count
@@ -50,6 +57,7 @@ from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
 from training.record import (
     BatchRecord,
+    CheckpointSave,
     EffectiveRecord,
     EvalLine,
     LaunchRecord,
@@ -127,6 +135,9 @@ class Session:
     last_val: EvalLine | None = None  # the latest validation
     nonfinite_since: int | None = None  # first step of the current streak of non-finite steps
     last_checkpoint: int | None = None  # step of the newest checkpoint this run wrote or resumed from
+    pending_save: PendingSave | None = None  # a checkpoint being written in the background
+    save_groups: tuple[Any, Any] | None = None  # the process groups of background saves, made at the first
+    checkpoint_saves: list[CheckpointSave] = field(default_factory=list)  # this launch's saves, as settled
     # What is sharded when, read from the live tensors in the first step (summary.json's "sharding_observed").
     sharding_observed: dict[str, Any] = field(default_factory=dict)
     memory: MemoryProbe | None = None  # the measured memory (summary.json's "memory"); set last

@@ -1,0 +1,151 @@
+"""Checkpoints written beside training (DCP's async_save): training goes on once the states are in host memory,
+the checkpoint counts only once its files are written, each save waits for the one before, and every save's
+pause and duration are in summary.json."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from concurrent.futures import Future
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from accelerate import Accelerator
+
+from model import GPT2, GPT2Config
+from tests.launch import SHARED_STEPS, summary
+from training import checkpoint as checkpoint_module
+from training import loop
+from training.checkpoint import (
+    COMPLETE_MARKER,
+    PendingSave,
+    TrainState,
+    checkpoint_problem,
+    load_model_state_dict,
+    start_checkpoint,
+)
+from training.metrics import RunTimes
+
+CONFIG = GPT2Config.from_preset("tiny", vocab_size=256, n_positions=32)
+
+
+@pytest.fixture(scope="module")
+def prepared() -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
+    accelerator = Accelerator(cpu=True)
+    torch.manual_seed(0)
+    model = GPT2(CONFIG)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    return accelerator, model, optimizer
+
+
+def test_an_async_save_counts_only_once_written_and_holds_the_weights_of_its_step(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The write is held up inside DCP's writer while training changes the weights: no complete.json until it
+    is released, and then the checkpoint verifies and holds the weights as they were at the save."""
+    accelerator, model, optimizer = prepared
+    release = threading.Event()
+    monkeypatch.setattr(checkpoint_module, "inside_checkpoint_writer", lambda step: release.wait(30))
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    pending = start_checkpoint(
+        accelerator, model, optimizer, tmp_path, 4, CONFIG.to_dict(), keep=2, train_state={}, asynchronous=True
+    )
+    assert pending.asynchronous and not pending.future.done()
+    with torch.no_grad():  # training goes on while the write waits
+        for parameter in model.parameters():
+            parameter.add_(1.0)
+    assert not (pending.path / COMPLETE_MARKER).exists()
+    release.set()
+    pending.wait()
+    assert (pending.path / COMPLETE_MARKER).is_file() and checkpoint_problem(pending.path) is None
+    written = load_model_state_dict(pending.path)
+    assert all(torch.equal(written[k], saved[k]) for k in written)
+    assert 0 < pending.blocked_s and 0 < pending.total_s
+
+
+def test_a_failed_async_write_is_raised_when_waited_on_and_leaves_no_complete_checkpoint(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training import faults
+
+    accelerator, model, optimizer = prepared
+    monkeypatch.setenv("GPT2S_FAULT", "save_error:step=6")
+    faults._this_process_fault.cache_clear()
+    try:
+        pending = start_checkpoint(
+            accelerator, model, optimizer, tmp_path, 6, CONFIG.to_dict(), keep=2, asynchronous=True
+        )
+        with pytest.raises(OSError, match="No space left on device"):
+            pending.wait()
+    finally:
+        monkeypatch.delenv("GPT2S_FAULT")
+        faults._this_process_fault.cache_clear()
+    assert not (pending.path / COMPLETE_MARKER).exists()
+
+
+def _session(tmp_path: Path) -> SimpleNamespace:
+    """What loop.checkpoint_now reads of a run in progress."""
+    return SimpleNamespace(
+        state=TrainState(),
+        tracker=SimpleNamespace(records=[]),
+        times=RunTimes(),
+        scheduler=SimpleNamespace(state_dict=dict),
+        launch=SimpleNamespace(effective=SimpleNamespace(strategy=None)),
+        accelerator=SimpleNamespace(num_processes=1),
+        identity=None,
+        cfg=SimpleNamespace(run=SimpleNamespace(checkpoint_async=True, keep_checkpoints=2)),
+        model=None,
+        optimizer=None,
+        out=tmp_path,
+        model_config=SimpleNamespace(to_dict=dict),
+        save_groups=None,
+        pending_save=None,
+        checkpoint_saves=[],
+        last_checkpoint=None,
+    )
+
+
+def test_each_save_starts_only_once_the_one_before_is_complete_and_the_last_waits_for_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Saves at steps 3 and 6 in the background (each taking 0.2 s), the last at step 9 synchronous: each save
+    finds the one before complete when it starts, and after the last nothing is in flight and all are recorded."""
+    in_flight_at_start: dict[int, list[bool]] = {}
+    started: list[PendingSave] = []
+
+    def fake_start(accelerator, model, optimizer, out, step, *rest, asynchronous, groups) -> PendingSave:
+        in_flight_at_start[step] = [not p.future.done() for p in started]
+        future: Future[float] = Future()
+        if asynchronous:
+            threading.Timer(0.2, lambda: future.set_result(time.perf_counter())).start()
+        else:
+            future.set_result(time.perf_counter())
+        started.append(PendingSave(out / str(step), step, time.perf_counter(), 0.01, future, asynchronous))
+        return started[-1]
+
+    monkeypatch.setattr(loop, "start_checkpoint", fake_start)
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    s = _session(tmp_path)
+    for step, last in ((3, False), (6, False), (9, True)):
+        s.state.step = step
+        loop.checkpoint_now(s, wait=last)
+        if not last:
+            assert s.pending_save is not None and not s.pending_save.future.done()
+    assert in_flight_at_start == {3: [], 6: [False], 9: [False, False]}
+    assert s.pending_save is None and s.last_checkpoint == 9
+    assert [(c.step, c.asynchronous) for c in s.checkpoint_saves] == [(3, True), (6, True), (9, False)]
+
+
+@pytest.mark.multiprocess
+def test_the_summary_records_each_saves_pause_and_duration(shared_runs) -> None:
+    """The shared DDP run (a checkpoint every 3 of 12 steps): the periodic saves in the background, the last one
+    synchronous; every figure positive, and a synchronous save pauses training for all of it."""
+    saves = summary(shared_runs["ddp"])["checkpoint_saves"]
+    assert [(c["step"], c["asynchronous"]) for c in saves] == [(3, True), (6, True), (9, True), (SHARED_STEPS, False)]
+    for save in saves:
+        assert all(math.isfinite(save[k]) and save[k] > 0 for k in ("blocked_s", "total_s")), save
+    assert saves[-1]["blocked_s"] >= saves[-1]["total_s"]
