@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
+from accelerate.state import AcceleratorState
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -35,9 +36,17 @@ CONFIG = GPT2Config.from_preset("tiny", vocab_size=256, n_positions=32)
 MARKED = "transformer.wte.weight"  # its [0, 0] holds the step a checkpoint was saved at
 
 
-@functools.cache
 def _prepared() -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
-    """One process on CPU, a model and its optimizer prepared as training prepares them (one for the module)."""
+    """One process on CPU, a model and its optimizer prepared as training prepares them (one for the module),
+    made again after a test elsewhere in the process reset accelerate's state (test_checkpoint.py's fp16 case
+    does), which leaves an earlier Accelerator without a process index."""
+    if not AcceleratorState._shared_state:
+        _prepare_once.cache_clear()
+    return _prepare_once()
+
+
+@functools.cache
+def _prepare_once() -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = GPT2(CONFIG)
