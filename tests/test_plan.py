@@ -590,3 +590,31 @@ def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs) -
     (row,) = (line for line in text.splitlines() if "step_time" in line)
     assert f"{t['predicted_s']:.4f} s" in row and f"{t['measured_s']:.4f} s" in row and f"{t['error_pct']:+.1f}%" in row
     assert "measured by the run" in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["single", "fsdp"]),
+    st.integers(1, 40),
+    st.sampled_from([-1, 0, 1]),
+    st.integers(1, 48),
+)
+def test_largest_micro_batch_is_found_exactly_at_a_budget_equal_to_a_peak(
+    strategy: str, at: int, off: int, limit: int
+) -> None:
+    """Against counting up from 1: a budget of exactly some micro-batch's peak (or a byte either side) and a
+    cap of any size; the peak grows with the micro-batch, so the largest fitting one is a boundary."""
+    w = Workload(GPT2Config.from_preset("tiny"), 1, 64, world_size=1 if strategy == "single" else 2)
+
+    def total(b: int) -> int:
+        return step_memory(Workload(**{**w.__dict__, "micro_batch_size": b}), strategy).total
+
+    budget = total(at) + off
+    expected = max((b for b in range(1, limit + 1) if total(b) <= budget), default=0)
+    assert max_micro_batch_size(w, strategy, budget, limit=limit) == expected
+
+
+def test_the_largest_micro_batch_is_capped_at_4096_sequences() -> None:
+    """However much memory: the search's cap (plan.json reports it as the largest micro-batch)."""
+    w = Workload(GPT2Config.from_preset("tiny"), 1, 64)
+    assert max_micro_batch_size(w, "single", math.inf) == 4096
