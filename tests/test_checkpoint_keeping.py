@@ -255,3 +255,18 @@ def test_after_a_damaged_newest_checkpoint_keep_1_still_leaves_a_run_that_resume
     assert sorted(got) == list(range(1, SHARED_STEPS + 1))
     for step in range(11, SHARED_STEPS + 1):
         assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
+
+
+def test_a_step_set_aside_again_gets_the_next_free_number_and_keeps_every_earlier_one(tmp_path: Path) -> None:
+    """A resumed run can damage the same step again: each folder set aside stays, under .damaged, .damaged.1, ..."""
+    from training.checkpoint import set_aside
+
+    names = []
+    for attempt in range(3):
+        folder = checkpoint_path(tmp_path, 3)
+        folder.mkdir(parents=True)
+        (folder / "attempt").write_text(str(attempt))
+        names.append(set_aside(folder, ".damaged").name)
+    assert names == ["step_0000003.damaged", "step_0000003.damaged.1", "step_0000003.damaged.2"]
+    held = [(folder.parent / name / "attempt").read_text() for name in names]
+    assert held == ["0", "1", "2"] and not checkpoint_path(tmp_path, 3).exists()
