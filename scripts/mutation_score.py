@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import os
 import shutil
 import subprocess
 import sys
@@ -128,6 +129,13 @@ def mutant_patterns(module: Path, functions: list[str]) -> list[str]:
     return [f"{dotted}.x{'ǁ' + f.replace('.', 'ǁ') if '.' in f else '_' + f}__mutmut_*" for f in functions]
 
 
+def one_thread_env() -> dict[str, str]:
+    """The environment with torch's OpenMP and MKL pools at one thread. mutmut forks a child per mutant from a
+    process that has run the tests; a pool's lock held at the fork stays held in the child, which then waits
+    forever (seen with the checkpoint tests: children asleep on a futex, no CPU time, so no timeout either)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def run_mutants(work: Path, patterns: list[str] | None = None) -> None:
     """`mutmut run`, one mutant at a time (those matching `patterns`, or all). Its progress spinner is one
     endless line, so its output goes to a log file, read only when the run fails (a test that fails
@@ -135,7 +143,7 @@ def run_mutants(work: Path, patterns: list[str] | None = None) -> None:
     log = work / "mutmut-run.log"
     command = ["nice", "-n", "19", sys.executable, "-m", "mutmut", "run", "--max-children", "1", *(patterns or [])]
     with open(log, "w") as out:
-        done = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=one_thread_env())
     if done.returncode != 0:
         raise SystemExit(f"error: mutmut run exited with status {done.returncode}; its output is in {log}")
 
