@@ -16,7 +16,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -270,3 +270,78 @@ def test_a_step_set_aside_again_gets_the_next_free_number_and_keeps_every_earlie
     assert names == ["step_0000003.damaged", "step_0000003.damaged.1", "step_0000003.damaged.2"]
     held = [(folder.parent / name / "attempt").read_text() for name in names]
     assert held == ["0", "1", "2"] and not checkpoint_path(tmp_path, 3).exists()
+
+
+def _listed(folder: Path, files: dict[str, bytes], marker: object = None) -> Path:
+    """A checkpoint folder written by hand: the files, and complete.json listing each with its size and CRC-32
+    (or `marker` instead of that listing)."""
+    import json
+    import zlib
+
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    listing = {"step": 1, "files": {name: [len(data), zlib.crc32(data)] for name, data in files.items()}}
+    (folder / "complete.json").write_text(json.dumps(listing if marker is None else marker))
+    return folder
+
+
+def test_each_kind_of_damage_is_named_and_an_intact_folder_has_none(tmp_path: Path) -> None:
+    """A file over the 4 MiB read chunk checks the running CRC; then each way a listed file can be wrong."""
+    big = bytes(range(256)) * (5 * 2**20 // 256)  # 5 MiB: two chunks
+    files = {"big.bin": big, "small.json": b"{}"}
+    assert checkpoint_problem(_listed(tmp_path / "intact", files)) is None
+    missing = _listed(tmp_path / "missing", files)
+    (missing / "small.json").unlink()
+    assert checkpoint_problem(missing) == "small.json is missing"
+    cut = _listed(tmp_path / "cut", files)
+    (cut / "big.bin").write_bytes(big[:-100])
+    assert checkpoint_problem(cut) == f"big.bin has {len(big) - 100} bytes, {len(big)} were written"
+    flipped = _listed(tmp_path / "flipped", files)
+    (flipped / "big.bin").write_bytes(big[: len(big) - 1] + b"\x00")  # the last byte, in the second chunk
+    assert checkpoint_problem(flipped) == "big.bin is corrupted (checksum differs from the one written)"
+
+
+def test_a_marker_that_cannot_be_read_or_lists_no_files_is_named(tmp_path: Path) -> None:
+    unreadable = _listed(tmp_path / "unreadable", {})
+    (unreadable / "complete.json").write_text("{not json")
+    assert checkpoint_problem(unreadable) == "complete.json is unreadable"
+    for name, marker in (("old", {"step": 1}), ("list", [1]), ("files list", {"step": 1, "files": []})):
+        problem = checkpoint_problem(_listed(tmp_path / name, {}, marker))
+        assert problem.startswith("written by an earlier version of this project (no file list to verify)"), name
+
+
+def test_a_stray_file_named_like_a_checkpoint_is_not_one(tmp_path: Path) -> None:
+    from training.checkpoint import checkpoint_folders
+
+    real = checkpoint_path(tmp_path, 2)
+    real.mkdir(parents=True)
+    (real.parent / "step_0000003").write_text("not a folder")
+    assert checkpoint_folders(tmp_path) == [real] and checkpoint_folders(tmp_path / "none") == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(0, 8),
+    keep=st.integers(1, 10),
+    written=st.integers(0, 7),
+    verified=st.one_of(st.none(), st.integers(0, 7)),
+)
+def test_keep_deletes_the_oldest_beyond_keep_but_never_the_written_or_the_verified(
+    count: int, keep: int, written: int, verified: int | None
+) -> None:
+    """The decision alone, against its statement: of `count` complete checkpoints, those older than the newest
+    `keep`, less the one just written and the newest verified; each deleted once, oldest first."""
+    from training.checkpoint import keep_decision
+
+    complete = [Path(f"step_{n:07d}") for n in range(count)]
+    just_written = Path(f"step_{written:07d}")
+    newest_verified = None if verified is None else Path(f"step_{verified:07d}")
+    deleted = keep_decision(complete, just_written, newest_verified, keep)
+    kept = [p for p in complete if p not in deleted]
+    assert deleted == [p for p in complete if p in deleted]  # oldest first, each once
+    assert just_written not in deleted and newest_verified not in deleted
+    assert complete[max(count - keep, 0) :] == [p for p in kept if p in complete[max(count - keep, 0) :]]
+    assert len(deleted) == len(
+        [p for p in complete[: max(count - keep, 0)] if p not in (just_written, newest_verified)]
+    )
