@@ -345,3 +345,19 @@ def test_keep_deletes_the_oldest_beyond_keep_but_never_the_written_or_the_verifi
     assert len(deleted) == len(
         [p for p in complete[: max(count - keep, 0)] if p not in (just_written, newest_verified)]
     )
+
+
+def test_only_the_main_process_warns_of_a_damaged_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank sets aside what it verified; the warning line comes once, from rank 0."""
+    from training.checkpoint import set_aside_damaged
+
+    for rank, step in (("1", 1), ("0", 2)):
+        monkeypatch.setenv("RANK", rank)
+        folder = checkpoint_path(tmp_path, step)
+        folder.mkdir(parents=True)
+        set_aside_damaged(folder, "model/x is missing")
+        said = capsys.readouterr().err
+        expected = f"warning: checkpoint {folder.name} is damaged (model/x is missing); set aside as {folder.name}"
+        assert said == ("" if rank == "1" else f"{expected}.damaged, never resumed from\n"), rank
