@@ -618,3 +618,29 @@ def test_the_largest_micro_batch_is_capped_at_4096_sequences() -> None:
     """However much memory: the search's cap (plan.json reports it as the largest micro-batch)."""
     w = Workload(GPT2Config.from_preset("tiny"), 1, 64)
     assert max_micro_batch_size(w, "single", math.inf) == 4096
+
+
+def test_the_backward_runs_the_head_then_each_block_from_the_last_by_their_flops() -> None:
+    """Each unit's share of the backward is its FLOPs per token (6 per parameter, 12 C T more for a block's
+    attention); the embeddings' lookups come last and compute nothing."""
+    from planner.cost_model import _backward_order
+
+    cfg, T = GPT2Config.from_preset("tiny", n_layer=3), 64
+    shapes = parameter_shapes(cfg)
+    block = (
+        6.0 * sum(math.prod(s) for n, s in shapes.items() if n.startswith("transformer.h.0.")) + 12.0 * cfg.n_embd * T
+    )
+    head = 6.0 * cfg.vocab_size * cfg.n_embd
+    total = head + cfg.n_layer * block
+    order = _backward_order(cfg, T)
+    assert [done for _, done in order] == pytest.approx([(head + k * block) / total for k in range(4)] + [1.0])
+    assert order[0][0] == ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+    assert [{n.split(".")[2] for n in names} for names, _ in order[1:4]] == [{"2"}, {"1"}, {"0"}]
+    assert sorted(order[4][0]) == ["transformer.wpe.weight", "transformer.wte.weight"]
+
+
+def test_the_first_ddp_bucket_closes_when_it_holds_exactly_1_mib() -> None:
+    """n_embd 152 and n_inner 552: ln_f and the last block's tensors up to its attention's weight, in the order
+    backward completes them, fill exactly 2^20 bytes."""
+    cfg = GPT2Config.from_preset("tiny", n_embd=152, n_inner=552, vocab_size=256, n_positions=64)
+    assert ddp_buckets(cfg, 64)[0][0] == 2**20
