@@ -644,3 +644,21 @@ def test_the_first_ddp_bucket_closes_when_it_holds_exactly_1_mib() -> None:
     backward completes them, fill exactly 2^20 bytes."""
     cfg = GPT2Config.from_preset("tiny", n_embd=152, n_inner=552, vocab_size=256, n_positions=64)
     assert ddp_buckets(cfg, 64)[0][0] == 2**20
+
+
+def test_the_root_units_other_gradients_are_whole_in_the_compute_dtype_until_their_reduce_scatter() -> None:
+    """GPT-2 124M: wpe (1024 x 768) and ln_f (2 x 768), 787,968 elements, whole on each rank at the embedding's
+    sum, instead of the rank's fp32 shard (393,984 of 2; 196,992 of 4); nothing for a strategy that does not shard."""
+    from planner.cost_model import _root_grads_whole, entry
+
+    fsdp, ddp = entry("fsdp"), entry("ddp")
+    assert _root_grads_whole(workload(precision="fp32", world_size=2), fsdp, 0, 4) == 4 * (787_968 - 393_984)
+    assert _root_grads_whole(workload(world_size=4), fsdp, 3, 2) == 2 * 787_968 - 4 * 196_992
+    assert _root_grads_whole(workload(world_size=2), fsdp, 1, 2) == 0  # half of all = an fp32 half
+    assert _root_grads_whole(workload(world_size=2), ddp, 0, 2) == 0
+
+
+def test_a_collective_costs_its_latency_per_call_plus_its_bytes_over_the_bandwidth() -> None:
+    link = Link(gb_s=10.0, latency_s=1e-5)
+    assert link.seconds(5e9, 3) == 3e-5 + 0.5 and link.seconds(5e9, 3, gb_s=20.0) == 3e-5 + 0.25
+    assert link.seconds(5e9, 0) == 0.0  # no call, no time
