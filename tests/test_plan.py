@@ -662,3 +662,19 @@ def test_a_collective_costs_its_latency_per_call_plus_its_bytes_over_the_bandwid
     link = Link(gb_s=10.0, latency_s=1e-5)
     assert link.seconds(5e9, 3) == 3e-5 + 0.5 and link.seconds(5e9, 3, gb_s=20.0) == 3e-5 + 0.25
     assert link.seconds(5e9, 0) == 0.0  # no call, no time
+
+
+def test_the_step_memory_record_has_each_kind_and_the_three_phases() -> None:
+    memory = step_memory(workload(), "single")
+    record = memory.to_dict()
+    assert record["phases"] == memory.phases and set(record["phases"]) == {"loss", "embedding", "optimizer"}
+    assert record["total"] == memory.total == record["phases"][record["peak_phase"]]
+
+
+def test_activation_checkpointing_adds_one_forward_a_third_more_compute() -> None:
+    """2N of the 6N FLOPs per token computed again: compute time x 4/3, whatever the strategy."""
+    link = Link(gb_s=100.0)
+    for name, world in (("single", 1), ("fsdp", 2)):
+        plain = step_time(workload(world_size=world), name, 65e12, 0.3, link).compute_s
+        again = step_time(workload(world_size=world, activation_checkpointing=True), name, 65e12, 0.3, link)
+        assert again.compute_s == pytest.approx(plain * 4 / 3, rel=1e-12)
