@@ -678,3 +678,16 @@ def test_activation_checkpointing_adds_one_forward_a_third_more_compute() -> Non
         plain = step_time(workload(world_size=world), name, 65e12, 0.3, link).compute_s
         again = step_time(workload(world_size=world, activation_checkpointing=True), name, 65e12, 0.3, link)
         assert again.compute_s == pytest.approx(plain * 4 / 3, rel=1e-12)
+
+
+@pytest.mark.parametrize(("checkpointing", "backward_share"), [(False, 2 / 3), (True, 3 / 4)])
+def test_ddp_hides_its_all_reduces_behind_the_backwards_share_of_the_step(
+    checkpointing: bool, backward_share: float
+) -> None:
+    """A call latency of 10 s: each bucket waits for the one before, so only the time from the first bucket's
+    readiness to the backward's end is hidden; the backward is 4N of 6N FLOPs (6N of 8N recomputing)."""
+    w = workload(world_size=2, activation_checkpointing=checkpointing)
+    t = step_time(w, "ddp", 65e12, 0.3, Link(gb_s=100.0, latency_s=10.0))
+    first_ready = ddp_buckets(w.model, w.block_size)[0][1]
+    hidden = (1 - first_ready) * backward_share * t.compute_s
+    assert t.exposed_s == pytest.approx(t.communication_s - hidden, rel=1e-12) and hidden > 0
