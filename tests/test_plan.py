@@ -691,3 +691,10 @@ def test_ddp_hides_its_all_reduces_behind_the_backwards_share_of_the_step(
     first_ready = ddp_buckets(w.model, w.block_size)[0][1]
     hidden = (1 - first_ready) * backward_share * t.compute_s
     assert t.exposed_s == pytest.approx(t.communication_s - hidden, rel=1e-12) and hidden > 0
+
+
+def test_on_a_cpu_no_collective_hides_behind_compute() -> None:
+    """One process per core: a collective needs the core its compute has, so all of it is exposed."""
+    for name in ("ddp", "fsdp"):
+        t = step_time(workload(world_size=2, precision="fp32", device="cpu"), name, 1e12, 0.3, Link(gb_s=1.0))
+        assert t.exposed_s == pytest.approx(t.communication_s, rel=1e-12) and t.built_in_hidden_s == 0.0
