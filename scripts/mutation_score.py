@@ -15,6 +15,8 @@ mutmut is a developer tool, not a requirement of the project: `pip install mutmu
 from __future__ import annotations
 
 import argparse
+import fnmatch
+import os
 import shutil
 import subprocess
 import sys
@@ -28,8 +30,8 @@ sys.path.insert(0, str(REPO))  # run as a script from the repository root
 
 from training.cli import OneLineParser, run_main  # noqa: E402
 
-# Files beside the packages that the tests read (the launcher's configs, the training entry point).
-EXTRA_COPIES = ("train.py", "accelerate_configs", "pyproject.toml")
+# Files beside the packages that the tests read (the launcher's configs, the training entry point, the docs' sample report).
+EXTRA_COPIES = ("train.py", "accelerate_configs", "pyproject.toml", "docs")
 # mutmut's names for the outcomes of one mutant, as `mutmut results --all true` prints them.
 STATUSES = ("killed", "survived", "no tests", "timeout")
 
@@ -60,6 +62,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--marker",
         default="not multiprocess",
         help="pytest -m expression for every run (default: %(default)s; launches cost minutes per mutant)",
+    )
+    parser.add_argument(
+        "--functions",
+        nargs="+",
+        default=[],
+        help="mutate and count only these functions of MODULE (a method as Class.method): for a module that "
+        "mixes pure logic with code only a launch runs",
     )
     parser.add_argument("--work", type=Path, help="scratch folder (default: a new one under the system's temp)")
     parser.add_argument("--survivors", type=Path, help="where the survivors' diffs go (default: in the scratch folder)")
@@ -113,24 +122,40 @@ def mutmut(work: Path, *args: str) -> str:
     return done.stdout
 
 
-def run_mutants(work: Path) -> None:
-    """`mutmut run`, one mutant at a time. Its progress spinner is one endless line, so its output goes to a
-    log file, read only when the run fails (a test that fails unmutated, a test file not found)."""
+def mutant_patterns(module: Path, functions: list[str]) -> list[str]:
+    """mutmut's names of the mutants of `functions` (fnmatch patterns): `pkg.mod.x_name__mutmut_3`, and
+    `pkg.mod.xǁClassǁmethod__mutmut_3` for a method."""
+    dotted = module.with_suffix("").as_posix().replace("/", ".")
+    return [f"{dotted}.x{'ǁ' + f.replace('.', 'ǁ') if '.' in f else '_' + f}__mutmut_*" for f in functions]
+
+
+def one_thread_env() -> dict[str, str]:
+    """The environment with torch's OpenMP and MKL pools at one thread. mutmut forks a child per mutant from a
+    process that has run the tests; a pool's lock held at the fork stays held in the child, which then waits
+    forever (seen with the checkpoint tests: children asleep on a futex, no CPU time, so no timeout either)."""
+    return {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
+def run_mutants(work: Path, patterns: list[str] | None = None) -> None:
+    """`mutmut run`, one mutant at a time (those matching `patterns`, or all). Its progress spinner is one
+    endless line, so its output goes to a log file, read only when the run fails (a test that fails
+    unmutated, a test file not found)."""
     log = work / "mutmut-run.log"
-    command = ["nice", "-n", "19", sys.executable, "-m", "mutmut", "run", "--max-children", "1"]
+    command = ["nice", "-n", "19", sys.executable, "-m", "mutmut", "run", "--max-children", "1", *(patterns or [])]
     with open(log, "w") as out:
-        done = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT)
+        done = subprocess.run(command, cwd=work, stdout=out, stderr=subprocess.STDOUT, env=one_thread_env())
     if done.returncode != 0:
         raise SystemExit(f"error: mutmut run exited with status {done.returncode}; its output is in {log}")
 
 
-def read_results(text: str, module: Path) -> Score:
-    """Counts `mutmut results --all true` lines ("    data.packing.x_f__mutmut_3: survived")."""
+def read_results(text: str, module: Path, patterns: list[str] | None = None) -> Score:
+    """Counts `mutmut results --all true` lines ("    data.packing.x_f__mutmut_3: survived"), of the mutants
+    matching `patterns` when given."""
     counts: Counter[str] = Counter()
     survivors = []
     for line in text.splitlines():
         name, sep, status = line.strip().rpartition(": ")
-        if not sep:
+        if not sep or (patterns and not any(fnmatch.fnmatchcase(name, p) for p in patterns)):
             continue
         counts[status if status in STATUSES else "other"] += 1
         if status == "survived":
@@ -165,8 +190,9 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     copy_tree(REPO, work)
     write_config(work, args.module, args.tests, args.marker)
-    run_mutants(work)
-    score = read_results(mutmut(work, "results", "--all", "true"), args.module)
+    patterns = mutant_patterns(args.module, args.functions)
+    run_mutants(work, patterns)
+    score = read_results(mutmut(work, "results", "--all", "true"), args.module, patterns)
     survivors = args.survivors or work / "survivors.txt"
     write_survivors(work, score, survivors)
     print(table(score))

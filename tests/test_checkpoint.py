@@ -259,3 +259,13 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path: Path) -> None:
         assert (checkpoint_path(tmp_path, 1) / "grad_scaler.json").is_file()
     finally:
         AcceleratorState._reset_state(reset_partial_state=True)
+
+
+def test_a_complete_checkpoint_or_a_run_holding_one_is_what_sampling_loads(tmp_path: Path) -> None:
+    """training/sample.py loads a path as a checkpoint only when this says so: an interrupted save is not one."""
+    from training.checkpoint import is_checkpoint_or_run
+
+    partial = fake_checkpoint(tmp_path, 3, complete=False)
+    assert not is_checkpoint_or_run(tmp_path) and not is_checkpoint_or_run(partial)
+    complete = fake_checkpoint(tmp_path, 4, complete=True)
+    assert is_checkpoint_or_run(tmp_path) and is_checkpoint_or_run(complete)

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 from accelerate import Accelerator
-from hypothesis import settings
+from accelerate.state import AcceleratorState
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
@@ -35,9 +36,17 @@ CONFIG = GPT2Config.from_preset("tiny", vocab_size=256, n_positions=32)
 MARKED = "transformer.wte.weight"  # its [0, 0] holds the step a checkpoint was saved at
 
 
-@functools.cache
 def _prepared() -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
-    """One process on CPU, a model and its optimizer prepared as training prepares them (one for the module)."""
+    """One process on CPU, a model and its optimizer prepared as training prepares them (one for the module),
+    made again after a test elsewhere in the process reset accelerate's state (test_checkpoint.py's fp16 case
+    does), which leaves an earlier Accelerator without a process index."""
+    if not AcceleratorState._shared_state:
+        _prepare_once.cache_clear()
+    return _prepare_once()
+
+
+@functools.cache
+def _prepare_once() -> tuple[Accelerator, torch.nn.Module, torch.optim.Optimizer]:
     accelerator = Accelerator(cpu=True)
     torch.manual_seed(0)
     model = GPT2(CONFIG)
@@ -246,3 +255,109 @@ def test_after_a_damaged_newest_checkpoint_keep_1_still_leaves_a_run_that_resume
     assert sorted(got) == list(range(1, SHARED_STEPS + 1))
     for step in range(11, SHARED_STEPS + 1):
         assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
+
+
+def test_a_step_set_aside_again_gets_the_next_free_number_and_keeps_every_earlier_one(tmp_path: Path) -> None:
+    """A resumed run can damage the same step again: each folder set aside stays, under .damaged, .damaged.1, ..."""
+    from training.checkpoint import set_aside
+
+    names = []
+    for attempt in range(3):
+        folder = checkpoint_path(tmp_path, 3)
+        folder.mkdir(parents=True)
+        (folder / "attempt").write_text(str(attempt))
+        names.append(set_aside(folder, ".damaged").name)
+    assert names == ["step_0000003.damaged", "step_0000003.damaged.1", "step_0000003.damaged.2"]
+    held = [(folder.parent / name / "attempt").read_text() for name in names]
+    assert held == ["0", "1", "2"] and not checkpoint_path(tmp_path, 3).exists()
+
+
+def _listed(folder: Path, files: dict[str, bytes], marker: object = None) -> Path:
+    """A checkpoint folder written by hand: the files, and complete.json listing each with its size and CRC-32
+    (or `marker` instead of that listing)."""
+    import json
+    import zlib
+
+    folder.mkdir(parents=True)
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    listing = {"step": 1, "files": {name: [len(data), zlib.crc32(data)] for name, data in files.items()}}
+    (folder / "complete.json").write_text(json.dumps(listing if marker is None else marker))
+    return folder
+
+
+def test_each_kind_of_damage_is_named_and_an_intact_folder_has_none(tmp_path: Path) -> None:
+    """A file over the 4 MiB read chunk checks the running CRC; then each way a listed file can be wrong."""
+    big = bytes(range(256)) * (5 * 2**20 // 256)  # 5 MiB: two chunks
+    files = {"big.bin": big, "small.json": b"{}"}
+    assert checkpoint_problem(_listed(tmp_path / "intact", files)) is None
+    missing = _listed(tmp_path / "missing", files)
+    (missing / "small.json").unlink()
+    assert checkpoint_problem(missing) == "small.json is missing"
+    cut = _listed(tmp_path / "cut", files)
+    (cut / "big.bin").write_bytes(big[:-100])
+    assert checkpoint_problem(cut) == f"big.bin has {len(big) - 100} bytes, {len(big)} were written"
+    flipped = _listed(tmp_path / "flipped", files)
+    (flipped / "big.bin").write_bytes(big[: len(big) - 1] + b"\x00")  # the last byte, in the second chunk
+    assert checkpoint_problem(flipped) == "big.bin is corrupted (checksum differs from the one written)"
+
+
+def test_a_marker_that_cannot_be_read_or_lists_no_files_is_named(tmp_path: Path) -> None:
+    unreadable = _listed(tmp_path / "unreadable", {})
+    (unreadable / "complete.json").write_text("{not json")
+    assert checkpoint_problem(unreadable) == "complete.json is unreadable"
+    for name, marker in (("old", {"step": 1}), ("list", [1]), ("files list", {"step": 1, "files": []})):
+        problem = checkpoint_problem(_listed(tmp_path / name, {}, marker))
+        assert problem.startswith("written by an earlier version of this project (no file list to verify)"), name
+
+
+def test_a_stray_file_named_like_a_checkpoint_is_not_one(tmp_path: Path) -> None:
+    from training.checkpoint import checkpoint_folders
+
+    real = checkpoint_path(tmp_path, 2)
+    real.mkdir(parents=True)
+    (real.parent / "step_0000003").write_text("not a folder")
+    assert checkpoint_folders(tmp_path) == [real] and checkpoint_folders(tmp_path / "none") == []
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    count=st.integers(0, 8),
+    keep=st.integers(1, 10),
+    written=st.integers(0, 7),
+    verified=st.one_of(st.none(), st.integers(0, 7)),
+)
+def test_keep_deletes_the_oldest_beyond_keep_but_never_the_written_or_the_verified(
+    count: int, keep: int, written: int, verified: int | None
+) -> None:
+    """The decision alone, against its statement: of `count` complete checkpoints, those older than the newest
+    `keep`, less the one just written and the newest verified; each deleted once, oldest first."""
+    from training.checkpoint import keep_decision
+
+    complete = [Path(f"step_{n:07d}") for n in range(count)]
+    just_written = Path(f"step_{written:07d}")
+    newest_verified = None if verified is None else Path(f"step_{verified:07d}")
+    deleted = keep_decision(complete, just_written, newest_verified, keep)
+    kept = [p for p in complete if p not in deleted]
+    assert deleted == [p for p in complete if p in deleted]  # oldest first, each once
+    assert just_written not in deleted and newest_verified not in deleted
+    assert complete[max(count - keep, 0) :] == [p for p in kept if p in complete[max(count - keep, 0) :]]
+    assert len(deleted) == len(
+        [p for p in complete[: max(count - keep, 0)] if p not in (just_written, newest_verified)]
+    )
+
+
+def test_only_the_main_process_warns_of_a_damaged_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Every rank sets aside what it verified; the warning line comes once, from rank 0."""
+    from training.checkpoint import set_aside_damaged
+
+    for rank, step in (("1", 1), ("0", 2)):
+        monkeypatch.setenv("RANK", rank)
+        folder = checkpoint_path(tmp_path, step)
+        folder.mkdir(parents=True)
+        set_aside_damaged(folder, "model/x is missing")
+        said = capsys.readouterr().err
+        expected = f"warning: checkpoint {folder.name} is damaged (model/x is missing); set aside as {folder.name}"
+        assert said == ("" if rank == "1" else f"{expected}.damaged, never resumed from\n"), rank

@@ -590,3 +590,111 @@ def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs) -
     (row,) = (line for line in text.splitlines() if "step_time" in line)
     assert f"{t['predicted_s']:.4f} s" in row and f"{t['measured_s']:.4f} s" in row and f"{t['error_pct']:+.1f}%" in row
     assert "measured by the run" in text
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.sampled_from(["single", "fsdp"]),
+    st.integers(1, 40),
+    st.sampled_from([-1, 0, 1]),
+    st.integers(1, 48),
+)
+def test_largest_micro_batch_is_found_exactly_at_a_budget_equal_to_a_peak(
+    strategy: str, at: int, off: int, limit: int
+) -> None:
+    """Against counting up from 1: a budget of exactly some micro-batch's peak (or a byte either side) and a
+    cap of any size; the peak grows with the micro-batch, so the largest fitting one is a boundary."""
+    w = Workload(GPT2Config.from_preset("tiny"), 1, 64, world_size=1 if strategy == "single" else 2)
+
+    def total(b: int) -> int:
+        return step_memory(Workload(**{**w.__dict__, "micro_batch_size": b}), strategy).total
+
+    budget = total(at) + off
+    expected = max((b for b in range(1, limit + 1) if total(b) <= budget), default=0)
+    assert max_micro_batch_size(w, strategy, budget, limit=limit) == expected
+
+
+def test_the_largest_micro_batch_is_capped_at_4096_sequences() -> None:
+    """However much memory: the search's cap (plan.json reports it as the largest micro-batch)."""
+    w = Workload(GPT2Config.from_preset("tiny"), 1, 64)
+    assert max_micro_batch_size(w, "single", math.inf) == 4096
+
+
+def test_the_backward_runs_the_head_then_each_block_from_the_last_by_their_flops() -> None:
+    """Each unit's share of the backward is its FLOPs per token (6 per parameter, 12 C T more for a block's
+    attention); the embeddings' lookups come last and compute nothing."""
+    from planner.cost_model import _backward_order
+
+    cfg, T = GPT2Config.from_preset("tiny", n_layer=3), 64
+    shapes = parameter_shapes(cfg)
+    block = (
+        6.0 * sum(math.prod(s) for n, s in shapes.items() if n.startswith("transformer.h.0.")) + 12.0 * cfg.n_embd * T
+    )
+    head = 6.0 * cfg.vocab_size * cfg.n_embd
+    total = head + cfg.n_layer * block
+    order = _backward_order(cfg, T)
+    assert [done for _, done in order] == pytest.approx([(head + k * block) / total for k in range(4)] + [1.0])
+    assert order[0][0] == ["transformer.ln_f.weight", "transformer.ln_f.bias"]
+    assert [{n.split(".")[2] for n in names} for names, _ in order[1:4]] == [{"2"}, {"1"}, {"0"}]
+    assert sorted(order[4][0]) == ["transformer.wpe.weight", "transformer.wte.weight"]
+
+
+def test_the_first_ddp_bucket_closes_when_it_holds_exactly_1_mib() -> None:
+    """n_embd 152 and n_inner 552: ln_f and the last block's tensors up to its attention's weight, in the order
+    backward completes them, fill exactly 2^20 bytes."""
+    cfg = GPT2Config.from_preset("tiny", n_embd=152, n_inner=552, vocab_size=256, n_positions=64)
+    assert ddp_buckets(cfg, 64)[0][0] == 2**20
+
+
+def test_the_root_units_other_gradients_are_whole_in_the_compute_dtype_until_their_reduce_scatter() -> None:
+    """GPT-2 124M: wpe (1024 x 768) and ln_f (2 x 768), 787,968 elements, whole on each rank at the embedding's
+    sum, instead of the rank's fp32 shard (393,984 of 2; 196,992 of 4); nothing for a strategy that does not shard."""
+    from planner.cost_model import _root_grads_whole, entry
+
+    fsdp, ddp = entry("fsdp"), entry("ddp")
+    assert _root_grads_whole(workload(precision="fp32", world_size=2), fsdp, 0, 4) == 4 * (787_968 - 393_984)
+    assert _root_grads_whole(workload(world_size=4), fsdp, 3, 2) == 2 * 787_968 - 4 * 196_992
+    assert _root_grads_whole(workload(world_size=2), fsdp, 1, 2) == 0  # half of all = an fp32 half
+    assert _root_grads_whole(workload(world_size=2), ddp, 0, 2) == 0
+
+
+def test_a_collective_costs_its_latency_per_call_plus_its_bytes_over_the_bandwidth() -> None:
+    link = Link(gb_s=10.0, latency_s=1e-5)
+    assert link.seconds(5e9, 3) == 3e-5 + 0.5 and link.seconds(5e9, 3, gb_s=20.0) == 3e-5 + 0.25
+    assert link.seconds(5e9, 0) == 0.0  # no call, no time
+
+
+def test_the_step_memory_record_has_each_kind_and_the_three_phases() -> None:
+    memory = step_memory(workload(), "single")
+    record = memory.to_dict()
+    assert record["phases"] == memory.phases and set(record["phases"]) == {"loss", "embedding", "optimizer"}
+    assert record["total"] == memory.total == record["phases"][record["peak_phase"]]
+
+
+def test_activation_checkpointing_adds_one_forward_a_third_more_compute() -> None:
+    """2N of the 6N FLOPs per token computed again: compute time x 4/3, whatever the strategy."""
+    link = Link(gb_s=100.0)
+    for name, world in (("single", 1), ("fsdp", 2)):
+        plain = step_time(workload(world_size=world), name, 65e12, 0.3, link).compute_s
+        again = step_time(workload(world_size=world, activation_checkpointing=True), name, 65e12, 0.3, link)
+        assert again.compute_s == pytest.approx(plain * 4 / 3, rel=1e-12)
+
+
+@pytest.mark.parametrize(("checkpointing", "backward_share"), [(False, 2 / 3), (True, 3 / 4)])
+def test_ddp_hides_its_all_reduces_behind_the_backwards_share_of_the_step(
+    checkpointing: bool, backward_share: float
+) -> None:
+    """A call latency of 10 s: each bucket waits for the one before, so only the time from the first bucket's
+    readiness to the backward's end is hidden; the backward is 4N of 6N FLOPs (6N of 8N recomputing)."""
+    w = workload(world_size=2, activation_checkpointing=checkpointing)
+    t = step_time(w, "ddp", 65e12, 0.3, Link(gb_s=100.0, latency_s=10.0))
+    first_ready = ddp_buckets(w.model, w.block_size)[0][1]
+    hidden = (1 - first_ready) * backward_share * t.compute_s
+    assert t.exposed_s == pytest.approx(t.communication_s - hidden, rel=1e-12) and hidden > 0
+
+
+def test_on_a_cpu_no_collective_hides_behind_compute() -> None:
+    """One process per core: a collective needs the core its compute has, so all of it is exposed."""
+    for name in ("ddp", "fsdp"):
+        t = step_time(workload(world_size=2, precision="fp32", device="cpu"), name, 1e12, 0.3, Link(gb_s=1.0))
+        assert t.exposed_s == pytest.approx(t.communication_s, rel=1e-12) and t.built_in_hidden_s == 0.0

@@ -233,3 +233,48 @@ def test_the_step_after_a_resume_follows_the_schedule_of_the_launch(total_steps:
         assert rate == written.optimizer.param_groups[0]["lr"]
     else:
         assert rate == OPTIMISATION.lr * lr_factor(9, 5, total_steps, 0.1) != written.optimizer.param_groups[0]["lr"]
+
+
+def test_the_optimisation_is_read_setting_by_setting_from_the_launch() -> None:
+    """Each setting from its own flag (no two alike, so a swap shows) and the length as given."""
+    from training.config import OptimConfig
+
+    config = OptimConfig(
+        lr=1e-2, min_lr_ratio=0.2, warmup_steps=7, weight_decay=0.3, beta1=0.8, beta2=0.97, eps=1e-7, grad_clip=0.5
+    )
+    assert Optimisation.of(config, 33) == Optimisation(
+        lr=1e-2,
+        weight_decay=0.3,
+        beta1=0.8,
+        beta2=0.97,
+        eps=1e-7,
+        grad_clip=0.5,
+        warmup_steps=7,
+        min_lr_ratio=0.2,
+        total_steps=33,
+    )
+
+
+def test_the_earlier_layout_refusal_names_the_checkpoint(tmp_path: Path) -> None:
+    old = checkpoint(tmp_path, None)
+    assert refusal(old, SAVED).startswith(f"--resume: {old} was written by an earlier version")
+
+
+def test_a_schedule_ending_at_the_checkpoint_says_where_the_checkpoint_is(saved: Path) -> None:
+    """A schedule of 9 steps with the checkpoint at step 9 has no step left to take: said like one shorter."""
+    assert "9 requested; the checkpoint is at step 9 (" in refusal(saved, _optimised(total_steps=9))
+
+
+def test_a_model_setting_only_one_side_has_is_a_difference(saved: Path) -> None:
+    """A key the checkpoint's model config lacks (or only it has) is a change of the model, not ignored."""
+    extra = dataclasses.replace(SAVED, model_config={**SAVED.model_config, "parallel_blocks": True})
+    assert "model parallel_blocks None saved, True requested" in refusal(saved, extra)
+
+
+def test_a_schedule_one_step_longer_changes_the_step_after_the_saved_schedule_ended() -> None:
+    """Checkpoint at the saved schedule's last step, one step more requested: that step was at the minimum
+    rate and now is not, so the change is from it, the requested schedule's last."""
+    change = schedule_change(OPTIMISATION, dataclasses.replace(OPTIMISATION, total_steps=13), 12)
+    assert change is not None and change.from_step == 13
+    assert change.saved_lr == pytest.approx(1e-3 * lr_factor(12, 5, 12, 0.1))
+    assert change.lr == pytest.approx(1e-3 * lr_factor(12, 5, 13, 0.1)) != change.saved_lr
