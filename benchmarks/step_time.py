@@ -1,18 +1,23 @@
 """The planner's step time against measured steps on this CPU: every strategy, 1, 2 and 4 micro-steps.
 
     python -m benchmarks.step_time [--presets tiny,mini] [--strategies single,ddp,fsdp,fsdp_zero2,fsdp_offload]
-        [--micro_steps 1,2,4] [--steps 5] [--warmup 2] [--out runs/step_time] [--data CSV]
+        [--micro_steps 1,2,4] [--steps 5] [--warmup 2] [--out runs/step_time] [--data CSV] [--reuse]
 
-First it measures, in this process on one thread (what accelerate's OMP_NUM_THREADS=1 gives each process), the
-two inputs of the planner's CPU step that no run records: the MFU of the preset's forward and backward (one
-micro-batch, loss included, against the peak the runs divide by, training/hardware.py) and one core's rate
-over AdamW's element-wise passes (benchmarks/offload_update.py, on the model's largest tensor). Then it
-launches each strategy (2 processes, one for `single`) for `--steps` steps at each accumulation, the
-preset's micro-batch throughout, and prints `python -m planner --run`'s predicted step (at that MFU, the
-run's measured peak and link) beside the steady-state mean of the steps after `--warmup`. The runs' own
-step times are never fed back into the prediction. A benchmark, not a test: it prints a table and asserts
-nothing (docs/planning.md keeps the figures with the date and this command). Launch it alone on the machine:
-other work slows the runs, not the calibration.
+First it measures the two inputs of the planner's CPU step that no run records, with as many processes
+computing at once as the runs have (1 for `single`, 2 for the others), each on one thread (what accelerate's
+OMP_NUM_THREADS=1 gives each process): the MFU of the preset's forward and backward (one micro-batch, loss
+included, against the one-process peak the runs divide by, training/hardware.py) and one core's rate over
+AdamW's element-wise passes (benchmarks/offload_update.py, on the model's largest tensor), each the slowest
+process's. Two processes on this machine's 2 vCPUs each compute slower than one alone: a compute rate
+measured alone would predict every two-process step too fast. Then it launches each strategy (2 processes,
+one for `single`) for `--steps` steps at each accumulation, the preset's micro-batch throughout, and prints
+`python -m planner --run`'s predicted step (at that MFU, the run's measured peak and link) beside the
+steady-state mean of the steps after `--warmup`, then, per accumulation, the pairs of strategies the
+prediction orders wrongly beyond its uncertainty (planner.plan.misordered). The runs' own step times are
+never fed back into the prediction. `--reuse` keeps the runs and calibrations already in `--out`, so a
+table can be measured in several sittings (`--strategies` and `--micro_steps` pick each part) and printed
+whole at the end. A benchmark, not a test: it prints a table and asserts nothing (docs/planning.md keeps
+the figures with the date and this command). Launch it alone on the machine: other work slows the runs.
 """
 
 from __future__ import annotations
