@@ -1,34 +1,43 @@
 """The planner's step time against measured steps on this CPU: every strategy, 1, 2 and 4 micro-steps.
 
     python -m benchmarks.step_time [--presets tiny,mini] [--strategies single,ddp,fsdp,fsdp_zero2,fsdp_offload]
-        [--micro_steps 1,2,4] [--steps 5] [--warmup 2] [--out runs/step_time] [--data CSV]
+        [--micro_steps 1,2,4] [--steps 5] [--warmup 2] [--out runs/step_time] [--data CSV] [--reuse]
 
-First it measures, in this process on one thread (what accelerate's OMP_NUM_THREADS=1 gives each process), the
-two inputs of the planner's CPU step that no run records: the MFU of the preset's forward and backward (one
-micro-batch, loss included, against the peak the runs divide by, training/hardware.py) and one core's rate
-over AdamW's element-wise passes (benchmarks/offload_update.py, on the model's largest tensor). Then it
-launches each strategy (2 processes, one for `single`) for `--steps` steps at each accumulation, the
-preset's micro-batch throughout, and prints `python -m planner --run`'s predicted step (at that MFU, the
-run's measured peak and link) beside the steady-state mean of the steps after `--warmup`. The runs' own
-step times are never fed back into the prediction. A benchmark, not a test: it prints a table and asserts
-nothing (docs/planning.md keeps the figures with the date and this command). Launch it alone on the machine:
-other work slows the runs, not the calibration.
+First it measures the two inputs of the planner's CPU step that no run records, with as many processes
+computing at once as the runs have (1 for `single`, 2 for the others), each on one thread (what accelerate's
+OMP_NUM_THREADS=1 gives each process): the MFU of the preset's forward and backward (one micro-batch, loss
+included, against the one-process peak the runs divide by, training/hardware.py) and one core's rate over
+AdamW's element-wise passes (benchmarks/offload_update.py, on the model's largest tensor), each the slowest
+process's. Two processes on this machine's 2 vCPUs each compute slower than one alone: a compute rate
+measured alone would predict every two-process step too fast. Then it launches each strategy (2 processes,
+one for `single`) for `--steps` steps at each accumulation, the preset's micro-batch throughout, and prints
+`python -m planner --run`'s predicted step (at that MFU, the run's measured peak and link) beside the
+steady-state mean of the steps after `--warmup`, then, per accumulation, the pairs of strategies the
+prediction orders wrongly beyond its uncertainty (planner.plan.misordered). The runs' own step times are
+never fed back into the prediction. `--reuse` keeps the runs and calibrations already in `--out`, so a
+table can be measured in several sittings (`--strategies` and `--micro_steps` pick each part) and printed
+whole at the end. A benchmark, not a test: it prints a table and asserts nothing (docs/planning.md keeps
+the figures with the date and this command). Launch it alone on the machine: other work slows the runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import multiprocessing
 import statistics
 import sys
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from benchmarks.offload_update import DECAYED_BYTES_PER_ELEMENT, adamw_over, fastest_steps
 from model import GPT2, GPT2Config
 from model.shapes import flops_per_token, parameter_shapes
-from planner.plan import compare_run
+from planner.plan import Timed, compare_run, misordered
 from tests.launch import CONFIGS, accelerate_command, run, write_news_csv
 from training import registry
 from training.cli import run_main
@@ -37,34 +46,77 @@ from training.presets import preset_overrides
 
 PROCESSES = 2
 CALIBRATION_REPEATS = 7
+CALIBRATION_TIMEOUT_S = 600
 
 
-def calibrate(preset: str, cache_dir: Path) -> tuple[float, float, float]:
-    """(MFU of one micro-batch's forward and backward, one core's AdamW rate in GB/s, the peak FLOP/s) on one
-    thread, the fastest of CALIBRATION_REPEATS each (other work only slows a measurement)."""
-    values = preset_overrides(preset)
-    cfg = GPT2Config.from_preset(values["model_preset"])
-    batch, block = values["micro_batch_size"], values["block_size"]
+@dataclass(frozen=True)
+class Calibration:
+    """What `processes` processes, computing at once on this machine, each reach: the MFU of one micro-batch's
+    forward and backward and one core's AdamW rate, both the slowest process's (a run's ranks wait for the
+    slowest at every collective), against one process's peak FLOP/s (the one the runs divide by)."""
+
+    processes: int
+    mfu: float
+    adamw_gb_s: float
+    peak_flops: float
+
+
+def calibrate(preset: str, cache_dir: Path, processes: int) -> Calibration:
+    """The calibration with `processes` processes at once, each on one thread (what accelerate's
+    OMP_NUM_THREADS=1 gives a run's processes), each figure the fastest of CALIBRATION_REPEATS."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         peak = cpu_peak_flops(cache_dir, threads=1).flops_per_s
-        model = GPT2(cfg)
-        idx = torch.randint(0, cfg.vocab_size, (batch, block), generator=torch.Generator().manual_seed(0))
-        best = float("inf")
-        for _ in range(CALIBRATION_REPEATS + 1):  # the first pass allocates: it is timed but cannot win
-            start = time.perf_counter()
-            _, loss = model(idx, targets=idx)
-            loss.backward()
-            best = min(best, time.perf_counter() - start)
-            model.zero_grad(set_to_none=True)
-        mfu = batch * block * flops_per_token(cfg, block) / (best * peak)
-        largest = max(parameter_shapes(cfg).values(), key=lambda shape: torch.Size(shape).numel())
-        (seconds,) = fastest_steps([adamw_over([largest])], CALIBRATION_REPEATS)
-        rate = DECAYED_BYTES_PER_ELEMENT * torch.Size(largest).numel() / seconds / 1e9
     finally:
         torch.set_num_threads(threads)
-    return mfu, rate, peak
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no thread pool or state inherited
+    barrier, results = context.Barrier(processes), context.Queue()
+    workers = [context.Process(target=_calibration_worker, args=(preset, barrier, results)) for _ in range(processes)]
+    for worker in workers:
+        worker.start()
+    timings = [results.get(timeout=CALIBRATION_TIMEOUT_S) for _ in workers]
+    for worker in workers:
+        worker.join()
+    step_s = max(t[0] for t in timings)
+    update_s = max(t[1] for t in timings)
+    values = preset_overrides(preset)
+    cfg = GPT2Config.from_preset(values["model_preset"])
+    tokens = values["micro_batch_size"] * values["block_size"]
+    largest = _largest_shape(cfg)
+    return Calibration(
+        processes,
+        mfu=tokens * flops_per_token(cfg, values["block_size"]) / (step_s * peak),
+        adamw_gb_s=DECAYED_BYTES_PER_ELEMENT * torch.Size(largest).numel() / update_s / 1e9,
+        peak_flops=peak,
+    )
+
+
+def _largest_shape(cfg: GPT2Config) -> tuple[int, ...]:
+    return max(parameter_shapes(cfg).values(), key=lambda shape: torch.Size(shape).numel())
+
+
+def _calibration_worker(preset: str, barrier: Any, results: Any) -> None:
+    """One calibrating process: its fastest forward and backward, then its fastest AdamW step, each started
+    together with the other processes' (the barrier) so that they compute at the same time, as a run's do."""
+    torch.set_num_threads(1)
+    values = preset_overrides(preset)
+    cfg = GPT2Config.from_preset(values["model_preset"])
+    batch, block = values["micro_batch_size"], values["block_size"]
+    model = GPT2(cfg)
+    idx = torch.randint(0, cfg.vocab_size, (batch, block), generator=torch.Generator().manual_seed(0))
+    optimizer = adamw_over([_largest_shape(cfg)])
+    barrier.wait()
+    best = float("inf")
+    for _ in range(CALIBRATION_REPEATS + 1):  # the first pass allocates: it is timed but cannot win
+        start = time.perf_counter()
+        _, loss = model(idx, targets=idx)
+        loss.backward()
+        best = min(best, time.perf_counter() - start)
+        model.zero_grad(set_to_none=True)
+    barrier.wait()
+    (update_s,) = fastest_steps([optimizer], CALIBRATION_REPEATS)
+    results.put((best, update_s))
 
 
 def launch(preset: str, strategy: str, micro_steps: int, args: argparse.Namespace, out: Path) -> Path:
@@ -96,19 +148,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/step_time"))
     parser.add_argument("--data", type=Path, default=None, help="a corpus (default: a small synthetic one)")
     parser.add_argument("--cache_dir", type=Path, default=None, help="default: OUT/cache")
+    parser.add_argument(
+        "--reuse",
+        action="store_true",
+        help="keep the finished runs and calibrations already in OUT, launch and calibrate only what is missing "
+        "(to measure a table in several shorter sittings, then print it whole)",
+    )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
     args.cache_dir = args.cache_dir or args.out / "cache"
     if args.data is None:
         args.data = args.out / "news.csv"
-        write_news_csv(args.data, articles=60, words=200)
+        if not (args.reuse and args.data.exists()):
+            write_news_csv(args.data, articles=60, words=200)
     rows = []
     for preset in args.presets.split(","):
-        mfu, rate, peak = calibrate(preset, args.cache_dir)
-        print(f"{preset}: forward+backward at MFU {mfu:.3f} of {peak / 1e9:.1f} GFLOP/s, AdamW {rate:.1f} GB/s")
-        for strategy in args.strategies.split(","):
+        strategies = args.strategies.split(",")
+        counts = sorted({PROCESSES if registry.get(s).multi_process else 1 for s in strategies})
+        calibrations = {n: _calibration(preset, n, args) for n in counts}
+        for strategy in strategies:
+            cal = calibrations[PROCESSES if registry.get(strategy).multi_process else 1]
             for micro_steps in (int(a) for a in args.micro_steps.split(",")):
-                t = compare_run(launch(preset, strategy, micro_steps, args, args.out), mfu, rate)["step_time"]
+                folder = args.out / f"{preset}-{strategy}-a{micro_steps}"
+                if not (args.reuse and (folder / "summary.json").exists()):
+                    launch(preset, strategy, micro_steps, args, args.out)
+                t = compare_run(folder, cal.mfu, cal.adamw_gb_s)["step_time"]
                 rows.append((preset, strategy, micro_steps, t))
                 print(_row(*rows[-1]), flush=True)
     errors = [abs(t["error_pct"]) for *_, t in rows if t["error_pct"] is not None]
@@ -121,7 +185,53 @@ def main(argv: list[str] | None = None) -> int:
             f"\n|error|: median {statistics.median(errors):.1f}%, largest {max(errors):.1f}%, "
             f"{sum(e <= 20 for e in errors)} of {len(errors)} within 20%"
         )
+    print()
+    for line in _ordering_lines(rows):
+        print(line)
     return 0
+
+
+def _calibration(preset: str, processes: int, args: argparse.Namespace) -> Calibration:
+    """Measured now, or with --reuse the one kept in OUT from an earlier sitting; printed either way."""
+    path = args.out / f"calibration-{preset}-{processes}p.json"
+    if args.reuse and path.exists():
+        cal, when = Calibration(**json.loads(path.read_text(encoding="utf-8"))), "kept"
+    else:
+        cal, when = calibrate(preset, args.cache_dir, processes), "measured"
+        path.write_text(json.dumps(asdict(cal)), encoding="utf-8")
+    print(
+        f"{preset}, {processes} process(es) at once ({when}): forward+backward at MFU {cal.mfu:.3f} of "
+        f"{cal.peak_flops / 1e9:.1f} GFLOP/s, AdamW {cal.adamw_gb_s:.1f} GB/s",
+        flush=True,
+    )
+    return cal
+
+
+def _ordering_lines(rows: list[tuple[str, str, int, dict]]) -> list[str]:
+    """Per preset and accumulation, the pairs of strategies whose measured speeds differ beyond the planner's
+    uncertainty between two strategies, yet which the prediction orders the other way."""
+    lines = []
+    for preset, micro_steps in dict.fromkeys((p, a) for p, _, a, _ in rows):
+        group = [
+            Timed(strategy, _tokens_per_step(preset, strategy, a), t["predicted_s"], t["measured_s"])
+            for p, strategy, a, t in rows
+            if (p, a) == (preset, micro_steps) and t["predicted_s"] and t["measured_s"]
+        ]
+        wrong = misordered(group)
+        fastest = max(group, key=lambda g: g.tokens / g.measured_s).name if group else "none"
+        predicted = max(group, key=lambda g: g.tokens / g.predicted_s).name if group else "none"
+        pairs = ", ".join(f"{a} measured faster than {b}" for a, b in wrong) or "none"
+        lines.append(
+            f"{preset} at {micro_steps} micro-step(s): predicted fastest {predicted}, measured fastest {fastest}; "
+            f"pairs ordered wrongly beyond the uncertainty: {pairs}"
+        )
+    return lines
+
+
+def _tokens_per_step(preset: str, strategy: str, micro_steps: int) -> int:
+    values = preset_overrides(preset)
+    processes = PROCESSES if registry.get(strategy).multi_process else 1
+    return values["micro_batch_size"] * values["block_size"] * micro_steps * processes
 
 
 def _row(preset: str, strategy: str, micro_steps: int, t: dict) -> str:

@@ -291,6 +291,33 @@ def _ahead_everywhere(best: dict[str, Any], other: dict[str, Any]) -> bool:
     )
 
 
+@dataclass(frozen=True)
+class Timed:
+    """One strategy of a comparison: tokens it trains per step, its predicted and its measured step, seconds."""
+
+    name: str
+    tokens: int
+    predicted_s: float
+    measured_s: float
+
+
+def misordered(group: list[Timed], spread: float = MODEL_SPREAD) -> list[tuple[str, str]]:
+    """Pairs (measured faster, measured slower) of strategies run on the same hardware and workload whose
+    measured tokens/s differ by more than the planner's uncertainty between two strategies (each may be off
+    by `spread`, not shared: the rule `_ahead_everywhere` holds a winner to), yet whose predicted tokens/s
+    put them the other way round (or level). Empty when the prediction orders every clear pair rightly, so
+    the recommendation, the fastest predicted, is never beaten beyond the uncertainty."""
+    wrong = []
+    for a in group:
+        for b in group:
+            measured_a, measured_b = a.tokens / a.measured_s, b.tokens / b.measured_s
+            if measured_a * (1 - spread) > measured_b * (1 + spread) and a.tokens / a.predicted_s <= (
+                b.tokens / b.predicted_s
+            ):
+                wrong.append((a.name, b.name))
+    return wrong
+
+
 def _fastest(speed: list[dict[str, Any]], hw: Hardware) -> dict[str, Any]:
     """The fastest when it is ahead beyond the uncertainty; otherwise "no clear winner", and of the
     strategies it cannot tell apart, the one that leaves the most memory free."""

@@ -33,7 +33,7 @@ from planner.cost_model import (
     step_memory,
     step_time,
 )
-from planner.plan import measured_link, plan
+from planner.plan import MODEL_SPREAD, Timed, measured_link, misordered, plan
 from planner.request import PlanRequest
 from training.registry import STRATEGIES as ENTRIES
 from training.registry import names
@@ -698,3 +698,27 @@ def test_on_a_cpu_no_collective_hides_behind_compute() -> None:
     for name in ("ddp", "fsdp"):
         t = step_time(workload(world_size=2, precision="fp32", device="cpu"), name, 1e12, 0.3, Link(gb_s=1.0))
         assert t.exposed_s == pytest.approx(t.communication_s, rel=1e-12) and t.built_in_hidden_s == 0.0
+
+
+# ---------------------------------------------------------------------------------------------------
+# The recommendation against measured steps
+
+
+def test_a_pair_measured_apart_beyond_the_uncertainty_but_predicted_the_other_way_is_listed() -> None:
+    """The check benchmarks/step_time.py prints under its table: single trains half the tokens of a
+    two-process step, so speeds (tokens/s), not step seconds, are compared."""
+    single = Timed("single", 512, predicted_s=0.40, measured_s=0.40)  # 1,280 tokens/s measured
+    ddp = Timed("ddp", 1024, predicted_s=0.41, measured_s=0.60)  # 1,707 tokens/s: 33% faster, beyond 2 x 5%
+    assert misordered([single, ddp]) == []  # predicted 2,498 against 1,280: the same order
+    fsdp = Timed("fsdp", 1024, predicted_s=0.39, measured_s=1.00)  # predicted fastest, measured slowest
+    assert misordered([single, ddp, fsdp]) == [("single", "fsdp"), ("ddp", "fsdp")]
+
+
+def test_a_pair_measured_within_the_uncertainty_is_never_called_wrong() -> None:
+    # 9% apart measured: inside (1 + 5%) / (1 - 5%) = 1.105, so either predicted order is allowed.
+    a = Timed("a", 1000, predicted_s=1.00, measured_s=1.00)
+    b = Timed("b", 1000, predicted_s=0.50, measured_s=1.09)
+    assert (1 / 1.00) * (1 - MODEL_SPREAD) < (1 / 1.09) * (1 + MODEL_SPREAD)
+    assert misordered([a, b]) == []
+    beyond = Timed("b", 1000, predicted_s=0.50, measured_s=1.12)
+    assert misordered([a, beyond]) == [("a", "b")]
