@@ -149,3 +149,39 @@ def test_the_summary_records_each_saves_pause_and_duration(shared_runs) -> None:
     for save in saves:
         assert all(math.isfinite(save[k]) and save[k] > 0 for k in ("blocked_s", "total_s")), save
     assert saves[-1]["blocked_s"] >= saves[-1]["total_s"]
+
+
+def _real_session(prepared, tmp_path: Path, checkpoint_async: bool = True) -> SimpleNamespace:
+    """`_session` around the module's prepared one-process model, so that checkpoint_now writes real checkpoints."""
+    accelerator, model, optimizer = prepared
+    s = _session(tmp_path)
+    s.accelerator, s.model, s.optimizer = accelerator, model, optimizer
+    s.cfg.run.checkpoint_async = checkpoint_async
+    return s
+
+
+def test_an_async_save_blocks_training_for_less_than_it_takes_and_the_total_counts_only_the_blocked_seconds(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A periodic save at step 3 whose write is held 0.5 s inside DCP's writer while training goes on, then the
+    last save at step 6 (synchronous): step 3's blocked_s is below its total_s, step 6's is all of it, and the
+    run's checkpoint time (summary.json's total.checkpoint_time_s) is the sum of the blocked seconds."""
+    release = threading.Event()
+    monkeypatch.setattr(checkpoint_module, "inside_checkpoint_writer", lambda step: release.wait(30))
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    s = _real_session(prepared, tmp_path)
+    s.state.step = 3
+    loop.checkpoint_now(s, wait=False)
+    pending = s.pending_save
+    assert pending is not None and pending.asynchronous
+    time.sleep(0.5)  # training goes on while the write is held
+    release.set()
+    pending.future.result(timeout=30)  # written before the next save starts: the next save waits for nothing
+    s.state.step = 6
+    loop.checkpoint_now(s, wait=True)
+    first, last = s.checkpoint_saves
+    assert (first.step, first.asynchronous, last.step, last.asynchronous) == (3, True, 6, False)
+    assert 0 < first.blocked_s < first.total_s and first.total_s >= 0.5
+    assert 0 < last.total_s <= last.blocked_s
+    assert s.times.checkpoint_s == pytest.approx(first.blocked_s + last.blocked_s)
+    assert s.times.checkpoint_s < first.total_s + last.total_s
