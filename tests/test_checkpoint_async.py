@@ -4,7 +4,9 @@ pause and duration are in summary.json."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -58,10 +60,18 @@ def test_an_async_save_counts_only_once_written_and_holds_the_weights_of_its_ste
     with torch.no_grad():  # training goes on while the write waits
         for parameter in model.parameters():
             parameter.add_(1.0)
-    assert not (pending.path / COMPLETE_MARKER).exists()
+    # Watched for about a second with the write held: a checkpoint marked complete early would show up by then.
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert not (pending.path / COMPLETE_MARKER).exists() and not pending.future.done()
+        time.sleep(0.05)
     release.set()
     pending.wait()
     assert (pending.path / COMPLETE_MARKER).is_file() and checkpoint_problem(pending.path) is None
+    listed = json.loads((pending.path / COMPLETE_MARKER).read_text())["files"]
+    for folder in ("model", "optimizer"):  # the shards the held writer wrote, not only the small files
+        assert any(re.fullmatch(rf"{folder}/__0_\d+\.distcp", name) for name in listed), (folder, sorted(listed))
+        assert f"{folder}/.metadata" in listed, (folder, sorted(listed))
     written = load_model_state_dict(pending.path)
     assert all(torch.equal(written[k], saved[k]) for k in written)
     assert 0 < pending.blocked_s and 0 < pending.total_s
