@@ -195,3 +195,75 @@ def test_an_async_save_blocks_training_for_less_than_it_takes_and_the_total_coun
     assert 0 < last.total_s <= last.blocked_s
     assert s.times.checkpoint_s == pytest.approx(first.blocked_s + last.blocked_s)
     assert s.times.checkpoint_s < first.total_s + last.total_s
+
+
+def _recording_start(started: list[PendingSave], seconds: float = 0.0):
+    """A stand-in for start_checkpoint that records each save and completes it after `seconds` (asynchronous)."""
+
+    def fake_start(accelerator, model, optimizer, out, step, *rest, asynchronous, groups) -> PendingSave:
+        future: Future[float] = Future()
+        if asynchronous and seconds:
+            threading.Timer(seconds, lambda: future.set_result(time.perf_counter())).start()
+        else:
+            future.set_result(time.perf_counter())
+        started.append(PendingSave(out / str(step), step, time.perf_counter(), 0.01, future, asynchronous))
+        return started[-1]
+
+    return fake_start
+
+
+def test_no_checkpoint_async_makes_every_save_synchronous(
+    tmp_path: Path, base_args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--no-checkpoint_async: the periodic saves (steps 3, 6) are written while training waits, as the last one
+    (9) is; none is left in flight after its step, and summary.json's entries all say asynchronous false."""
+    from training.cli import parse_config
+
+    run = parse_config([*base_args, "--output_dir", str(tmp_path / "run"), "--no-checkpoint_async"]).run
+    assert run.checkpoint_async is False
+    started: list[PendingSave] = []
+    monkeypatch.setattr(loop, "start_checkpoint", _recording_start(started, seconds=0.2))
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    s = _session(tmp_path)
+    s.cfg.run = run
+    for step, last in ((3, False), (6, False), (9, True)):
+        s.state.step = step
+        loop.checkpoint_now(s, wait=last)
+        assert s.pending_save is None and s.last_checkpoint == step
+    assert [p.asynchronous for p in started] == [False, False, False]
+    assert [(c.step, c.asynchronous) for c in s.checkpoint_saves] == [(3, False), (6, False), (9, False)]
+
+
+def test_a_diverged_stop_waits_for_the_save_in_flight_before_naming_the_newest_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A periodic save of step 3 still being written (0.3 s) when steps 4 and 5 are non-finite under
+    --max_nonfinite_steps 2: the stop names step 3 as the newest good checkpoint, and only once it is complete."""
+    from training.stopping import RunStopped, StepHealth
+
+    started: list[PendingSave] = []
+    monkeypatch.setattr(loop, "start_checkpoint", _recording_start(started, seconds=0.3))
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    monkeypatch.setattr(loop, "_log_interval", lambda s, progress: None)
+    s = _session(tmp_path)
+    s.cfg.run = SimpleNamespace(
+        checkpoint_async=True,
+        keep_checkpoints=2,
+        log_interval=1,
+        eval_interval=0,
+        checkpoint_interval=3,
+        max_nonfinite_steps=2,
+    )
+    s.schedule = SimpleNamespace(steps_per_epoch=100, stop_at=50, total_steps=50)
+    s.log = lambda message: None
+    s.nonfinite_since = None
+    s.state.step, s.state.steps_in_epoch = 3, 3
+    assert loop._after_step(s, None, StepHealth(signal=0, nonfinite=False)) is True  # the periodic save starts
+    assert s.pending_save is not None and not s.pending_save.future.done() and s.last_checkpoint is None
+    s.state.step, s.state.steps_in_epoch = 4, 4
+    loop._after_step(s, None, StepHealth(signal=0, nonfinite=True))
+    s.state.step, s.state.steps_in_epoch = 5, 5
+    with pytest.raises(RunStopped, match=r"the newest checkpoint, step 3, is the last good one") as stopped:
+        loop._after_step(s, None, StepHealth(signal=0, nonfinite=True))
+    assert stopped.value.exit_status != 0 and started[0].future.done()
+    assert s.pending_save is None and [(c.step, c.asynchronous) for c in s.checkpoint_saves] == [(3, True)]
