@@ -4,7 +4,9 @@ pause and duration are in summary.json."""
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import threading
 import time
 from concurrent.futures import Future
@@ -58,10 +60,18 @@ def test_an_async_save_counts_only_once_written_and_holds_the_weights_of_its_ste
     with torch.no_grad():  # training goes on while the write waits
         for parameter in model.parameters():
             parameter.add_(1.0)
-    assert not (pending.path / COMPLETE_MARKER).exists()
+    # Watched for about a second with the write held: a checkpoint marked complete early would show up by then.
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        assert not (pending.path / COMPLETE_MARKER).exists() and not pending.future.done()
+        time.sleep(0.05)
     release.set()
     pending.wait()
     assert (pending.path / COMPLETE_MARKER).is_file() and checkpoint_problem(pending.path) is None
+    listed = json.loads((pending.path / COMPLETE_MARKER).read_text())["files"]
+    for folder in ("model", "optimizer"):  # the shards the held writer wrote, not only the small files
+        assert any(re.fullmatch(rf"{folder}/__0_\d+\.distcp", name) for name in listed), (folder, sorted(listed))
+        assert f"{folder}/.metadata" in listed, (folder, sorted(listed))
     written = load_model_state_dict(pending.path)
     assert all(torch.equal(written[k], saved[k]) for k in written)
     assert 0 < pending.blocked_s and 0 < pending.total_s
@@ -149,3 +159,111 @@ def test_the_summary_records_each_saves_pause_and_duration(shared_runs) -> None:
     for save in saves:
         assert all(math.isfinite(save[k]) and save[k] > 0 for k in ("blocked_s", "total_s")), save
     assert saves[-1]["blocked_s"] >= saves[-1]["total_s"]
+
+
+def _real_session(prepared, tmp_path: Path, checkpoint_async: bool = True) -> SimpleNamespace:
+    """`_session` around the module's prepared one-process model, so that checkpoint_now writes real checkpoints."""
+    accelerator, model, optimizer = prepared
+    s = _session(tmp_path)
+    s.accelerator, s.model, s.optimizer = accelerator, model, optimizer
+    s.cfg.run.checkpoint_async = checkpoint_async
+    return s
+
+
+def test_an_async_save_blocks_training_for_less_than_it_takes_and_the_total_counts_only_the_blocked_seconds(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A periodic save at step 3 whose write is held 0.5 s inside DCP's writer while training goes on, then the
+    last save at step 6 (synchronous): step 3's blocked_s is below its total_s, step 6's is all of it, and the
+    run's checkpoint time (summary.json's total.checkpoint_time_s) is the sum of the blocked seconds."""
+    release = threading.Event()
+    monkeypatch.setattr(checkpoint_module, "inside_checkpoint_writer", lambda step: release.wait(30))
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    s = _real_session(prepared, tmp_path)
+    s.state.step = 3
+    loop.checkpoint_now(s, wait=False)
+    pending = s.pending_save
+    assert pending is not None and pending.asynchronous
+    time.sleep(0.5)  # training goes on while the write is held
+    release.set()
+    pending.future.result(timeout=30)  # written before the next save starts: the next save waits for nothing
+    s.state.step = 6
+    loop.checkpoint_now(s, wait=True)
+    first, last = s.checkpoint_saves
+    assert (first.step, first.asynchronous, last.step, last.asynchronous) == (3, True, 6, False)
+    assert 0 < first.blocked_s < first.total_s and first.total_s >= 0.5
+    assert 0 < last.total_s <= last.blocked_s
+    assert s.times.checkpoint_s == pytest.approx(first.blocked_s + last.blocked_s)
+    assert s.times.checkpoint_s < first.total_s + last.total_s
+
+
+def _recording_start(started: list[PendingSave], seconds: float = 0.0):
+    """A stand-in for start_checkpoint that records each save and completes it after `seconds` (asynchronous)."""
+
+    def fake_start(accelerator, model, optimizer, out, step, *rest, asynchronous, groups) -> PendingSave:
+        future: Future[float] = Future()
+        if asynchronous and seconds:
+            threading.Timer(seconds, lambda: future.set_result(time.perf_counter())).start()
+        else:
+            future.set_result(time.perf_counter())
+        started.append(PendingSave(out / str(step), step, time.perf_counter(), 0.01, future, asynchronous))
+        return started[-1]
+
+    return fake_start
+
+
+def test_no_checkpoint_async_makes_every_save_synchronous(
+    tmp_path: Path, base_args: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--no-checkpoint_async: the periodic saves (steps 3, 6) are written while training waits, as the last one
+    (9) is; none is left in flight after its step, and summary.json's entries all say asynchronous false."""
+    from training.cli import parse_config
+
+    run = parse_config([*base_args, "--output_dir", str(tmp_path / "run"), "--no-checkpoint_async"]).run
+    assert run.checkpoint_async is False
+    started: list[PendingSave] = []
+    monkeypatch.setattr(loop, "start_checkpoint", _recording_start(started, seconds=0.2))
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    s = _session(tmp_path)
+    s.cfg.run = run
+    for step, last in ((3, False), (6, False), (9, True)):
+        s.state.step = step
+        loop.checkpoint_now(s, wait=last)
+        assert s.pending_save is None and s.last_checkpoint == step
+    assert [p.asynchronous for p in started] == [False, False, False]
+    assert [(c.step, c.asynchronous) for c in s.checkpoint_saves] == [(3, False), (6, False), (9, False)]
+
+
+def test_a_diverged_stop_waits_for_the_save_in_flight_before_naming_the_newest_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A periodic save of step 3 still being written (0.3 s) when steps 4 and 5 are non-finite under
+    --max_nonfinite_steps 2: the stop names step 3 as the newest good checkpoint, and only once it is complete."""
+    from training.stopping import RunStopped, StepHealth
+
+    started: list[PendingSave] = []
+    monkeypatch.setattr(loop, "start_checkpoint", _recording_start(started, seconds=0.3))
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    monkeypatch.setattr(loop, "_log_interval", lambda s, progress: None)
+    s = _session(tmp_path)
+    s.cfg.run = SimpleNamespace(
+        checkpoint_async=True,
+        keep_checkpoints=2,
+        log_interval=1,
+        eval_interval=0,
+        checkpoint_interval=3,
+        max_nonfinite_steps=2,
+    )
+    s.schedule = SimpleNamespace(steps_per_epoch=100, stop_at=50, total_steps=50)
+    s.log = lambda message: None
+    s.nonfinite_since = None
+    s.state.step, s.state.steps_in_epoch = 3, 3
+    assert loop._after_step(s, None, StepHealth(signal=0, nonfinite=False)) is True  # the periodic save starts
+    assert s.pending_save is not None and not s.pending_save.future.done() and s.last_checkpoint is None
+    s.state.step, s.state.steps_in_epoch = 4, 4
+    loop._after_step(s, None, StepHealth(signal=0, nonfinite=True))
+    s.state.step, s.state.steps_in_epoch = 5, 5
+    with pytest.raises(RunStopped, match=r"the newest checkpoint, step 3, is the last good one") as stopped:
+        loop._after_step(s, None, StepHealth(signal=0, nonfinite=True))
+    assert stopped.value.exit_status != 0 and started[0].future.done()
+    assert s.pending_save is None and [(c.step, c.asynchronous) for c in s.checkpoint_saves] == [(3, True)]

@@ -129,12 +129,15 @@ class CheckpointFolderWithRollBacks(CheckpointFolder):
         for renamed in roll_back_past(checkpoint):
             assert renamed.name.split(".")[1] == ROLLED_BACK_SUFFIX[1:]
             self.aside[renamed] = _digest(renamed)
+            # A folder deleted rather than renamed would digest to {} now and later, and pass the check below.
+            assert renamed.is_dir() and self.aside[renamed], f"{renamed.name} is gone or empty"
         assert steps(self.out)[-1] == step and checkpoint_problem(checkpoint) is None
         self.position = step
         self.newest_before = None  # the newest verified checkpoint moved back on purpose
 
     @rule()
     def rolled_aside_folders_are_never_touched(self) -> None:
+        assert all(path.is_dir() and digest for path, digest in self.aside.items())
         assert {path: _digest(path) for path in self.aside} == self.aside
 
 
