@@ -214,8 +214,14 @@ def start_on_machines(
 
 
 def wait_on_machines(procs: list[subprocess.Popen[str]], check: bool = True) -> subprocess.CompletedProcess[str]:
-    """Every machine's launcher ended; what they printed, machine 0 first; the worst exit status."""
-    outputs = [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]
+    """Every machine's launcher ended; what they printed, machine 0 first; the worst exit status.
+
+    One hang guard of LAUNCH_TIMEOUT_S for all the launchers together, not one each: a test that gives its
+    job a collective timeout longer than the guard then knows the whole wait ended before that timeout."""
+    import time
+
+    deadline = time.monotonic() + LAUNCH_TIMEOUT_S
+    outputs = [p.communicate(timeout=max(0.0, deadline - time.monotonic())) for p in procs]
     stdout, stderr = "".join(o for o, _ in outputs), "".join(e for _, e in outputs)
     status = max(p.returncode for p in procs)
     if check and status != 0:

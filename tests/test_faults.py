@@ -7,6 +7,7 @@ so the shared DDP run is the uninterrupted reference at no extra cost.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -28,6 +29,7 @@ from training.errors import RunError
 from training.faults import (
     Fault,
     FaultKind,
+    fresh_store_on_restart,
     is_broken_collective,
     parse_fault,
     planned_fault,
@@ -63,6 +65,46 @@ def test_only_the_process_that_failed_tells_it() -> None:
     assert not echo.quiet and str(echo).startswith("rank 0 failed after step 5: RuntimeError: ")
     own = rank_failure(OSError(28, "No space left on device"), 1, 6, lambda: 15, multi=True)
     assert not own.quiet and str(own) == "rank 1 failed after step 6: OSError: [Errno 28] No space left on device"
+
+
+def test_a_restart_hosts_its_store_on_a_port_it_keeps_and_the_process_group_serves_from_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Rank 0 of a restarted attempt (one process, in this process) opens a store on a port the kernel picks,
+    publishes the port under the restart's key in the agent's store, and the process group's env:// store
+    serves from that same open server (multi_tenant): a key set before init_process_group is there after it.
+    A store closed and made again on the port (or a port probed and released) would have lost the key."""
+    import datetime
+
+    import torch.distributed as dist
+    from torch.distributed import TCPStore
+
+    agent = TCPStore("127.0.0.1", 0, is_master=True, timeout=datetime.timedelta(seconds=10))
+    env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(agent.port),
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "TORCHELASTIC_RESTART_COUNT": "1",
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+    }
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    fresh_store_on_restart(os.environ, timeout_s=10)
+    port = os.environ["MASTER_PORT"]
+    assert port != str(agent.port) and agent.get("gpt2s/restart_1/master_port").decode() == port
+    assert os.environ["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # rank 0 hosts the process group's store
+    hosted = TCPStore("127.0.0.1", int(port), is_master=False, timeout=datetime.timedelta(seconds=10))
+    hosted.set("hosted_before_the_process_group", "yes")
+    dist.init_process_group("gloo", init_method="env://", timeout=datetime.timedelta(seconds=10))
+    try:
+        store = dist.distributed_c10d._get_default_store()
+        while isinstance(store, dist.PrefixStore):
+            store = store.underlying_store
+        assert isinstance(store, TCPStore) and store.port == int(port)
+        assert store.check(["hosted_before_the_process_group"])  # the same server, not a new one on the port
+    finally:
+        dist.destroy_process_group()
 
 
 def _complete(run_dir: Path, step: int) -> None:

@@ -292,21 +292,23 @@ def test_a_live_mesh_other_than_the_launched_one_is_refused() -> None:
 
 
 # -- a rank killed on one machine -----------------------------------------------------------------------
-# The one kill test of the jobs over several machines (DDP's 3 x 2 runs uninterrupted in test_strategies.py):
-# two more 6-process launches, the second resuming from the checkpoint of step 3.
+# Two more 6-process launches, the second resuming from the checkpoint of step 3. Rank 0 killed in DDP's 3 x 2
+# job by plain `accelerate launch` (static rendezvous): test_strategies.py; here a rank of another machine, in
+# the SLURM launch line's job (c10d rendezvous).
 
-# --collective_timeout_s of the killed job: longer than the hang guard of the wait (LAUNCH_TIMEOUT_S), so a job
-# that ends within the guard ended by its failure path, not by waiting out the timeout; no wall-clock bound a
-# loaded machine could stretch past (over gloo on loopback it takes seconds).
+# --collective_timeout_s of the killed job: longer than the hang guard of the whole wait for its launchers
+# (wait_on_machines: LAUNCH_TIMEOUT_S for all of them together), so a job that ends within the guard ended by
+# its failure path, not by waiting out the timeout; no wall-clock bound a loaded machine could stretch past
+# (over gloo on loopback it takes seconds).
 COLLECTIVE_TIMEOUT_S = 2 * LAUNCH_TIMEOUT_S
 
 
 @pytest.mark.multiprocess
-def test_rank_0_killed_on_the_first_machine_ends_every_machine_and_resume_continues_exactly(
+def test_rank_3_killed_on_the_second_machine_ends_every_machine_and_resume_continues_exactly(
     hsdp: Path, base_args: list[str], tmp_path: Path
 ) -> None:
-    """At the defaults (W&B on), the SLURM launch line's HSDP job over 3 "machines" x 2: kill -9 of rank 0 (the
-    first machine's, which writes the run folder and the W&B run) ends every process of every machine with a
+    """At the defaults (W&B on), the SLURM launch line's HSDP job over 3 "machines" x 2: kill -9 of rank 3 (the
+    second machine's, a rank that writes only its own shards) ends every process of every machine with a
     non-zero exit, without waiting for the collective timeout; --resume on every machine continues the job bit
     for bit past the step it was killed in, in the same W&B run."""
     run_dir = tmp_path / "hsdp-killed"
@@ -315,7 +317,7 @@ def test_rank_0_killed_on_the_first_machine_ends_every_machine_and_resume_contin
     launchers = start_on_machines("hsdp.yaml", run_dir, args)
     wait_for_step(run_dir, 4, launchers)  # past the checkpoint of step 3
     workers = [rank_process(launchers, rank) for rank in range(MACHINES * PROCESSES_PER_MACHINE)]
-    workers[0].kill()
+    workers[3].kill()
     ended = wait_on_machines(launchers, check=False)  # within its hang guard, so before the collective timeout
     assert all(p.returncode != 0 for p in launchers), ended.stderr[-3000:]
     gone, alive = psutil.wait_procs(workers, timeout=LAUNCH_TIMEOUT_S)  # a hang guard: they are gone already

@@ -36,7 +36,7 @@ NOT_RUN = {
     "wandb sync": "uploads to W&B: needs a login and the network",
     "xdg-open": "opens a browser",
     "bash scripts/gpu_check.sh": "needs a GPU (docs/gpu_check.md)",
-    "accelerate launch --config_file accelerate_configs/ddp_multinode.yaml": "needs several machines: test_strategies.py::test_machines_on_loopback_match_one_process_step_by_step runs it on loopback",
+    "accelerate launch --config_file accelerate_configs/ddp_multinode.yaml": "needs several machines: test_strategies.py::test_machines_on_loopback_match_one_process_step_by_step_through_a_rank_0_kill_and_a_resume runs it on loopback",
 }
 RUN_PREFIXES = ("python train.py", "accelerate launch", "python -m ")
 

@@ -30,10 +30,13 @@ from tests.launch import (
     free_port,
     launch_env,
     metric_lines,
+    rank_process,
     run,
     summary,
     train,
     train_lines,
+    wait_for_step,
+    wait_on_machines,
 )
 
 pytestmark = pytest.mark.multiprocess
@@ -306,23 +309,46 @@ def _machines(args: list[str], port: int) -> list[psutil.Popen]:
     ]
 
 
-def test_machines_on_loopback_match_one_process_step_by_step(shared_runs, workdir: Path, base_args: list[str]) -> None:
-    """At the defaults (W&B on), DDP over 3 "machines" x 2 processes by plain `accelerate launch` on each: every
-    step equal to one process's on the same global batch, one W&B run for the job, from rank 0. A rank killed
-    on one machine and the resume on every machine: test_hsdp.py (rank 0 of the job over the same 3 x 2, the
-    one that writes the run folder and the W&B run)."""
+# --collective_timeout_s of the killed job: longer than the hang guard of the whole wait for its launchers
+# (wait_on_machines: LAUNCH_TIMEOUT_S for all of them together), so a job that ends within the guard ended by
+# its failure path, not by waiting out the timeout; no wall-clock bound a loaded machine could stretch past.
+COLLECTIVE_TIMEOUT_S = 2 * LAUNCH_TIMEOUT_S
+
+
+def test_machines_on_loopback_match_one_process_step_by_step_through_a_rank_0_kill_and_a_resume(
+    shared_runs, workdir: Path, base_args: list[str]
+) -> None:
+    """At the defaults (W&B on), DDP over 3 "machines" x 2 processes by plain `accelerate launch` on each (static
+    rendezvous): kill -9 of rank 0 (the first machine's, which writes the run folder and the W&B run) after step
+    4 ends every process of every machine with a non-zero exit, without waiting for the collective timeout;
+    --resume on every machine continues in the same W&B run, and every step, before the kill and after the
+    resume, equals one process's on the same global batch. Two launches answer both questions."""
     out = workdir / "ddp-machines"
-    procs = _machines([*base_args, *MACHINES_BATCH, "--output_dir", str(out)], free_port())
-    for p, (_, err) in zip(procs, [p.communicate(timeout=LAUNCH_TIMEOUT_S) for p in procs]):
-        assert p.returncode == 0, err[-3000:]
+    args = [*base_args, *MACHINES_BATCH, "--collective_timeout_s", str(COLLECTIVE_TIMEOUT_S), "--output_dir", str(out)]
+    procs = _machines(args, free_port())
+    wait_for_step(out, 4, procs)  # past the checkpoint of step 3
+    workers = [rank_process(procs, rank) for rank in range(MACHINES * PROCESSES_PER_MACHINE)]
+    workers[0].kill()
+    ended = wait_on_machines(procs, check=False)  # within its hang guard, so before the collective timeout
+    assert all(p.returncode != 0 for p in procs), ended.stderr[-3000:]
+    gone, alive = psutil.wait_procs(workers, timeout=LAUNCH_TIMEOUT_S)  # a hang guard: they are gone already
+    assert not alive and len(gone) == len(workers)
+    logged = max(train_lines(out))
+    assert 4 <= logged < MAX_STEPS  # stopped in the middle
+    # The resume redoes the steps lost since the checkpoint and one more, then stops (the steps after are the
+    # same code again): --stop_after_steps keeps the 12-step schedule of the one-process run.
+    stop = min(logged + 1, MAX_STEPS)
+    resumed = wait_on_machines(_machines([*args, "--resume", "--stop_after_steps", str(stop)], free_port()))
+    assert "resumed from" in resumed.stdout + resumed.stderr
     s = summary(out)
-    assert (s["strategy"], s["world_size"], s["num_machines"], s["complete"]) == ("ddp", 6, 3, True)
+    assert (s["strategy"], s["world_size"], s["num_machines"], s["steps"]) == ("ddp", 6, 3, stop)
+    # One W&B run for the job, from rank 0, continued by the resume.
     run_id = (out / "wandb_run_id").read_text()
-    assert [d.name.endswith(run_id) for d in (out / "wandb").glob("offline-run-*")] == [True]
-    assert sorted(train_lines(out)) == list(range(1, MAX_STEPS + 1))
+    assert [d.name.endswith(run_id) for d in (out / "wandb").glob("offline-run-*")] == [True, True]
+    assert sorted(train_lines(out)) == list(range(1, stop + 1))
     single = shared_runs["single_24"]
     assert summary(single)["global_batch_tokens"] == s["global_batch_tokens"] == 24 * 64
-    _assert_same_steps(out, single, range(1, MAX_STEPS + 1))
+    _assert_same_steps(out, single, range(1, stop + 1))
 
 
 # -- the guard, against each silent fallback reproduced for real -----------------------------------------
