@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +22,7 @@ import torch
 from model import GPT2, GPT2Config
 from tests.launch import REPO, SHARED_STEPS, launch_env, summary, train, train_lines
 from tests.test_checkpoint_keeping import CONFIG, _prepared, damage, save
+from training import session
 from training.checkpoint import checkpoint_path, load_model_state_dict, load_model_weights
 from training.config import RunConfig
 from training.errors import RunError
@@ -183,3 +186,47 @@ def test_another_model_shape_is_one_error_line_before_anything_is_written(
     assert "the model's shape differs: n_layer 2 saved, 3 requested" in errors[0]
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]  # not even the run lock
     assert (out / "metrics.jsonl").read_text() == '{"kind": "train", "step": 1}\n'
+
+
+# --------------------------------------------------------------------------------------------- restarts
+
+
+def _launch_config(source: Path, out: Path) -> SimpleNamespace:
+    """What _claim_and_source reads of the launch: the run settings of `--init_from source`."""
+    return SimpleNamespace(run=RunConfig(output_dir=str(out), init_from=str(source)))
+
+
+@pytest.fixture()
+def restarted(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folder of an --init_from job that saved step 2 of its own, in the job's first restart."""
+    out = tmp_path / "new"
+    chosen = init_source(str(source), out, CONFIG.to_dict())
+    save(_prepared(), out, 2, keep=2)
+    (out / "config.json").write_text(json.dumps({"launch": {"initialised_from": chosen.record().to_dict()}}))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setattr(session, "_model_config", lambda cfg: CONFIG)
+    return out
+
+
+def test_a_restart_continues_its_own_checkpoint_though_the_source_is_gone(
+    source: Path, restarted: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorded = earlier_source(restarted)
+    shutil.rmtree(source)  # pruned or moved since the first launch
+    resume_from, init_from = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    assert (resume_from, init_from) == (checkpoint_path(restarted, 2), None)  # nothing to load over the resume
+    assert earlier_source(restarted) == recorded  # the resume keeps what the first launch recorded
+    assert "continuing from" in capsys.readouterr().err
+
+
+def test_a_restart_does_not_pick_the_sources_newer_checkpoint(source: Path, restarted: Path) -> None:
+    save(_prepared(), source, 6, keep=3)  # the source trained on meanwhile
+    resume_from, init_from = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    assert (resume_from, init_from) == (checkpoint_path(restarted, 2), None)
+
+
+def test_a_restart_without_a_checkpoint_of_its_own_starts_from_the_source_again(source: Path, restarted: Path) -> None:
+    shutil.rmtree(checkpoint_path(restarted, 2))
+    resume_from, init_from = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    assert resume_from is None
+    assert init_from is not None and init_from.checkpoint == checkpoint_path(source, 4)

@@ -285,13 +285,30 @@ def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
     signals.install()  # from here on a signal waits for a step boundary
     accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
     _check_folder_shared(accelerator, out)  # before the claim: a refused job touches no run of the folder
-    # Before the claim too, which may clear the folder: a source that does not fit leaves everything as it was.
-    init_from = None if cfg.run.init_from is None else _agree_on_init(accelerator, cfg, out)
-    resume_from = _claim_output_dir(accelerator, cfg, out)
+    resume_from, init_from = _claim_and_source(accelerator, cfg, out)
     set_seed(cfg.run.seed)
     levers = _levers(cfg, accelerator, requested.strategy)
     log_on_main(accelerator, _levers_line(levers))
     return _Processes(requested, wandb_mode, signals, accelerator, levers, resume_from, init_from)
+
+
+def _claim_and_source(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> tuple[Path | None, InitSource | None]:
+    """The checkpoint this launch continues, if any, and --init_from's source when its weights are to be loaded.
+
+    A restart of an --init_from job (torchrun reruns the same command) continues its own newest checkpoint
+    like any restart: the source is then neither looked at nor loaded (it may have been pruned or moved
+    since), and config.json keeps the source the first launch recorded. Only a restart that finds no
+    checkpoint of its own starts from the source's weights again.
+    """
+    restart = _job_restart(accelerator)
+    if cfg.run.init_from is None:
+        return _claim_output_dir(accelerator, cfg, out, restart), None
+    if restart == 0:
+        # Before the claim, which may clear the folder: a source that does not fit leaves everything as it was.
+        init_from = _agree_on_init(accelerator, cfg, out)
+        return _claim_output_dir(accelerator, cfg, out, restart), init_from
+    resume_from = _claim_output_dir(accelerator, cfg, out, restart)
+    return resume_from, (_agree_on_init(accelerator, cfg, out) if resume_from is None else None)
 
 
 def _data(cfg: TrainConfig, processes: _Processes) -> _Data:
@@ -595,13 +612,13 @@ def _share_outcome(failure: str | None) -> str | None:
     return broadcast_object_list([failure], from_process=0)[0]
 
 
-def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> Path | None:
+def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path, restart: int) -> Path | None:
     """The main process locks and checks the output folder; every process learns the outcome and fails alike.
 
     One lock holder per job: the other processes would otherwise see the folder locked by their own
-    main process. Returns the checkpoint to resume from, if any.
+    main process. `restart`: which restart of the job this is (_job_restart). Returns the checkpoint to resume
+    from, if any.
     """
-    restart = _job_restart(accelerator)
     resume_from = _decided_by_main(accelerator, lambda: _claim_as_main(cfg, out, restart))
     return Path(resume_from) if resume_from is not None else None
 
