@@ -213,20 +213,20 @@ def test_a_restart_continues_its_own_checkpoint_though_the_source_is_gone(
 ) -> None:
     recorded = earlier_source(restarted)
     shutil.rmtree(source)  # pruned or moved since the first launch
-    resume_from, init_from = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
-    assert (resume_from, init_from) == (checkpoint_path(restarted, 2), None)  # nothing to load over the resume
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    assert (claim.resume_from, claim.init_from) == (checkpoint_path(restarted, 2), None)  # nothing to load over the resume
     assert earlier_source(restarted) == recorded  # the resume keeps what the first launch recorded
     assert "continuing from" in capsys.readouterr().err
 
 
 def test_a_restart_does_not_pick_the_sources_newer_checkpoint(source: Path, restarted: Path) -> None:
     save(_prepared(), source, 6, keep=3)  # the source trained on meanwhile
-    resume_from, init_from = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
-    assert (resume_from, init_from) == (checkpoint_path(restarted, 2), None)
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    assert (claim.resume_from, claim.init_from) == (checkpoint_path(restarted, 2), None)
 
 
 def test_a_restart_without_a_checkpoint_of_its_own_starts_from_the_source_again(source: Path, restarted: Path) -> None:
     shutil.rmtree(checkpoint_path(restarted, 2))
-    resume_from, init_from = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
-    assert resume_from is None
-    assert init_from is not None and init_from.checkpoint == checkpoint_path(source, 4)
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    assert claim.resume_from is None
+    assert claim.init_from is not None and claim.init_from.checkpoint == checkpoint_path(source, 4)

@@ -120,12 +120,16 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
 
 def set_aside(path: Path, suffix: str) -> Path:
     """Rename a checkpoint folder so that no listing counts it again, keeping its files for a person to look
-    at; a second folder of the same step and suffix gets a number after it."""
+    at; a second folder of the same step and suffix gets a number after it.
+
+    The folder holding it is synced: a power loss must not bring back the old name, which every listing
+    counts again (a rolled-back step_12 resumed from, a damaged one chosen)."""
     target = path.with_name(path.name + suffix)
     number = 1
     while target.exists():
         target, number = path.with_name(f"{path.name}{suffix}.{number}"), number + 1
     path.rename(target)
+    sync_folder(path.parent)
     return target
 
 

@@ -175,8 +175,11 @@ def set_up(cfg: TrainConfig) -> Session:
     data = _data(cfg, processes)
     identity = _identity(cfg, model_config, data, processes.accelerator)
     # Before anything is loaded or written: a launch that cannot continue the checkpoint exactly leaves it be.
-    roll_back = cfg.run.resume_step is not None
-    resumed = None if resume_from is None else _agree_on_resume(processes.accelerator, resume_from, identity, roll_back)
+    resumed = (
+        None
+        if resume_from is None
+        else _agree_on_resume(processes.accelerator, resume_from, identity, processes.claim.roll_back)
+    )
     trainable = _trainable(cfg, model_config, processes, data.schedule)
     if processes.init_from is not None:  # the weights only, into the model as prepared for this launch
         load_model_weights(trainable.model, processes.init_from.checkpoint)
@@ -226,8 +229,27 @@ class _Processes:
     signals: SignalFlag
     accelerator: Accelerator
     levers: Levers
+    claim: _Claim  # what this launch continues or starts from
+
+    @property
+    def resume_from(self) -> Path | None:
+        return self.claim.resume_from
+
+    @property
+    def init_from(self) -> InitSource | None:
+        return self.claim.init_from
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What the output folder's claim decided, agreed by every process."""
+
     resume_from: Path | None  # the checkpoint --resume continues from
     init_from: InitSource | None  # the checkpoint whose weights --init_from starts a new run from
+    # --resume_step renames the newer checkpoints aside: in the job's first launch only. A restart reruns the
+    # same command and continues its own newest checkpoint (_claim_as_main); renaming aside what the job
+    # saved since the roll-back would throw that work away.
+    roll_back: bool
 
 
 @dataclass
@@ -285,14 +307,14 @@ def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
     signals.install()  # from here on a signal waits for a step boundary
     accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
     _check_folder_shared(accelerator, out)  # before the claim: a refused job touches no run of the folder
-    resume_from, init_from = _claim_and_source(accelerator, cfg, out)
+    claim = _claim_and_source(accelerator, cfg, out)
     set_seed(cfg.run.seed)
     levers = _levers(cfg, accelerator, requested.strategy)
     log_on_main(accelerator, _levers_line(levers))
-    return _Processes(requested, wandb_mode, signals, accelerator, levers, resume_from, init_from)
+    return _Processes(requested, wandb_mode, signals, accelerator, levers, claim)
 
 
-def _claim_and_source(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> tuple[Path | None, InitSource | None]:
+def _claim_and_source(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> _Claim:
     """The checkpoint this launch continues, if any, and --init_from's source when its weights are to be loaded.
 
     A restart of an --init_from job (torchrun reruns the same command) continues its own newest checkpoint
@@ -301,14 +323,15 @@ def _claim_and_source(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> 
     checkpoint of its own starts from the source's weights again.
     """
     restart = _job_restart(accelerator)
+    roll_back = cfg.run.resume_step is not None and restart == 0
     if cfg.run.init_from is None:
-        return _claim_output_dir(accelerator, cfg, out, restart), None
+        return _Claim(_claim_output_dir(accelerator, cfg, out, restart), None, roll_back)
     if restart == 0:
         # Before the claim, which may clear the folder: a source that does not fit leaves everything as it was.
         init_from = _agree_on_init(accelerator, cfg, out)
-        return _claim_output_dir(accelerator, cfg, out, restart), init_from
+        return _Claim(_claim_output_dir(accelerator, cfg, out, restart), init_from, roll_back)
     resume_from = _claim_output_dir(accelerator, cfg, out, restart)
-    return resume_from, (_agree_on_init(accelerator, cfg, out) if resume_from is None else None)
+    return _Claim(resume_from, _agree_on_init(accelerator, cfg, out) if resume_from is None else None, roll_back)
 
 
 def _data(cfg: TrainConfig, processes: _Processes) -> _Data:
