@@ -214,7 +214,8 @@ def test_a_restart_continues_its_own_checkpoint_though_the_source_is_gone(
     recorded = earlier_source(restarted)
     shutil.rmtree(source)  # pruned or moved since the first launch
     claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
-    assert (claim.resume_from, claim.init_from) == (checkpoint_path(restarted, 2), None)  # nothing to load over the resume
+    # Nothing to load over the resume.
+    assert (claim.resume_from, claim.init_from) == (checkpoint_path(restarted, 2), None)
     assert earlier_source(restarted) == recorded  # the resume keeps what the first launch recorded
     assert "continuing from" in capsys.readouterr().err
 
