@@ -149,3 +149,53 @@ def test_the_summary_records_each_saves_pause_and_duration(shared_runs) -> None:
     for save in saves:
         assert all(math.isfinite(save[k]) and save[k] > 0 for k in ("blocked_s", "total_s")), save
     assert saves[-1]["blocked_s"] >= saves[-1]["total_s"]
+
+
+# --------------------------------------------------------------------------------------------- a failure meanwhile
+
+
+def _failing_run(s: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_training on `s`, whose training fails at once with RuntimeError("boom") (told as it is)."""
+    s.cfg.run.collective_timeout_s = 600
+
+    def fail(session) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(loop, "set_up", lambda cfg: s)
+    monkeypatch.setattr(loop, "train", fail)
+    monkeypatch.setattr(loop, "_failed", lambda session, exc, step: exc)
+    with pytest.raises(RuntimeError, match="^boom$"):
+        loop.run_training(None)
+
+
+def test_a_failure_right_after_an_async_save_lets_it_be_marked_complete_first(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The save's files are being written when training fails: the process waits for it (the thread that
+    marks it complete dies with the process), so the checkpoint counts."""
+    accelerator, model, optimizer = prepared
+    release = threading.Event()
+    monkeypatch.setattr(checkpoint_module, "inside_checkpoint_writer", lambda step: release.wait(30))
+    s = _session(tmp_path)
+    s.pending_save = start_checkpoint(
+        accelerator, model, optimizer, tmp_path, 4, CONFIG.to_dict(), keep=2, train_state={}, asynchronous=True
+    )
+    threading.Timer(0.5, release.set).start()  # the write finishes shortly after the failure
+    _failing_run(s, monkeypatch)
+    assert (tmp_path / "checkpoints" / "step_0000004" / COMPLETE_MARKER).is_file()
+    assert checkpoint_problem(tmp_path / "checkpoints" / "step_0000004") is None
+
+
+@pytest.mark.parametrize("outcome", ["fails", "hangs"])
+def test_a_save_that_fails_or_hangs_meanwhile_neither_hides_the_failure_nor_holds_the_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    future: Future[float] = Future()
+    if outcome == "fails":
+        future.set_exception(OSError("No space left on device"))
+    monkeypatch.setattr(loop, "SETTLE_ON_FAILURE_S", 0.2)
+    s = _session(tmp_path)
+    s.pending_save = PendingSave(tmp_path / "4", 4, time.perf_counter(), 0.01, future, True)
+    start = time.perf_counter()
+    _failing_run(s, monkeypatch)
+    assert time.perf_counter() - start < 10 and s.last_checkpoint is None

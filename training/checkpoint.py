@@ -90,6 +90,9 @@ def checkpoint_path(output_dir: Path, step: int) -> Path:
 # (step_N.damaged, ...) is a folder set aside, which no listing counts.
 _NAME = re.compile(r"step_(\d+)")
 DAMAGED_SUFFIX = ".damaged"
+# A folder being deleted is renamed first: a deletion cut short (a crash, a kill) must not leave a folder
+# under a checkpoint's name whose complete.json still stands over half its shards.
+DELETING_SUFFIX = ".deleting"
 
 
 def step_of_name(path: Path) -> int | None:
@@ -171,10 +174,18 @@ def prune_checkpoints(output_dir: Path, just_written: Path, keep: int) -> None:
         set_aside_damaged(path, problem)
     complete = complete_checkpoints(output_dir)
     for old in keep_decision(complete, just_written, newest_verified, keep):
-        shutil.rmtree(old, ignore_errors=True)
+        delete_folder(old)
     for partial in checkpoint_folders(output_dir):
         if partial != just_written and not (partial / COMPLETE_MARKER).exists():
-            shutil.rmtree(partial, ignore_errors=True)
+            delete_folder(partial)
+    root = output_dir / CHECKPOINTS_DIR
+    for leftover in root.glob(f"*{DELETING_SUFFIX}*"):  # of a deletion cut short before
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def delete_folder(path: Path) -> None:
+    """Delete a checkpoint folder by renaming it out of every listing first (step_N.deleting), then its files."""
+    shutil.rmtree(set_aside(path, DELETING_SUFFIX), ignore_errors=True)
 
 
 def save_checkpoint(

@@ -43,7 +43,28 @@ def run_training(cfg: Any) -> dict[str, Any]:
     except CheckpointWriteFailed as failed:  # told as the failure after the step whose checkpoint it was
         raise _failed(session, failed.cause, failed.step) from failed.cause
     except Exception as exc:  # after set-up a failure is this process's alone: train.py tells it
+        _let_pending_save_finish(session)
         raise _failed(session, exc, session.state.step) from exc
+
+
+# How long a failing process waits for a background save already under way before it exits: its files are
+# written or nearly so, and only the wait lets it be marked complete (the thread that marks it dies with the
+# process). Bounded: the failure may be what keeps the save from finishing (a peer that died mid-collective).
+SETTLE_ON_FAILURE_S = 120.0
+
+
+def _let_pending_save_finish(s: Session, timeout_s: float | None = None) -> None:
+    """Give a background save in flight the chance to be marked complete before the process fails; whatever
+    becomes of it, the failure being raised is the one told."""
+    pending, s.pending_save = s.pending_save, None
+    if pending is None:
+        return
+    limit = min(SETTLE_ON_FAILURE_S, s.cfg.run.collective_timeout_s) if timeout_s is None else timeout_s
+    try:
+        pending.future.result(timeout=limit)
+    except Exception:  # a write that failed or did not finish in time: the previous checkpoint stays the newest
+        return
+    s.last_checkpoint = pending.step
 
 
 class CheckpointWriteFailed(Exception):
