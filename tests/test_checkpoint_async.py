@@ -199,3 +199,35 @@ def test_a_save_that_fails_or_hangs_meanwhile_neither_hides_the_failure_nor_hold
     start = time.perf_counter()
     _failing_run(s, monkeypatch)
     assert time.perf_counter() - start < 10 and s.last_checkpoint is None
+
+
+def _fake_saves(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[PendingSave]:
+    """loop.start_checkpoint replaced: each save takes `seconds` in the background; the saves started, in order."""
+    started: list[PendingSave] = []
+
+    def fake_start(accelerator, model, optimizer, out, step, *rest, asynchronous, groups) -> PendingSave:
+        future: Future[float] = Future()
+        if asynchronous:
+            threading.Timer(seconds, lambda: future.set_result(time.perf_counter())).start()
+        else:
+            future.set_result(time.perf_counter())
+        started.append(PendingSave(out / str(step), step, time.perf_counter(), 0.01, future, asynchronous))
+        return started[-1]
+
+    monkeypatch.setattr(loop, "start_checkpoint", fake_start)
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    return started
+
+
+def test_a_signal_at_the_step_of_the_save_in_flight_waits_for_it_and_writes_nothing_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = _fake_saves(monkeypatch, 0.2)
+    s = _session(tmp_path)
+    s.state.step = 6
+    loop.checkpoint_now(s, wait=False)  # the periodic save, in the background
+    loop.checkpoint_now(s, wait=True)  # the signal's, at the same step
+    assert [(p.step, p.asynchronous) for p in started] == [(6, True)]
+    assert s.pending_save is None and s.last_checkpoint == 6 and started[0].future.done()
+    assert [c.step for c in s.checkpoint_saves] == [6]
+

@@ -322,9 +322,17 @@ def evaluate_now(s: Session) -> EvalLine:
 
 def checkpoint_now(s: Session, wait: bool = True) -> None:
     """Checkpoint this step, once the save before it is complete. With --checkpoint_async and not `wait`, training
-    pauses only while the states are copied to host memory, and the write goes on beside it (settle_checkpoint)."""
+    pauses only while the states are copied to host memory, and the write goes on beside it (settle_checkpoint).
+
+    A save of this very step already in flight is waited for, not written again: on a signal the grace
+    period pays for one save, not two. A save of an earlier step is waited for before this one starts rather
+    than run beside it: this save's prune would delete the folder still being written (it has no complete.json
+    yet), and two writes would share the disk and double the host memory (docs/faults.md)."""
+    in_flight = s.pending_save
     settle_checkpoint(s)
     state = s.state
+    if in_flight is not None and in_flight.step == state.step:
+        return
     state.records = [vars(r) for r in s.tracker.records]
     state.times = {"train_s": s.times.train_s, "eval_s": s.times.eval_s, "checkpoint_s": s.times.checkpoint_s}
     train_state = {"state": state.state_dict(), "scheduler": s.scheduler.state_dict()}
