@@ -230,4 +230,3 @@ def test_a_signal_at_the_step_of_the_save_in_flight_waits_for_it_and_writes_noth
     assert [(p.step, p.asynchronous) for p in started] == [(6, True)]
     assert s.pending_save is None and s.last_checkpoint == 6 and started[0].future.done()
     assert [c.step for c in s.checkpoint_saves] == [6]
-
