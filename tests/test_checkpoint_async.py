@@ -97,7 +97,7 @@ def _session(tmp_path: Path) -> SimpleNamespace:
         launch=SimpleNamespace(effective=SimpleNamespace(strategy=None)),
         accelerator=SimpleNamespace(num_processes=1),
         identity=None,
-        cfg=SimpleNamespace(run=SimpleNamespace(checkpoint_async=True, keep_checkpoints=2)),
+        cfg=SimpleNamespace(run=SimpleNamespace(checkpoint_async=True, keep_checkpoints=2, collective_timeout_s=600)),
         model=None,
         optimizer=None,
         out=tmp_path,
@@ -156,7 +156,6 @@ def test_the_summary_records_each_saves_pause_and_duration(shared_runs) -> None:
 
 def _failing_run(s: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     """run_training on `s`, whose training fails at once with RuntimeError("boom") (told as it is)."""
-    s.cfg.run.collective_timeout_s = 600
 
     def fail(session) -> None:
         raise RuntimeError("boom")
@@ -230,3 +229,37 @@ def test_a_signal_at_the_step_of_the_save_in_flight_waits_for_it_and_writes_noth
     assert [(p.step, p.asynchronous) for p in started] == [(6, True)]
     assert s.pending_save is None and s.last_checkpoint == 6 and started[0].future.done()
     assert [c.step for c in s.checkpoint_saves] == [6]
+
+
+def test_the_background_groups_fail_after_the_collective_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not gloo's default 30 minutes: a rank that died fails the others' background saves as training's would."""
+    import datetime
+
+    import torch.distributed as dist
+
+    made: list[dict] = []
+    monkeypatch.setattr(checkpoint_module, "_single_process", lambda: False)
+    monkeypatch.setattr(dist, "new_group", lambda **kwargs: made.append(kwargs) or object())
+    assert len(checkpoint_module.background_groups(42)) == 2
+    assert made == [{"backend": "gloo", "timeout": datetime.timedelta(seconds=42)}] * 2
+
+
+def test_a_save_that_never_completes_is_told_as_a_failed_write_of_its_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop, "SAVE_WAIT_S", 0.1)
+    s = _session(tmp_path)
+    s.pending_save = PendingSave(tmp_path / "4", 4, time.perf_counter(), 0.01, Future(), True)  # never done
+    raised: list[BaseException] = []
+
+    def settle() -> None:
+        try:
+            loop.settle_checkpoint(s)
+        except BaseException as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=settle, daemon=True)  # a wait without a limit would not end
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive() and len(raised) == 1
+    assert isinstance(raised[0], loop.CheckpointWriteFailed) and raised[0].step == 4

@@ -223,10 +223,13 @@ class PendingSave:
     future: Future[float]
     asynchronous: bool
 
-    def wait(self) -> float:
-        """Block until the checkpoint is complete (or its write failed: raised); returns the seconds waited."""
+    def wait(self, timeout_s: float | None = None) -> float:
+        """Block until the checkpoint is complete (or its write failed: raised); returns the seconds waited.
+
+        TimeoutError after `timeout_s`: a write that hangs (a stalled file system) must end the run with its
+        one line, not hold it for ever."""
         start = time.perf_counter()
-        self.future.result()
+        self.future.result(timeout=timeout_s)
         return time.perf_counter() - start
 
     @property
@@ -235,18 +238,22 @@ class PendingSave:
         return self.future.result() - self.started
 
 
-def background_groups() -> tuple[Any, Any] | None:
+def background_groups(timeout_s: float) -> tuple[Any, Any] | None:
     """Process groups of their own for background saves, one per DCP save (model, optimizer), created on every
     rank at once; None in one process, where a save needs no collective.
 
     DCP's collectives run in a thread beside training's, and two threads' collectives on one group would
     interleave on the wire, so neither may share a group with training or with each other. gloo: async_save
-    needs a CPU backend, whatever the device."""
+    needs a CPU backend, whatever the device. `timeout_s` (--collective_timeout_s): a rank that died makes the
+    others' background collectives fail after it, as training's do, instead of gloo's default 30 minutes."""
+    import datetime
+
     import torch.distributed as dist
 
     if _single_process():
         return None
-    return dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.new_group(backend="gloo", timeout=timeout), dist.new_group(backend="gloo", timeout=timeout)
 
 
 def start_checkpoint(

@@ -340,7 +340,7 @@ def checkpoint_now(s: Session, wait: bool = True) -> None:
     origin = origin_record(effective.strategy, s.accelerator.num_processes, s.identity)
     asynchronous = s.cfg.run.checkpoint_async and not wait
     if asynchronous and s.save_groups is None:
-        s.save_groups = background_groups()  # once, on every rank at the same save
+        s.save_groups = background_groups(s.cfg.run.collective_timeout_s)  # once, on every rank at the same save
     s.pending_save = start_checkpoint(
         s.accelerator,
         s.model,
@@ -359,6 +359,11 @@ def checkpoint_now(s: Session, wait: bool = True) -> None:
         settle_checkpoint(s)
 
 
+# The longest a save is waited for: generous, since writing a large model's states to a slow disk takes minutes;
+# a stalled file system must still end the run with one line rather than hold its machines for ever.
+SAVE_WAIT_S = 3600.0
+
+
 def settle_checkpoint(s: Session) -> None:
     """Wait until the save in progress, if any, is complete, and record how long it paused training and took.
 
@@ -368,8 +373,8 @@ def settle_checkpoint(s: Session) -> None:
     if pending is None:
         return
     try:
-        waited = pending.wait()
-    except Exception as exc:
+        waited = pending.wait(SAVE_WAIT_S)
+    except Exception as exc:  # a TimeoutError too: told as a failed write of that step
         raise CheckpointWriteFailed(pending.step, exc) from exc
     s.times.checkpoint_s += waited
     s.checkpoint_saves.append(
