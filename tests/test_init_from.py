@@ -8,8 +8,10 @@ one-process run from the shared 2-process FSDP run, and one plain `python train.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import pickle
 import shutil
 import subprocess
 import sys
@@ -231,3 +233,68 @@ def test_a_restart_without_a_checkpoint_of_its_own_starts_from_the_source_again(
     claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
     assert claim.resume_from is None
     assert claim.init_from is not None and claim.init_from.checkpoint == checkpoint_path(source, 4)
+
+
+# --------------------------------------------------------------------------------------------- weights that do not fit
+
+
+def _edit_index(checkpoint: Path, edit) -> None:
+    """Change the checkpoint's model/.metadata (DCP's index of its weights) with `edit`, and the size and CRC
+    complete.json holds for it, so that the checkpoint still verifies: what another version of the model leaves."""
+    from training.checkpoint import COMPLETE_MARKER, _crc32
+
+    index = checkpoint / "model" / ".metadata"
+    metadata = pickle.loads(index.read_bytes())
+    edit(metadata.state_dict_metadata)
+    index.write_bytes(pickle.dumps(metadata))
+    marker = json.loads((checkpoint / COMPLETE_MARKER).read_text())
+    marker["files"]["model/.metadata"] = [index.stat().st_size, _crc32(index)]
+    (checkpoint / COMPLETE_MARKER).write_text(json.dumps(marker))
+
+
+def test_a_weight_named_otherwise_is_one_line_naming_it_before_anything_is_loaded(source: Path, tmp_path: Path) -> None:
+    def rename(weights: dict) -> None:
+        weights["transformer.h.1.mlp.fc.weight"] = weights.pop("transformer.h.1.mlp.c_fc.weight")
+
+    _edit_index(checkpoint_path(source, 4), rename)
+    with pytest.raises(RunError) as refused:
+        init_source(str(checkpoint_path(source, 4)), tmp_path / "new", CONFIG.to_dict())
+    message = str(refused.value)
+    assert "\n" not in message and "its weights do not fit this model" in message
+    assert "missing from the checkpoint: transformer.h.1.mlp.c_fc.weight" in message
+    assert "not in this model: transformer.h.1.mlp.fc.weight" in message
+
+
+def test_a_weight_of_another_size_is_one_line_naming_both_sizes(source: Path, tmp_path: Path) -> None:
+    def shrink(weights: dict) -> None:
+        name = "transformer.wpe.weight"
+        weights[name] = dataclasses.replace(weights[name], size=torch.Size([16, 64]))
+
+    _edit_index(checkpoint_path(source, 4), shrink)
+    with pytest.raises(RunError, match=r"size differs: transformer\.wpe\.weight \[16, 64\] saved, \[32, 64\] here$"):
+        init_source(str(source), tmp_path / "new", CONFIG.to_dict())
+
+
+def test_the_weights_of_a_fitting_source_are_all_found(source: Path) -> None:
+    from training.init_from import _model_weights, _saved_weights, weight_differences
+
+    assert weight_differences(_saved_weights(checkpoint_path(source, 4)), _model_weights(CONFIG.to_dict())) == []
+
+
+def test_a_source_this_user_may_not_read_is_one_error_line() -> None:
+    def unreadable() -> None:
+        raise PermissionError(13, "Permission denied", "runs/a/checkpoints/step_0000004/model/__0_0.distcp")
+
+    with pytest.raises(RunError, match=r"^\[Errno 13\] Permission denied: 'runs/a/.*distcp'$"):
+        session._decided_by_main(_prepared()[0], unreadable)
+
+
+def test_processes_that_cannot_read_the_source_are_named_in_one_line(source: Path, tmp_path: Path) -> None:
+    from training.init_from import can_read_weights, unreadable_error
+
+    checkpoint = checkpoint_path(source, 4)
+    assert can_read_weights(checkpoint) and not can_read_weights(tmp_path / "elsewhere")
+    assert unreadable_error(checkpoint, [(0, "a", True), (1, "a", True)]) is None
+    line = unreadable_error(checkpoint, [(0, "a", True), (1, "b", False), (2, "b", False)])
+    assert line is not None and "\n" not in line
+    assert line.startswith(f"--init_from {checkpoint}: rank 1 on b, rank 2 on b cannot read it")

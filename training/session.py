@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +52,7 @@ from training.errors import RunError
 from training.faults import fresh_store_on_restart, restart_count
 from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
-from training.init_from import InitSource, earlier_source, init_source
+from training.init_from import InitSource, can_read_weights, earlier_source, init_source, unreadable_error
 from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
@@ -539,8 +540,15 @@ def _identity(cfg: TrainConfig, model_config: Any, data: _Data, accelerator: Acc
 
 
 def _agree_on_init(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> InitSource:
-    """The main process finds and checks --init_from's checkpoint; every process learns it, or fails alike."""
-    return _decided_by_main(accelerator, lambda: init_source(cfg.run.init_from, out, _model_config(cfg).to_dict()))
+    """The main process finds and checks --init_from's checkpoint; every process learns it, or fails alike,
+    also when some process cannot read it (a source on a machine's own disk)."""
+    source = _decided_by_main(accelerator, lambda: init_source(cfg.run.init_from, out, _model_config(cfg).to_dict()))
+    if accelerator.num_processes > 1:
+        own = (accelerator.process_index, socket.gethostname(), can_read_weights(source.checkpoint))
+        failure = unreadable_error(source.checkpoint, gather_object([own]))
+        if failure is not None:
+            raise RunError(failure)
+    return source
 
 
 def _agree_on_resume(
@@ -627,7 +635,8 @@ def log_on_main(accelerator: Accelerator, message: str) -> None:
 
 
 # Failures that train.py reports as one `error:` line with exit status 2.
-_BAD_INPUT = (RunError, DataError, ValueError, FileNotFoundError)
+# PermissionError: a checkpoint or source whose files this user may not read (checkpoint_problem reads them).
+_BAD_INPUT = (RunError, DataError, ValueError, FileNotFoundError, PermissionError)
 
 
 def _share_outcome(failure: str | None) -> str | None:
