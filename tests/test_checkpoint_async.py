@@ -107,7 +107,7 @@ def _session(tmp_path: Path) -> SimpleNamespace:
         launch=SimpleNamespace(effective=SimpleNamespace(strategy=None)),
         accelerator=SimpleNamespace(num_processes=1),
         identity=None,
-        cfg=SimpleNamespace(run=SimpleNamespace(checkpoint_async=True, keep_checkpoints=2)),
+        cfg=SimpleNamespace(run=SimpleNamespace(checkpoint_async=True, keep_checkpoints=2, collective_timeout_s=600)),
         model=None,
         optimizer=None,
         out=tmp_path,
@@ -253,6 +253,7 @@ def test_a_diverged_stop_waits_for_the_save_in_flight_before_naming_the_newest_c
         eval_interval=0,
         checkpoint_interval=3,
         max_nonfinite_steps=2,
+        collective_timeout_s=600,
     )
     s.schedule = SimpleNamespace(steps_per_epoch=100, stop_at=50, total_steps=50)
     s.log = lambda message: None
@@ -267,3 +268,107 @@ def test_a_diverged_stop_waits_for_the_save_in_flight_before_naming_the_newest_c
         loop._after_step(s, None, StepHealth(signal=0, nonfinite=True))
     assert stopped.value.exit_status != 0 and started[0].future.done()
     assert s.pending_save is None and [(c.step, c.asynchronous) for c in s.checkpoint_saves] == [(3, True)]
+
+
+# --------------------------------------------------------------------------------------------- a failure meanwhile
+
+
+def _failing_run(s: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
+    """run_training on `s`, whose training fails at once with RuntimeError("boom") (told as it is)."""
+
+    def fail(session) -> None:
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(loop, "set_up", lambda cfg: s)
+    monkeypatch.setattr(loop, "train", fail)
+    monkeypatch.setattr(loop, "_failed", lambda session, exc, step: exc)
+    with pytest.raises(RuntimeError, match="^boom$"):
+        loop.run_training(None)
+
+
+def test_a_failure_right_after_an_async_save_lets_it_be_marked_complete_first(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The save's files are being written when training fails: the process waits for it (the thread that
+    marks it complete dies with the process), so the checkpoint counts."""
+    accelerator, model, optimizer = prepared
+    release = threading.Event()
+    monkeypatch.setattr(checkpoint_module, "inside_checkpoint_writer", lambda step: release.wait(30))
+    s = _session(tmp_path)
+    s.pending_save = start_checkpoint(
+        accelerator, model, optimizer, tmp_path, 4, CONFIG.to_dict(), keep=2, train_state={}, asynchronous=True
+    )
+    threading.Timer(0.5, release.set).start()  # the write finishes shortly after the failure
+    _failing_run(s, monkeypatch)
+    assert (tmp_path / "checkpoints" / "step_0000004" / COMPLETE_MARKER).is_file()
+    assert checkpoint_problem(tmp_path / "checkpoints" / "step_0000004") is None
+
+
+@pytest.mark.parametrize("outcome", ["fails", "hangs"])
+def test_a_save_that_fails_or_hangs_meanwhile_neither_hides_the_failure_nor_holds_the_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, outcome: str
+) -> None:
+    future: Future[float] = Future()
+    if outcome == "fails":
+        future.set_exception(OSError("No space left on device"))
+    monkeypatch.setattr(loop, "SETTLE_ON_FAILURE_S", 0.2)
+    s = _session(tmp_path)
+    s.pending_save = PendingSave(tmp_path / "4", 4, time.perf_counter(), 0.01, future, True)
+    start = time.perf_counter()
+    _failing_run(s, monkeypatch)
+    assert time.perf_counter() - start < 10 and s.last_checkpoint is None
+
+
+def _fake_saves(monkeypatch: pytest.MonkeyPatch, seconds: float) -> list[PendingSave]:
+    """loop.start_checkpoint replaced: each save takes `seconds` in the background; the saves started, in order."""
+    started: list[PendingSave] = []
+    monkeypatch.setattr(loop, "start_checkpoint", _recording_start(started, seconds))
+    monkeypatch.setattr(loop, "origin_record", lambda *args: {})
+    return started
+
+
+def test_a_signal_at_the_step_of_the_save_in_flight_waits_for_it_and_writes_nothing_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    started = _fake_saves(monkeypatch, 0.2)
+    s = _session(tmp_path)
+    s.state.step = 6
+    loop.checkpoint_now(s, wait=False)  # the periodic save, in the background
+    loop.checkpoint_now(s, wait=True)  # the signal's, at the same step
+    assert [(p.step, p.asynchronous) for p in started] == [(6, True)]
+    assert s.pending_save is None and s.last_checkpoint == 6 and started[0].future.done()
+    assert [c.step for c in s.checkpoint_saves] == [6]
+
+
+def test_the_background_groups_fail_after_the_collective_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not gloo's default 30 minutes: a rank that died fails the others' background saves as training's would."""
+    import datetime
+
+    import torch.distributed as dist
+
+    made: list[dict] = []
+    monkeypatch.setattr(checkpoint_module, "_single_process", lambda: False)
+    monkeypatch.setattr(dist, "new_group", lambda **kwargs: made.append(kwargs) or object())
+    assert len(checkpoint_module.background_groups(42)) == 2
+    assert made == [{"backend": "gloo", "timeout": datetime.timedelta(seconds=42)}] * 2
+
+
+def test_a_save_that_never_completes_is_told_as_a_failed_write_of_its_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(loop, "SAVE_WAIT_S", 0.1)
+    s = _session(tmp_path)
+    s.pending_save = PendingSave(tmp_path / "4", 4, time.perf_counter(), 0.01, Future(), True)  # never done
+    raised: list[BaseException] = []
+
+    def settle() -> None:
+        try:
+            loop.settle_checkpoint(s)
+        except BaseException as exc:
+            raised.append(exc)
+
+    waiter = threading.Thread(target=settle, daemon=True)  # a wait without a limit would not end
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive() and len(raised) == 1
+    assert isinstance(raised[0], loop.CheckpointWriteFailed) and raised[0].step == 4

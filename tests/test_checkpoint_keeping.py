@@ -361,3 +361,27 @@ def test_only_the_main_process_warns_of_a_damaged_checkpoint(
         said = capsys.readouterr().err
         expected = f"warning: checkpoint {folder.name} is damaged (model/x is missing); set aside as {folder.name}"
         assert said == ("" if rank == "1" else f"{expected}.damaged, never resumed from\n"), rank
+
+
+def test_a_deletion_cut_short_leaves_no_checkpoint_that_counts_over_half_its_files(
+    prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """keep 1 deletes step 2 after step 4 is complete; the process dies when half of step 2's shards are gone.
+    Its complete.json must not stand under a checkpoint's name, and the next prune clears what is left."""
+    from training import checkpoint
+
+    save(prepared, tmp_path, 2, keep=2)
+
+    def cut_short(path, ignore_errors: bool = False) -> None:
+        for shard in sorted(Path(path).rglob("*.distcp"))[:1]:
+            shard.unlink()
+        raise KeyboardInterrupt  # killed mid-deletion
+
+    monkeypatch.setattr(checkpoint.shutil, "rmtree", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        save(prepared, tmp_path, 4, keep=1)
+    monkeypatch.undo()
+    assert steps(tmp_path) == [4]
+    assert all(checkpoint_problem(p) is None for p in complete_checkpoints(tmp_path))
+    save(prepared, tmp_path, 6, keep=2)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000004", "step_0000006"]

@@ -8,11 +8,15 @@ one-process run from the shared 2-process FSDP run, and one plain `python train.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import pickle
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,6 +24,7 @@ import torch
 from model import GPT2, GPT2Config
 from tests.launch import REPO, SHARED_STEPS, launch_env, summary, train, train_lines
 from tests.test_checkpoint_keeping import CONFIG, _prepared, damage, save
+from training import session
 from training.checkpoint import checkpoint_path, load_model_state_dict, load_model_weights
 from training.config import RunConfig
 from training.errors import RunError
@@ -183,3 +188,113 @@ def test_another_model_shape_is_one_error_line_before_anything_is_written(
     assert "the model's shape differs: n_layer 2 saved, 3 requested" in errors[0]
     assert sorted(p.name for p in out.iterdir()) == ["metrics.jsonl"]  # not even the run lock
     assert (out / "metrics.jsonl").read_text() == '{"kind": "train", "step": 1}\n'
+
+
+# --------------------------------------------------------------------------------------------- restarts
+
+
+def _launch_config(source: Path, out: Path) -> SimpleNamespace:
+    """What _claim_and_source reads of the launch: the run settings of `--init_from source`."""
+    return SimpleNamespace(run=RunConfig(output_dir=str(out), init_from=str(source)))
+
+
+@pytest.fixture()
+def restarted(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The folder of an --init_from job that saved step 2 of its own, in the job's first restart."""
+    out = tmp_path / "new"
+    chosen = init_source(str(source), out, CONFIG.to_dict())
+    save(_prepared(), out, 2, keep=2)
+    (out / "config.json").write_text(json.dumps({"launch": {"initialised_from": chosen.record().to_dict()}}))
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
+    monkeypatch.setattr(session, "_model_config", lambda cfg: CONFIG)
+    return out
+
+
+def test_a_restart_continues_its_own_checkpoint_though_the_source_is_gone(
+    source: Path, restarted: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recorded = earlier_source(restarted)
+    shutil.rmtree(source)  # pruned or moved since the first launch
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    # Nothing to load over the resume.
+    assert (claim.resume_from, claim.init_from) == (checkpoint_path(restarted, 2), None)
+    assert earlier_source(restarted) == recorded  # the resume keeps what the first launch recorded
+    assert "continuing from" in capsys.readouterr().err
+
+
+def test_a_restart_does_not_pick_the_sources_newer_checkpoint(source: Path, restarted: Path) -> None:
+    save(_prepared(), source, 6, keep=3)  # the source trained on meanwhile
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    assert (claim.resume_from, claim.init_from) == (checkpoint_path(restarted, 2), None)
+
+
+def test_a_restart_without_a_checkpoint_of_its_own_starts_from_the_source_again(source: Path, restarted: Path) -> None:
+    shutil.rmtree(checkpoint_path(restarted, 2))
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    assert claim.resume_from is None
+    assert claim.init_from is not None and claim.init_from.checkpoint == checkpoint_path(source, 4)
+
+
+# --------------------------------------------------------------------------------------------- weights that do not fit
+
+
+def _edit_index(checkpoint: Path, edit) -> None:
+    """Change the checkpoint's model/.metadata (DCP's index of its weights) with `edit`, and the size and CRC
+    complete.json holds for it, so that the checkpoint still verifies: what another version of the model leaves."""
+    from training.checkpoint import COMPLETE_MARKER, _crc32
+
+    index = checkpoint / "model" / ".metadata"
+    metadata = pickle.loads(index.read_bytes())
+    edit(metadata.state_dict_metadata)
+    index.write_bytes(pickle.dumps(metadata))
+    marker = json.loads((checkpoint / COMPLETE_MARKER).read_text())
+    marker["files"]["model/.metadata"] = [index.stat().st_size, _crc32(index)]
+    (checkpoint / COMPLETE_MARKER).write_text(json.dumps(marker))
+
+
+def test_a_weight_named_otherwise_is_one_line_naming_it_before_anything_is_loaded(source: Path, tmp_path: Path) -> None:
+    def rename(weights: dict) -> None:
+        weights["transformer.h.1.mlp.fc.weight"] = weights.pop("transformer.h.1.mlp.c_fc.weight")
+
+    _edit_index(checkpoint_path(source, 4), rename)
+    with pytest.raises(RunError) as refused:
+        init_source(str(checkpoint_path(source, 4)), tmp_path / "new", CONFIG.to_dict())
+    message = str(refused.value)
+    assert "\n" not in message and "its weights do not fit this model" in message
+    assert "missing from the checkpoint: transformer.h.1.mlp.c_fc.weight" in message
+    assert "not in this model: transformer.h.1.mlp.fc.weight" in message
+
+
+def test_a_weight_of_another_size_is_one_line_naming_both_sizes(source: Path, tmp_path: Path) -> None:
+    def shrink(weights: dict) -> None:
+        name = "transformer.wpe.weight"
+        weights[name] = dataclasses.replace(weights[name], size=torch.Size([16, 64]))
+
+    _edit_index(checkpoint_path(source, 4), shrink)
+    with pytest.raises(RunError, match=r"size differs: transformer\.wpe\.weight \[16, 64\] saved, \[32, 64\] here$"):
+        init_source(str(source), tmp_path / "new", CONFIG.to_dict())
+
+
+def test_the_weights_of_a_fitting_source_are_all_found(source: Path) -> None:
+    from training.init_from import _model_weights, _saved_weights, weight_differences
+
+    assert weight_differences(_saved_weights(checkpoint_path(source, 4)), _model_weights(CONFIG.to_dict())) == []
+
+
+def test_a_source_this_user_may_not_read_is_one_error_line() -> None:
+    def unreadable() -> None:
+        raise PermissionError(13, "Permission denied", "runs/a/checkpoints/step_0000004/model/__0_0.distcp")
+
+    with pytest.raises(RunError, match=r"^\[Errno 13\] Permission denied: 'runs/a/.*distcp'$"):
+        session._decided_by_main(_prepared()[0], unreadable)
+
+
+def test_processes_that_cannot_read_the_source_are_named_in_one_line(source: Path, tmp_path: Path) -> None:
+    from training.init_from import can_read_weights, unreadable_error
+
+    checkpoint = checkpoint_path(source, 4)
+    assert can_read_weights(checkpoint) and not can_read_weights(tmp_path / "elsewhere")
+    assert unreadable_error(checkpoint, [(0, "a", True), (1, "a", True)]) is None
+    line = unreadable_error(checkpoint, [(0, "a", True), (1, "b", False), (2, "b", False)])
+    assert line is not None and "\n" not in line
+    assert line.startswith(f"--init_from {checkpoint}: rank 1 on b, rank 2 on b cannot read it")

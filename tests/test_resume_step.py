@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import settings
@@ -21,6 +23,7 @@ from hypothesis.stateful import precondition, rule
 
 from tests.launch import SHARED_STEPS, train, train_lines
 from tests.test_checkpoint_keeping import CheckpointFolder, _prepared, damage, save, saved_step, steps
+from training import checkpoint, session
 from training.checkpoint import checkpoint_path, checkpoint_problem
 from training.config import RunConfig
 from training.errors import RunError
@@ -173,3 +176,30 @@ def test_resume_step_rolls_the_finished_run_back_and_trains_to_the_end_with_its_
         assert (got[step]["loss"], got[step]["grad_norm"]) == (want[step]["loss"], want[step]["grad_norm"]), step
     resumed = json.loads((run_dir / "config.json").read_text())["launch"]["resumed_from"]
     assert resumed["step"] == 9 and resumed["rolled_back"] == [aside.name]
+
+
+@pytest.mark.parametrize("restart", [0, 1])
+def test_only_the_jobs_first_launch_rolls_back(three: Path, restart: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torchrun restart reruns `--resume_step 2`: it continues the job's own newest checkpoint, and a partial
+    or complete later folder it saved since the roll-back must not be renamed aside."""
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
+    launch = SimpleNamespace(run=RunConfig(output_dir=str(three), resume_step=2))
+    claim = session._claim_and_source(_prepared()[0], launch, three)
+    assert (claim.resume_from, claim.roll_back) == (
+        (checkpoint_path(three, 2), True) if restart == 0 else (checkpoint_path(three, 6), False)
+    )
+
+
+def test_a_folder_set_aside_is_synced_so_a_power_loss_cannot_bring_its_name_back(
+    three: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    synced: list[tuple[Path, list[str]]] = []
+    monkeypatch.setattr(checkpoint, "sync_folder", lambda folder: synced.append((folder, sorted(os.listdir(folder)))))
+    rolled = roll_back_past(checkpoint_at_step(three, 2))
+    root = checkpoint_path(three, 2).parent
+    # After each rename, the folder that holds it, as it is after the rename.
+    assert synced[-1] == (root, sorted(["step_0000002", *(p.name for p in rolled)]))
+    synced.clear()
+    damage(checkpoint_path(three, 2))
+    checkpoint.set_aside_damaged(checkpoint_path(three, 2), "a test")
+    assert synced == [(root, sorted(["step_0000002.damaged", *(p.name for p in rolled)]))]

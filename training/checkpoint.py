@@ -90,6 +90,9 @@ def checkpoint_path(output_dir: Path, step: int) -> Path:
 # (step_N.damaged, ...) is a folder set aside, which no listing counts.
 _NAME = re.compile(r"step_(\d+)")
 DAMAGED_SUFFIX = ".damaged"
+# A folder being deleted is renamed first: a deletion cut short (a crash, a kill) must not leave a folder
+# under a checkpoint's name whose complete.json still stands over half its shards.
+DELETING_SUFFIX = ".deleting"
 
 
 def step_of_name(path: Path) -> int | None:
@@ -120,12 +123,16 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
 
 def set_aside(path: Path, suffix: str) -> Path:
     """Rename a checkpoint folder so that no listing counts it again, keeping its files for a person to look
-    at; a second folder of the same step and suffix gets a number after it."""
+    at; a second folder of the same step and suffix gets a number after it.
+
+    The folder holding it is synced: a power loss must not bring back the old name, which every listing
+    counts again (a rolled-back step_12 resumed from, a damaged one chosen)."""
     target = path.with_name(path.name + suffix)
     number = 1
     while target.exists():
         target, number = path.with_name(f"{path.name}{suffix}.{number}"), number + 1
     path.rename(target)
+    sync_folder(path.parent)
     return target
 
 
@@ -167,10 +174,18 @@ def prune_checkpoints(output_dir: Path, just_written: Path, keep: int) -> None:
         set_aside_damaged(path, problem)
     complete = complete_checkpoints(output_dir)
     for old in keep_decision(complete, just_written, newest_verified, keep):
-        shutil.rmtree(old, ignore_errors=True)
+        delete_folder(old)
     for partial in checkpoint_folders(output_dir):
         if partial != just_written and not (partial / COMPLETE_MARKER).exists():
-            shutil.rmtree(partial, ignore_errors=True)
+            delete_folder(partial)
+    root = output_dir / CHECKPOINTS_DIR
+    for leftover in root.glob(f"*{DELETING_SUFFIX}*"):  # of a deletion cut short before
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def delete_folder(path: Path) -> None:
+    """Delete a checkpoint folder by renaming it out of every listing first (step_N.deleting), then its files."""
+    shutil.rmtree(set_aside(path, DELETING_SUFFIX), ignore_errors=True)
 
 
 def save_checkpoint(
@@ -208,10 +223,13 @@ class PendingSave:
     future: Future[float]
     asynchronous: bool
 
-    def wait(self) -> float:
-        """Block until the checkpoint is complete (or its write failed: raised); returns the seconds waited."""
+    def wait(self, timeout_s: float | None = None) -> float:
+        """Block until the checkpoint is complete (or its write failed: raised); returns the seconds waited.
+
+        TimeoutError after `timeout_s`: a write that hangs (a stalled file system) must end the run with its
+        one line, not hold it for ever."""
         start = time.perf_counter()
-        self.future.result()
+        self.future.result(timeout=timeout_s)
         return time.perf_counter() - start
 
     @property
@@ -220,18 +238,22 @@ class PendingSave:
         return self.future.result() - self.started
 
 
-def background_groups() -> tuple[Any, Any] | None:
+def background_groups(timeout_s: float) -> tuple[Any, Any] | None:
     """Process groups of their own for background saves, one per DCP save (model, optimizer), created on every
     rank at once; None in one process, where a save needs no collective.
 
     DCP's collectives run in a thread beside training's, and two threads' collectives on one group would
     interleave on the wire, so neither may share a group with training or with each other. gloo: async_save
-    needs a CPU backend, whatever the device."""
+    needs a CPU backend, whatever the device. `timeout_s` (--collective_timeout_s): a rank that died makes the
+    others' background collectives fail after it, as training's do, instead of gloo's default 30 minutes."""
+    import datetime
+
     import torch.distributed as dist
 
     if _single_process():
         return None
-    return dist.new_group(backend="gloo"), dist.new_group(backend="gloo")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    return dist.new_group(backend="gloo", timeout=timeout), dist.new_group(backend="gloo", timeout=timeout)
 
 
 def start_checkpoint(

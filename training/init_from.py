@@ -17,6 +17,7 @@ from typing import Any
 from training.checkpoint import (
     COMPLETE_MARKER,
     MODEL_CONFIG,
+    MODEL_DIR,
     checkpoint_problem,
     checkpoint_step,
     complete_checkpoints,
@@ -72,6 +73,11 @@ def init_source(spec: str, output_dir: Path, model_config: dict[str, Any]) -> In
             f"--init_from {checkpoint}: the model's shape differs: {'; '.join(found)}; choose the --model_preset "
             f"and --n_layer it was trained with"
         )
+    # The weights as DCP indexed them: a difference no size above shows (a renamed or missing weight) is told
+    # here in one line, not found inside DCP's load on every process with a traceback.
+    found = weight_differences(_saved_weights(checkpoint), _model_weights(model_config))
+    if found:
+        raise RunError(f"--init_from {checkpoint}: its weights do not fit this model: {'; '.join(found)}")
     return InitSource(checkpoint, checkpoint_step(checkpoint), origin.get("strategy"), origin.get("num_processes"))
 
 
@@ -105,6 +111,73 @@ def shape_differences(saved: dict[str, Any], requested: dict[str, Any]) -> list[
         for k in keys
         if size(saved, k) != size(requested, k)
     ]
+
+
+def _saved_weights(checkpoint: Path) -> dict[str, tuple[int, ...]]:
+    """Each weight's name and size in a checkpoint, from DCP's index of its model (model/.metadata)."""
+    from torch.distributed.checkpoint import FileSystemReader
+
+    try:
+        metadata = FileSystemReader(str(checkpoint / MODEL_DIR)).read_metadata()
+    except Exception as exc:  # unpickling a damaged or foreign index raises what it meets
+        raise RunError(f"--init_from {checkpoint}: {MODEL_DIR}/.metadata cannot be read ({exc})") from exc
+    return {name: tuple(getattr(entry, "size", ())) for name, entry in metadata.state_dict_metadata.items()}
+
+
+def _model_weights(model_config: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """Each weight's name and size in the model `model_config` builds, named as a save names them; built on
+    the meta device, so nothing is allocated."""
+    import torch
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    from model import GPT2, GPT2Config
+
+    with torch.device("meta"):
+        model = GPT2(GPT2Config.from_dict(model_config))
+    return {name: tuple(tensor.shape) for name, tensor in get_model_state_dict(model).items()}
+
+
+def weight_differences(
+    saved: dict[str, tuple[int, ...]], wanted: dict[str, tuple[int, ...]], shown: int = 3
+) -> list[str]:
+    """The first `shown` weights of each kind that differ: missing from the checkpoint, not in this model, or of
+    another size; empty when the checkpoint's weights fit."""
+    found = []
+    missing = [name for name in wanted if name not in saved]
+    extra = [name for name in saved if name not in wanted]
+    sizes = [
+        f"{n} {list(saved[n])} saved, {list(wanted[n])} here" for n in wanted if n in saved and saved[n] != wanted[n]
+    ]
+    for what, names in (
+        ("missing from the checkpoint", missing),
+        ("not in this model", extra),
+        ("size differs", sizes),
+    ):
+        if names:
+            more = f" and {len(names) - shown} more" if len(names) > shown else ""
+            found.append(f"{what}: {', '.join(names[:shown])}{more}")
+    return found
+
+
+def can_read_weights(checkpoint: Path) -> bool:
+    """Whether this process can read the checkpoint's index of its weights (every process loads its part)."""
+    try:
+        with (checkpoint / MODEL_DIR / ".metadata").open("rb") as index:
+            index.read(1)
+    except OSError:
+        return False
+    return True
+
+
+def unreadable_error(checkpoint: Path, readable: list[tuple[int, str, bool]]) -> str | None:
+    """The one line naming the processes (rank, host) that cannot read `checkpoint`; None when all can."""
+    blind = [f"rank {rank} on {host}" for rank, host, ok in readable if not ok]
+    if not blind:
+        return None
+    return (
+        f"--init_from {checkpoint}: {', '.join(blind)} cannot read it (the main process can): every process loads "
+        f"its part of the weights, so the source must be on a file system every machine mounts at the same path"
+    )
 
 
 def earlier_source(out: Path) -> InitialisedFromRecord | None:

@@ -43,7 +43,28 @@ def run_training(cfg: Any) -> dict[str, Any]:
     except CheckpointWriteFailed as failed:  # told as the failure after the step whose checkpoint it was
         raise _failed(session, failed.cause, failed.step) from failed.cause
     except Exception as exc:  # after set-up a failure is this process's alone: train.py tells it
+        _let_pending_save_finish(session)
         raise _failed(session, exc, session.state.step) from exc
+
+
+# How long a failing process waits for a background save already under way before it exits: its files are
+# written or nearly so, and only the wait lets it be marked complete (the thread that marks it dies with the
+# process). Bounded: the failure may be what keeps the save from finishing (a peer that died mid-collective).
+SETTLE_ON_FAILURE_S = 120.0
+
+
+def _let_pending_save_finish(s: Session, timeout_s: float | None = None) -> None:
+    """Give a background save in flight the chance to be marked complete before the process fails; whatever
+    becomes of it, the failure being raised is the one told."""
+    pending, s.pending_save = s.pending_save, None
+    if pending is None:
+        return
+    limit = min(SETTLE_ON_FAILURE_S, s.cfg.run.collective_timeout_s) if timeout_s is None else timeout_s
+    try:
+        pending.future.result(timeout=limit)
+    except Exception:  # a write that failed or did not finish in time: the previous checkpoint stays the newest
+        return
+    s.last_checkpoint = pending.step
 
 
 class CheckpointWriteFailed(Exception):
@@ -301,9 +322,17 @@ def evaluate_now(s: Session) -> EvalLine:
 
 def checkpoint_now(s: Session, wait: bool = True) -> None:
     """Checkpoint this step, once the save before it is complete. With --checkpoint_async and not `wait`, training
-    pauses only while the states are copied to host memory, and the write goes on beside it (settle_checkpoint)."""
+    pauses only while the states are copied to host memory, and the write goes on beside it (settle_checkpoint).
+
+    A save of this very step already in flight is waited for, not written again: on a signal the grace
+    period pays for one save, not two. A save of an earlier step is waited for before this one starts rather
+    than run beside it: this save's prune would delete the folder still being written (it has no complete.json
+    yet), and two writes would share the disk and double the host memory (docs/faults.md)."""
+    in_flight = s.pending_save
     settle_checkpoint(s)
     state = s.state
+    if in_flight is not None and in_flight.step == state.step:
+        return
     state.records = [vars(r) for r in s.tracker.records]
     state.times = {"train_s": s.times.train_s, "eval_s": s.times.eval_s, "checkpoint_s": s.times.checkpoint_s}
     train_state = {"state": state.state_dict(), "scheduler": s.scheduler.state_dict()}
@@ -311,7 +340,7 @@ def checkpoint_now(s: Session, wait: bool = True) -> None:
     origin = origin_record(effective.strategy, s.accelerator.num_processes, s.identity)
     asynchronous = s.cfg.run.checkpoint_async and not wait
     if asynchronous and s.save_groups is None:
-        s.save_groups = background_groups()  # once, on every rank at the same save
+        s.save_groups = background_groups(s.cfg.run.collective_timeout_s)  # once, on every rank at the same save
     s.pending_save = start_checkpoint(
         s.accelerator,
         s.model,
@@ -330,6 +359,11 @@ def checkpoint_now(s: Session, wait: bool = True) -> None:
         settle_checkpoint(s)
 
 
+# The longest a save is waited for: generous, since writing a large model's states to a slow disk takes minutes;
+# a stalled file system must still end the run with one line rather than hold its machines for ever.
+SAVE_WAIT_S = 3600.0
+
+
 def settle_checkpoint(s: Session) -> None:
     """Wait until the save in progress, if any, is complete, and record how long it paused training and took.
 
@@ -339,8 +373,8 @@ def settle_checkpoint(s: Session) -> None:
     if pending is None:
         return
     try:
-        waited = pending.wait()
-    except Exception as exc:
+        waited = pending.wait(SAVE_WAIT_S)
+    except Exception as exc:  # a TimeoutError too: told as a failed write of that step
         raise CheckpointWriteFailed(pending.step, exc) from exc
     s.times.checkpoint_s += waited
     s.checkpoint_saves.append(

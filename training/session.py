@@ -16,6 +16,7 @@ import functools
 import json
 import math
 import os
+import socket
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -51,7 +52,7 @@ from training.errors import RunError
 from training.faults import fresh_store_on_restart, restart_count
 from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
-from training.init_from import InitSource, earlier_source, init_source
+from training.init_from import InitSource, can_read_weights, earlier_source, init_source, unreadable_error
 from training.link import measure_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
@@ -175,8 +176,11 @@ def set_up(cfg: TrainConfig) -> Session:
     data = _data(cfg, processes)
     identity = _identity(cfg, model_config, data, processes.accelerator)
     # Before anything is loaded or written: a launch that cannot continue the checkpoint exactly leaves it be.
-    roll_back = cfg.run.resume_step is not None
-    resumed = None if resume_from is None else _agree_on_resume(processes.accelerator, resume_from, identity, roll_back)
+    resumed = (
+        None
+        if resume_from is None
+        else _agree_on_resume(processes.accelerator, resume_from, identity, processes.claim.roll_back)
+    )
     trainable = _trainable(cfg, model_config, processes, data.schedule)
     if processes.init_from is not None:  # the weights only, into the model as prepared for this launch
         load_model_weights(trainable.model, processes.init_from.checkpoint)
@@ -226,8 +230,27 @@ class _Processes:
     signals: SignalFlag
     accelerator: Accelerator
     levers: Levers
+    claim: _Claim  # what this launch continues or starts from
+
+    @property
+    def resume_from(self) -> Path | None:
+        return self.claim.resume_from
+
+    @property
+    def init_from(self) -> InitSource | None:
+        return self.claim.init_from
+
+
+@dataclass(frozen=True)
+class _Claim:
+    """What the output folder's claim decided, agreed by every process."""
+
     resume_from: Path | None  # the checkpoint --resume continues from
     init_from: InitSource | None  # the checkpoint whose weights --init_from starts a new run from
+    # --resume_step renames the newer checkpoints aside: in the job's first launch only. A restart reruns the
+    # same command and continues its own newest checkpoint (_claim_as_main); renaming aside what the job
+    # saved since the roll-back would throw that work away.
+    roll_back: bool
 
 
 @dataclass
@@ -285,13 +308,31 @@ def _start_processes(cfg: TrainConfig, out: Path) -> _Processes:
     signals.install()  # from here on a signal waits for a step boundary
     accelerator = _start_accelerator(requested, wandb_mode, out, cfg.run.collective_timeout_s)
     _check_folder_shared(accelerator, out)  # before the claim: a refused job touches no run of the folder
-    # Before the claim too, which may clear the folder: a source that does not fit leaves everything as it was.
-    init_from = None if cfg.run.init_from is None else _agree_on_init(accelerator, cfg, out)
-    resume_from = _claim_output_dir(accelerator, cfg, out)
+    claim = _claim_and_source(accelerator, cfg, out)
     set_seed(cfg.run.seed)
     levers = _levers(cfg, accelerator, requested.strategy)
     log_on_main(accelerator, _levers_line(levers))
-    return _Processes(requested, wandb_mode, signals, accelerator, levers, resume_from, init_from)
+    return _Processes(requested, wandb_mode, signals, accelerator, levers, claim)
+
+
+def _claim_and_source(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> _Claim:
+    """The checkpoint this launch continues, if any, and --init_from's source when its weights are to be loaded.
+
+    A restart of an --init_from job (torchrun reruns the same command) continues its own newest checkpoint
+    like any restart: the source is then neither looked at nor loaded (it may have been pruned or moved
+    since), and config.json keeps the source the first launch recorded. Only a restart that finds no
+    checkpoint of its own starts from the source's weights again.
+    """
+    restart = _job_restart(accelerator)
+    roll_back = cfg.run.resume_step is not None and restart == 0
+    if cfg.run.init_from is None:
+        return _Claim(_claim_output_dir(accelerator, cfg, out, restart), None, roll_back)
+    if restart == 0:
+        # Before the claim, which may clear the folder: a source that does not fit leaves everything as it was.
+        init_from = _agree_on_init(accelerator, cfg, out)
+        return _Claim(_claim_output_dir(accelerator, cfg, out, restart), init_from, roll_back)
+    resume_from = _claim_output_dir(accelerator, cfg, out, restart)
+    return _Claim(resume_from, _agree_on_init(accelerator, cfg, out) if resume_from is None else None, roll_back)
 
 
 def _data(cfg: TrainConfig, processes: _Processes) -> _Data:
@@ -499,8 +540,15 @@ def _identity(cfg: TrainConfig, model_config: Any, data: _Data, accelerator: Acc
 
 
 def _agree_on_init(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> InitSource:
-    """The main process finds and checks --init_from's checkpoint; every process learns it, or fails alike."""
-    return _decided_by_main(accelerator, lambda: init_source(cfg.run.init_from, out, _model_config(cfg).to_dict()))
+    """The main process finds and checks --init_from's checkpoint; every process learns it, or fails alike,
+    also when some process cannot read it (a source on a machine's own disk)."""
+    source = _decided_by_main(accelerator, lambda: init_source(cfg.run.init_from, out, _model_config(cfg).to_dict()))
+    if accelerator.num_processes > 1:
+        own = (accelerator.process_index, socket.gethostname(), can_read_weights(source.checkpoint))
+        failure = unreadable_error(source.checkpoint, gather_object([own]))
+        if failure is not None:
+            raise RunError(failure)
+    return source
 
 
 def _agree_on_resume(
@@ -587,7 +635,8 @@ def log_on_main(accelerator: Accelerator, message: str) -> None:
 
 
 # Failures that train.py reports as one `error:` line with exit status 2.
-_BAD_INPUT = (RunError, DataError, ValueError, FileNotFoundError)
+# PermissionError: a checkpoint or source whose files this user may not read (checkpoint_problem reads them).
+_BAD_INPUT = (RunError, DataError, ValueError, FileNotFoundError, PermissionError)
 
 
 def _share_outcome(failure: str | None) -> str | None:
@@ -595,13 +644,13 @@ def _share_outcome(failure: str | None) -> str | None:
     return broadcast_object_list([failure], from_process=0)[0]
 
 
-def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path) -> Path | None:
+def _claim_output_dir(accelerator: Accelerator, cfg: TrainConfig, out: Path, restart: int) -> Path | None:
     """The main process locks and checks the output folder; every process learns the outcome and fails alike.
 
     One lock holder per job: the other processes would otherwise see the folder locked by their own
-    main process. Returns the checkpoint to resume from, if any.
+    main process. `restart`: which restart of the job this is (_job_restart). Returns the checkpoint to resume
+    from, if any.
     """
-    restart = _job_restart(accelerator)
     resume_from = _decided_by_main(accelerator, lambda: _claim_as_main(cfg, out, restart))
     return Path(resume_from) if resume_from is not None else None
 
