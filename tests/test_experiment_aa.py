@@ -17,8 +17,8 @@ from analysis.compare import load_comparison
 from analysis.experiment import ExperimentSpec, SetupError, build_launches, main
 from analysis.uncertainty import HIGHER, LOWER, build_statistics
 from tests.analysis_fixtures import FakeRun, write_launch_configs, write_run
-from tests.launch import REPO, launch_env
-from tests.test_experiment_repeats import BATCH, FREE_PORT_LAUNCHER, LAUNCHER, flag
+from tests.launch import REPO, free_port, launch_env
+from tests.test_experiment_repeats import BATCH, LAUNCHER, PORT_PER_RUN_LAUNCHER, flag
 
 # A stand-in for `accelerate launch ... train.py`: a finished run, its arm recorded as train.py records --arm.
 FAKE_TRAIN = """
@@ -120,7 +120,8 @@ def aa_experiment(shared_dir: Path, corpus: Path, shared_cache: Path) -> Path:
     with FileLock(shared_dir / "aa.lock"):
         if not done.exists():
             script = shared_dir / "aa_launch.py"
-            script.write_text(textwrap.dedent(FREE_PORT_LAUNCHER))
+            ports = {f"{arm}-r{k}": free_port() for k in (1, 2) for arm in ("ddp", "ddp#2")}
+            script.write_text(textwrap.dedent(PORT_PER_RUN_LAUNCHER.format(ports=ports)))
             argv = [
                 "--preset",
                 "tiny",
