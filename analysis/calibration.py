@@ -254,7 +254,29 @@ def pooled_runs(folder: Path) -> list[Run]:
             f"{folder} holds runs of {', '.join(strategies)}; A/A splits pool runs of one strategy "
             "(python -m analysis.experiment --strategies ddp ddp --repeats 6)"
         )
+    differing = pool_mismatch(runs)
+    if differing is not None:
+        raise PoolError(f"{folder} holds runs of different {differing}; A/A splits pool runs of one experiment")
     return sort_runs(runs)
+
+
+# What runs pooled as one strategy's repeats must share, or a split would compare two set-ups, not noise.
+POOL_FACTS = {
+    "experiment": "experiments",
+    "preset": "presets",
+    "steps": "steps",
+    "world_size": "world sizes",
+    "device_name": "devices",
+}
+
+
+def pool_mismatch(runs: Sequence[Run]) -> str | None:
+    """The first of POOL_FACTS on which the runs differ, with the values seen; None when they agree."""
+    for key, name in POOL_FACTS.items():
+        values = sorted({repr(run.fact(key)) for run in runs})
+        if len(values) > 1:
+            return f"{name} ({', '.join(values)})"
+    return None
 
 
 def distinct_splits(pool: int, n: int) -> int:

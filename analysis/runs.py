@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from training import registry
+from training.config import arm_index
 from training.record import EpochFigures, EvalLine, Record, RunSummary, RunTotals, TrainLine
 from training.run_schema import LINE_KIND_KEY, Metric, Scope
 
@@ -64,7 +65,8 @@ class Run:
         under several (config.json run.arm, e.g. ddp#2 of an A/A experiment `--strategies ddp ddp`)."""
         run = (self.config or {}).get("run")
         arm = run.get("arm") if isinstance(run, dict) else None
-        return arm if isinstance(arm, str) and arm else self.strategy
+        # An arm that is not a label of this run's strategy (a hand-edited config) is ignored, not believed.
+        return arm if isinstance(arm, str) and arm_index(arm, self.strategy) is not None else self.strategy
 
     @property
     def total(self) -> RunTotals:
@@ -196,9 +198,9 @@ def assign_labels(runs: list[Run]) -> None:
 
 def sort_runs(runs: list[Run]) -> list[Run]:
     """In the strategy registry's order (the reference's baseline first), then anything else by name; a
-    strategy's arms by name (ddp before ddp#2)."""
+    strategy's arms by number (ddp, ddp#2, ..., ddp#10)."""
 
-    def key(run: Run) -> tuple[int, str, str]:
-        return registry.order(run.strategy), run.arm, run.label
+    def key(run: Run) -> tuple[int, str, int, str]:
+        return registry.order(run.strategy), run.strategy, arm_index(run.arm, run.strategy) or 1, run.label
 
     return sorted(runs, key=key)

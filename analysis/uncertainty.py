@@ -241,7 +241,7 @@ def single_run_ratio(x: np.ndarray, y: np.ndarray, ratio: float) -> Ratio:
 def _welch_log_ratio(log_x: np.ndarray, log_y: np.ndarray, ratio: float, margin: float) -> Ratio:
     # Identical repeats on both sides: a point, not the rounding residue of a variance of equal numbers.
     if np.ptp(log_x) == 0 and np.ptp(log_y) == 0:
-        return Ratio(ratio, (ratio, ratio), verdict((ratio, ratio), ratio, None, margin), WELCH_LOG_RATIO)
+        return _constant_sides(log_x, log_y, ratio, margin)
     # Welch's interval: unequal variances and numbers of runs (Welch-Satterthwaite degrees of freedom).
     welch = stats.ttest_ind(log_x, log_y, equal_var=False)
     low, high = welch.confidence_interval(CONFIDENCE)
@@ -255,6 +255,20 @@ def _welch_log_ratio(log_x: np.ndarray, log_y: np.ndarray, ratio: float, margin:
     else:
         p, test, floor = float(welch.pvalue), WELCH_TEST, None
     return Ratio(ratio, ci, verdict(ci, ratio, p, margin), WELCH_LOG_RATIO, test, p, floor)
+
+
+def _constant_sides(log_x: np.ndarray, log_y: np.ndarray, ratio: float, margin: float) -> Ratio:
+    """Each side repeats one value. Equal values on both sides are a point with nothing to test; different
+    ones are still a test's to judge: two runs each that happen to agree cannot tell a real difference from
+    a lucky split, so the exact p is computed as for any other runs (1/3 at 2 each: no verdict)."""
+    point = (ratio, ratio)
+    if np.ptp(np.concatenate([log_x, log_y])) == 0:
+        return Ratio(ratio, point, verdict(point, ratio, None, margin), WELCH_LOG_RATIO)
+    # The observed split is the most extreme relabelling and so is its mirror: beyond the enumeration limit
+    # the exact p is that floor without counting.
+    floor = smallest_p(log_x.size, log_y.size)
+    p = exact_p(log_x, log_y, mean_difference, True) if is_exact(log_x.size, log_y.size) else floor
+    return Ratio(ratio, point, verdict(point, ratio, p, margin), WELCH_LOG_RATIO, EXACT_PERMUTATION, p, floor)
 
 
 def block_length(samples: Sequence[float]) -> int | None:

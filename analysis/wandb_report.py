@@ -1,8 +1,8 @@
 """Build the W&B Report of one experiment: `python -m analysis.wandb_report --experiment GROUP`.
 
 The report is specified as plain data first (`build_spec`): one runset (the experiment's W&B group,
-grouped by strategy), line plots against tokens trained, bar charts of the whole-run figures, and the
-local report's reading. `--dry_run` writes that specification as JSON and needs neither network nor
+grouped by arm: the strategy, or ddp#2 in an A/A experiment), line plots against tokens trained, bar
+charts of the whole-run figures, and the local report's reading. `--dry_run` writes that specification as JSON and needs neither network nor
 login; otherwise `to_wandb_report` turns it into wandb-workspaces objects and `save_report` sends it.
 
 Panels are declared in the run schema (training/run_schema.py) by the metrics they plot and are
@@ -108,7 +108,8 @@ class ReportSpec:
 
 
 def runset_spec(entity: str | None, project: str, group: str) -> RunsetSpec:
-    # train.py sets the W&B group to --experiment and the job type to the strategy in effect.
+    # train.py sets the W&B group to --experiment and the job type to the run's arm (--arm, else the strategy
+    # in effect): an A/A experiment's two arms of one strategy stay two groups.
     return RunsetSpec(
         entity, project, f"experiment {group}", ({"key": "Group", "op": "=", "value": group},), ("JobType",)
     )
@@ -173,8 +174,9 @@ def method_markdown(reading: Reading | None, command: str) -> str:
     out = [
         "## How the panels are built",
         "",
-        "- Runs: the experiment's W&B group, grouped by strategy (the run's job type), so repeated runs of "
-        "one strategy form one group. W&B draws a group natively: line plots show the strategy's mean with a "
+        "- Runs: the experiment's W&B group, grouped by arm (the run's job type: the strategy, or its "
+        "label such as ddp#2 when an A/A experiment runs one strategy twice), so repeated runs of one arm form "
+        "one group. W&B draws a group natively: line plots show the strategy's mean with a "
         "band from its runs' minimum to their maximum, bar charts its mean with that range. The band is the "
         "runs' range, not a 95% interval, and the mean is not the local report's median: the verdicts "
         "(higher, lower, no detectable difference) are the reading's above, computed from the runs' "

@@ -222,3 +222,18 @@ def test_a_run_without_a_recorded_peak_time_differs_from_a_measured_one(tmp_path
     runs = with_peaks(runs_of(tmp_path), ddp=(150e9, "2026-12-03T10:00:00Z"))
     (line,) = [line for line in fairness_lines(fairness(runs), runs) if PEAK_LINE in line]
     assert "single 65.0 TFLOP/s (no measurement time)" in line and "ddp 150.0 GFLOP/s measured" in line
+
+
+def test_arms_sort_by_number_and_a_foreign_arm_is_not_believed() -> None:
+    import dataclasses
+
+    from analysis.runs import sort_runs
+    from tests.test_statistics import make_run
+
+    def armed(arm: str | None, strategy: str = "ddp") -> Run:
+        run = make_run(strategy, name=arm or strategy)
+        return dataclasses.replace(run, config={"run": {**run.config["run"], "arm": arm}})
+
+    runs = [armed("ddp#10"), armed("ddp#2"), armed(None), armed("ddp#3")]
+    assert [r.arm for r in sort_runs(runs)] == ["ddp", "ddp#2", "ddp#3", "ddp#10"]  # not ddp#10 before ddp#2
+    assert armed("fsdp").arm == "ddp" and armed("ddp#1").arm == "ddp"  # a hand-edited config names no arm

@@ -74,7 +74,7 @@ def test_runset_is_the_experiments_group_grouped_by_strategy(runs: list[Path], c
     spec = dry_run(["--project", "proj", "--runs", *map(str, runs)], capsys)
     runset = spec["runset"]
     assert runset["filters"] == [{"key": "Group", "op": "=", "value": GROUP}]
-    assert runset["group_by"] == ["JobType"]  # train.py's job type is the strategy in effect
+    assert runset["group_by"] == ["JobType"]  # train.py's job type is the arm (the strategy in effect unless --arm)
     assert runset["project"] == spec["project"] == "proj"
     assert runset["entity"] is None and spec["entity"] is None  # unknown until built with a login
 
@@ -393,3 +393,28 @@ def test_the_runs_own_entity_beats_the_environment_and_the_flag_beats_both(runs,
 def test_without_any_entity_the_dry_run_leaves_it_to_the_login(monkeypatch, capsys) -> None:
     monkeypatch.delenv("WANDB_ENTITY", raising=False)
     assert dry_run([], capsys)["entity"] is None
+
+
+def test_two_arms_of_one_strategy_are_two_wandb_groups(tmp_path: Path) -> None:
+    # The report groups by JobType: an A/A experiment's ddp and ddp#2 must log two job types, or W&B
+    # draws both arms as one strategy's band.
+    from types import SimpleNamespace
+
+    from training.config import RunConfig
+    from training.session import _start_wandb
+
+    job_types = []
+    for arm in (None, "ddp#2"):
+        started: list[dict[str, Any]] = []
+        session = SimpleNamespace(
+            cfg=SimpleNamespace(run=RunConfig(experiment=GROUP, arm=arm)),
+            wandb=SimpleNamespace(start=lambda project, resolved, kwargs, out=started: out.append(kwargs)),
+            out=tmp_path,
+            is_main=False,
+        )
+        record = SimpleNamespace(
+            effective=SimpleNamespace(strategy="ddp", precision="fp32"), run_name="r", wandb_mode="offline"
+        )
+        _start_wandb(session, {}, record)
+        job_types.append(started[0]["job_type"])
+    assert job_types == ["ddp", "ddp#2"]

@@ -60,3 +60,26 @@ def test_command_line_gives_the_object_back() -> None:
     assert command_line(Example(name="n")) == ["--name", "n"]  # defaults left out
     assert command_line(changed)[-2:] == ["--rest", "-x"]  # everything after --rest is its own: last
     assert _parse(command_line(changed)) == changed
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--strategy", "ddp", "--arm", "fsdp"],  # another strategy's name: the report would compare the wrong thing
+        ["--strategy", "ddp", "--arm", "ddp#1"],  # ddp#1 is ddp itself
+        ["--strategy", "ddp", "--arm", "ddp"],
+        ["--strategy", "ddp", "--arm", "fsdp#2"],
+    ],
+)
+def test_an_arm_that_is_not_a_label_of_the_strategy_is_one_line_and_exit_2(argv: list[str], capsys) -> None:
+    from train import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: --arm")
+
+
+def test_an_arm_of_the_strategy_is_accepted() -> None:
+    from training.cli import parse_config
+
+    assert parse_config(["--strategy", "ddp", "--arm", "ddp#10"]).run.arm == "ddp#10"

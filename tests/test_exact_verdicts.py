@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from analysis.permutation import holm, repeats_for_a_verdict, smallest_p
 from analysis.runs import Run
 from analysis.survival import Observation, log_rank
-from analysis.uncertainty import HIGHER, LOWER, THROUGHPUT, build_statistics
+from analysis.uncertainty import HIGHER, LOWER, THROUGHPUT, build_statistics, ratio_over_runs
 from tests.test_statistics import make_run, target_run
 
 VERDICTS = (HIGHER, LOWER, "sooner", "later")
@@ -188,6 +188,39 @@ def test_an_exact_p_is_never_below_what_the_relabellings_allow(a: list, b: list)
 def test_an_exact_p_over_repeats_is_never_below_what_the_relabellings_allow(a: list[float], b: list[float]) -> None:
     comparison = build_statistics(throughput_runs(a, b)).comparison(THROUGHPUT, "a", "b")
     assert comparison.p_value is None or comparison.p_value >= 1 / math.comb(len(a) + len(b), len(a)) - 1e-12
+
+
+# Each side one repeated value (same-seed losses, byte counts) or values that differ: a side that repeats
+# exactly is where a point verdict could slip in without a test.
+repeated = st.builds(lambda value, n: [value] * n, positive, st.integers(2, 4))
+sides = st.one_of(samples, repeated)
+
+
+@settings(max_examples=80, deadline=None)
+@given(sides, sides, st.booleans())
+def test_two_runs_or_more_each_always_get_a_p_no_smaller_than_the_relabellings_allow(
+    a: list[float], b: list[float], exact: bool
+) -> None:
+    result = ratio_over_runs(a, b, exact=exact, margin=0.01)
+    if len(set(a) | set(b)) == 1:
+        assert result.p_value is None and result.verdict not in VERDICTS  # nothing differs: nothing to test
+    else:
+        assert result.p_value is not None and result.p_value >= 1 / math.comb(len(a) + len(b), len(a)) - 1e-12
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(positive, min_size=2, max_size=2).filter(lambda v: v[0] != v[1]), st.booleans())
+def test_no_verdict_at_two_runs_against_two_at_5_percent(a: list[float], exact: bool) -> None:
+    # The smallest two-sided p at 2 runs each is 2 / C(4, 2) = 1/3, whether or not each side repeats exactly.
+    for x, y in ((a, [a[0] * 1.1] * 2), ([a[0]] * 2, [a[1]] * 2), (a, [v * 2 for v in a])):
+        assert ratio_over_runs(x, y, exact=exact, margin=0.01).verdict not in VERDICTS
+
+
+def test_sides_that_each_repeat_but_differ_are_tested_not_declared() -> None:
+    two = ratio_over_runs([110, 110], [100, 100], exact=True, margin=0.01)
+    assert two.verdict not in VERDICTS and two.p_value == pytest.approx(1 / 3)
+    four = ratio_over_runs([110] * 4, [100] * 4, exact=True, margin=0.01)
+    assert four.verdict == HIGHER and four.p_value == pytest.approx(2 / 70)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -183,6 +183,10 @@ class RunConfig:
             raise ValueError(f"--strategy must be one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
         if self.wandb_mode not in WANDB_MODES:
             raise ValueError(f"--wandb_mode must be one of {', '.join(WANDB_MODES)}, got {self.wandb_mode!r}")
+        if self.arm is not None and arm_index(self.arm, self.strategy) is None:
+            raise ValueError(
+                f"--arm must be {self.strategy}#K with K >= 2 (another label of --strategy), got {self.arm!r}"
+            )
         _positive("log_interval", self.log_interval)
         for name in (
             "eval_interval",
@@ -253,6 +257,17 @@ class SpeedConfig:
         for name in ("compile", "fused_adamw", "tf32"):
             if getattr(self, name) not in ("auto", "on", "off"):
                 raise ValueError(f"--{name} must be auto, on or off, got {getattr(self, name)!r}")
+
+
+def arm_index(arm: str, strategy: str) -> int | None:
+    """K of an arm labelled `strategy#K` (K >= 2: the strategy's second, third... label in an experiment);
+    None for anything else, such as another strategy's name, which would make the report compare the
+    wrong thing."""
+    prefix = f"{strategy}#"
+    number = arm[len(prefix) :]
+    if not arm.startswith(prefix) or not number.isdigit() or not number.isascii():
+        return None
+    return int(number) if int(number) >= 2 else None
 
 
 def _positive(name: str, value: float) -> None:

@@ -500,7 +500,8 @@ def _start_wandb(s: Session, resolved: dict[str, Any], record: LaunchRecord) -> 
         {
             "name": record.run_name,
             "group": s.cfg.run.experiment,
-            "job_type": effective.strategy,
+            # The arm, not the strategy: an A/A experiment's ddp and ddp#2 are two groups in the W&B report.
+            "job_type": s.cfg.run.arm or effective.strategy,
             "mode": record.wandb_mode,
             "dir": str(s.out),
             "entity": s.cfg.run.wandb_entity,
