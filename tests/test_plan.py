@@ -725,3 +725,20 @@ def test_a_pair_measured_within_the_uncertainty_is_never_called_wrong() -> None:
     assert misordered([a, b]) == []
     beyond = Timed("b", 1000, predicted_s=0.50, measured_s=1.12)
     assert misordered([a, beyond]) == [("a", "b")]
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_a_multi_process_strategy_on_one_device_has_no_collective(name: str) -> None:
+    """With one device there is nobody to reduce with: no call, so not even a call's latency."""
+    t = step_time(workload(world_size=1), name, 65e12, 0.3, Link(gb_s=100.0, latency_s=1e-3))
+    assert t.communication_s == t.exposed_s == t.communication_bytes == 0.0
+
+
+def test_ddp_over_two_machines_all_reduces_at_the_slower_network_link() -> None:
+    """A ring over the devices of two machines crosses the network: its bus bandwidth is the slower link's,
+    here a tenth of the devices' own, so the all-reduce's bytes take ten times as long."""
+    w = workload(world_size=4, num_nodes=2)
+    inside = step_time(w, "ddp", 65e12, 0.3, Link(gb_s=100.0, latency_s=0.0))
+    across = step_time(w, "ddp", 65e12, 0.3, Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=0.0))
+    assert across.communication_bytes == inside.communication_bytes > 0
+    assert across.communication_s == pytest.approx(10 * inside.communication_s, rel=1e-12)
