@@ -22,6 +22,8 @@ from analysis.uncertainty import (
     HIGHER,
     LOWER,
     MAX_REPEATS,
+    NO_VERDICT,
+    ONE_RUN_EACH,
     RUN_SIGMA,
     SAME,
     STEP_BOOTSTRAP,
@@ -267,3 +269,13 @@ def test_an_evaluation_exactly_at_the_target_reaches_it() -> None:
     run = target_run([(10, 1000, 8.0), (20, 2000, 7.0)], [(10, 5.0), (20, 9.0)])
     point = time_to_target(run, 7.0)
     assert point is not None and (point.seconds, point.tokens) == (9.0, 2000.0)
+
+
+def test_one_throughput_run_each_is_named_as_such_and_keeps_the_figures_margin() -> None:
+    """report.json says why a one-run-each pair has no verdict (its method) and the margin the runs needed
+    would have to beat."""
+    runs = [make_run("single", tokens_per_s=2000.0), make_run("ddp", tokens_per_s=2500.0)]
+    figure = next(f for f in run_figures(runs) if f.name == THROUGHPUT)
+    comparison = build_statistics(runs).comparison(THROUGHPUT, "ddp", "single")
+    assert comparison.method == ONE_RUN_EACH and comparison.verdict == NO_VERDICT
+    assert comparison.margin == figure.margin > 0
