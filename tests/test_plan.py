@@ -742,3 +742,15 @@ def test_ddp_over_two_machines_all_reduces_at_the_slower_network_link() -> None:
     across = step_time(w, "ddp", 65e12, 0.3, Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=0.0))
     assert across.communication_bytes == inside.communication_bytes > 0
     assert across.communication_s == pytest.approx(10 * inside.communication_s, rel=1e-12)
+
+
+def test_hsdps_replica_all_reduce_sends_twice_r_minus_1_over_r_of_each_shard() -> None:
+    """A ring all-reduce over r replicas sends 2(r-1)/r of the buffer: 1x the shard at 2 machines, 1.5x at 4
+    (the two counts agree at 2 machines only, so 4 are needed to tell them apart)."""
+    from planner.cost_model import _replica_all_reduce, entry
+
+    link = Link(gb_s=100.0, inter_node_gb_s=10.0)
+    two, four = (
+        _replica_all_reduce(workload(world_size=2 * r, num_nodes=r), entry("hsdp"), link, 1.0).bytes for r in (2, 4)
+    )
+    assert four == pytest.approx(1.5 * two, rel=1e-12) and two > 0
