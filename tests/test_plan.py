@@ -754,3 +754,14 @@ def test_hsdps_replica_all_reduce_sends_twice_r_minus_1_over_r_of_each_shard() -
         _replica_all_reduce(workload(world_size=2 * r, num_nodes=r), entry("hsdp"), link, 1.0).bytes for r in (2, 4)
     )
     assert four == pytest.approx(1.5 * two, rel=1e-12) and two > 0
+
+
+def test_hsdps_replica_all_reduce_is_one_call_per_unit_at_the_machines_network_shared_by_its_devices() -> None:
+    """Each unit (every block, then the root) is all-reduced once, as its backward ends: one latency each,
+    and the bytes at the machine's network bandwidth divided among its G = 2 devices."""
+    from planner.cost_model import _replica_all_reduce, entry
+
+    w = workload(world_size=4, num_nodes=2)
+    replica = _replica_all_reduce(w, entry("hsdp"), Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=0.5), 1.0)
+    assert replica.calls == w.model.n_layer + 1
+    assert replica.seconds == pytest.approx(replica.calls * 0.5 + replica.bytes / (10.0 / 2 * 1e9), rel=1e-12)
