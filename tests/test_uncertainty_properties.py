@@ -37,6 +37,7 @@ from analysis.uncertainty import (
     bootstrap_medians,
     build_statistics,
     censored_at,
+    compare_figure,
     json_ready,
     ratio_over_runs,
     repeats_needed,
@@ -279,3 +280,15 @@ def test_one_throughput_run_each_is_named_as_such_and_keeps_the_figures_margin()
     comparison = build_statistics(runs).comparison(THROUGHPUT, "ddp", "single")
     assert comparison.method == ONE_RUN_EACH and comparison.verdict == NO_VERDICT
     assert comparison.margin == figure.margin > 0
+
+
+def test_a_pair_over_repeats_carries_its_method_and_its_own_p_until_corrected() -> None:
+    """compare_figure is one pair alone (analysis/calibration.py reads it so): Welch's method, and its p as the
+    adjusted one, since a family of one needs no correction."""
+    runs = [
+        make_run(s, tokens_per_s=v, name=f"{s}{i}") for s in ("single", "ddp") for i, v in enumerate((990.0, 1010.0))
+    ]
+    runs_a, runs_b = runs[2:], runs[:2]
+    figure = next(f for f in run_figures(runs) if f.name == THROUGHPUT)
+    pair = compare_figure(figure, "ddp", runs_a, "single", runs_b)
+    assert pair.method == WELCH_LOG_RATIO and pair.p_value is not None and pair.p_adjusted == pair.p_value
