@@ -292,3 +292,4 @@ def test_a_pair_over_repeats_carries_its_method_and_its_own_p_until_corrected() 
     figure = next(f for f in run_figures(runs) if f.name == THROUGHPUT)
     pair = compare_figure(figure, "ddp", runs_a, "single", runs_b)
     assert pair.method == WELCH_LOG_RATIO and pair.p_value is not None and pair.p_adjusted == pair.p_value
+    assert pair.margin == figure.margin > 0  # the margin its verdict was read against
