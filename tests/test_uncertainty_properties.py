@@ -43,6 +43,7 @@ from analysis.uncertainty import (
     repeats_needed,
     run_figures,
     step_bootstrap_comparison,
+    step_peak_bytes,
     step_rates,
     step_ratio,
     time_to_target,
@@ -293,3 +294,10 @@ def test_a_pair_over_repeats_carries_its_method_and_its_own_p_until_corrected() 
     pair = compare_figure(figure, "ddp", runs_a, "single", runs_b)
     assert pair.method == WELCH_LOG_RATIO and pair.p_value is not None and pair.p_adjusted == pair.p_value
     assert pair.margin == figure.margin > 0  # the margin its verdict was read against
+
+
+def test_on_a_gpu_without_a_probe_record_the_step_peak_is_the_max_allocated() -> None:
+    """An older GPU run has no memory.step_peak_bytes: torch.cuda's max allocated over the epochs (MiB) is
+    the same quantity; on a CPU that figure is the resident set, not a tensor peak, so there is none."""
+    assert step_peak_bytes(make_run("ddp", device_type="cuda", rss_mib=100.0)) == 100 * 2**20
+    assert step_peak_bytes(make_run("ddp", device_type="cpu", rss_mib=100.0)) is None
