@@ -19,6 +19,7 @@ from analysis.permutation import SIGNIFICANCE
 from analysis.uncertainty import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
+    EXACT,
     HIGHER,
     LOWER,
     MAX_REPEATS,
@@ -26,8 +27,11 @@ from analysis.uncertainty import (
     ONE_RUN_EACH,
     RUN_SIGMA,
     SAME,
+    SINGLE,
     STEP_BOOTSTRAP,
+    STEP_PEAK,
     THROUGHPUT,
+    TRAIN_TIME,
     WELCH_LOG_RATIO,
     WELCH_TEST,
     Comparison,
@@ -301,3 +305,15 @@ def test_on_a_gpu_without_a_probe_record_the_step_peak_is_the_max_allocated() ->
     the same quantity; on a CPU that figure is the resident set, not a tensor peak, so there is none."""
     assert step_peak_bytes(make_run("ddp", device_type="cuda", rss_mib=100.0)) == 100 * 2**20
     assert step_peak_bytes(make_run("ddp", device_type="cpu", rss_mib=100.0)) is None
+
+
+def test_one_runs_exact_figure_is_its_value_and_only_its_throughput_takes_the_steps_interval() -> None:
+    """The step peak is a count with no run-to-run noise: one run's interval is its value. The step times
+    give an interval to the throughput alone, not to the other figures of the same run."""
+    jitter = [0.5 * (1 + 0.05 * math.sin(i)) for i in range(60)]
+    run = make_run("single", step_times=jitter, step_peak=[1000, 1200], train_time_s=30.0)
+    figures = build_statistics([run]).figures
+    peak = figures[STEP_PEAK]["single"]
+    assert peak.method == EXACT and peak.ci95 == (1200.0, 1200.0)
+    assert figures[THROUGHPUT]["single"].method == STEP_BOOTSTRAP
+    assert figures[TRAIN_TIME]["single"].method == SINGLE and figures[TRAIN_TIME]["single"].ci95 is None
