@@ -633,7 +633,10 @@ def test_the_backward_runs_the_head_then_each_block_from_the_last_by_their_flops
     head = 6.0 * cfg.vocab_size * cfg.n_embd
     total = head + cfg.n_layer * block
     order = _backward_order(cfg, T)
-    assert [done for _, done in order] == pytest.approx([(head + k * block) / total for k in range(4)] + [1.0])
+    # Tight: the shares are sums of the same FLOP counts, so only rounding may differ (a backward counted
+    # from one FLOP in, say, moves the first share by 1 / total, about 1e-7 here).
+    expected = [(head + k * block) / total for k in range(4)] + [1.0]
+    assert [done for _, done in order] == pytest.approx(expected, rel=1e-12, abs=0)
     assert order[0][0] == ["transformer.ln_f.weight", "transformer.ln_f.bias"]
     assert [{n.split(".")[2] for n in names} for names, _ in order[1:4]] == [{"2"}, {"1"}, {"0"}]
     assert sorted(order[4][0]) == ["transformer.wpe.weight", "transformer.wte.weight"]
@@ -722,3 +725,43 @@ def test_a_pair_measured_within_the_uncertainty_is_never_called_wrong() -> None:
     assert misordered([a, b]) == []
     beyond = Timed("b", 1000, predicted_s=0.50, measured_s=1.12)
     assert misordered([a, beyond]) == [("a", "b")]
+
+
+@pytest.mark.parametrize("name", ["ddp", "fsdp"])
+def test_a_multi_process_strategy_on_one_device_has_no_collective(name: str) -> None:
+    """With one device there is nobody to reduce with: no call, so not even a call's latency."""
+    t = step_time(workload(world_size=1), name, 65e12, 0.3, Link(gb_s=100.0, latency_s=1e-3))
+    assert t.communication_s == t.exposed_s == t.communication_bytes == 0.0
+
+
+def test_ddp_over_two_machines_all_reduces_at_the_slower_network_link() -> None:
+    """A ring over the devices of two machines crosses the network: its bus bandwidth is the slower link's,
+    here a tenth of the devices' own, so the all-reduce's bytes take ten times as long."""
+    w = workload(world_size=4, num_nodes=2)
+    inside = step_time(w, "ddp", 65e12, 0.3, Link(gb_s=100.0, latency_s=0.0))
+    across = step_time(w, "ddp", 65e12, 0.3, Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=0.0))
+    assert across.communication_bytes == inside.communication_bytes > 0
+    assert across.communication_s == pytest.approx(10 * inside.communication_s, rel=1e-12)
+
+
+def test_hsdps_replica_all_reduce_sends_twice_r_minus_1_over_r_of_each_shard() -> None:
+    """A ring all-reduce over r replicas sends 2(r-1)/r of the buffer: 1x the shard at 2 machines, 1.5x at 4
+    (the two counts agree at 2 machines only, so 4 are needed to tell them apart)."""
+    from planner.cost_model import _replica_all_reduce, entry
+
+    link = Link(gb_s=100.0, inter_node_gb_s=10.0)
+    two, four = (
+        _replica_all_reduce(workload(world_size=2 * r, num_nodes=r), entry("hsdp"), link, 1.0).bytes for r in (2, 4)
+    )
+    assert four == pytest.approx(1.5 * two, rel=1e-12) and two > 0
+
+
+def test_hsdps_replica_all_reduce_is_one_call_per_unit_at_the_machines_network_shared_by_its_devices() -> None:
+    """Each unit (every block, then the root) is all-reduced once, as its backward ends: one latency each,
+    and the bytes at the machine's network bandwidth divided among its G = 2 devices."""
+    from planner.cost_model import _replica_all_reduce, entry
+
+    w = workload(world_size=4, num_nodes=2)
+    replica = _replica_all_reduce(w, entry("hsdp"), Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=0.5), 1.0)
+    assert replica.calls == w.model.n_layer + 1
+    assert replica.seconds == pytest.approx(replica.calls * 0.5 + replica.bytes / (10.0 / 2 * 1e9), rel=1e-12)

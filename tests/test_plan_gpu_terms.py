@@ -124,8 +124,17 @@ def test_offload_step_time_adds_host_copies_and_the_single_core_update() -> None
     copies = 3 * 124_439_808 / 2 * 4 / 12e9
     update = 4_977_137_664 / (HOST_UPDATE_CORE_GB_S * 1e9)
     assert copies == pytest.approx(0.062220, abs=1e-6) and update == pytest.approx(0.497714, abs=1e-6)
-    assert extra == pytest.approx(copies + update)
+    assert extra == pytest.approx(copies + update, rel=1e-12)  # GB/s are 10^9 bytes: not a bit more
     # With accumulation: a x g copies in, one out (a = 4 micro-steps, g = 2 gathers each).
     four = replace(w, grad_accum_steps=4)
     offloaded, kept = step_time(four, "fsdp_offload", 65e12, 0.3, link), step_time(four, "fsdp", 65e12, 0.3, link)
     assert offloaded.communication_s - kept.communication_s == pytest.approx(9 * 124_439_808 / 2 * 4 / 12e9 + update)
+
+
+def test_offload_on_a_cpu_costs_the_update_and_no_copy() -> None:
+    """On a CPU run the "device" is the host: offloading moves nothing, only the AdamW update on one core
+    is added to the step's communication."""
+    w, link = workload("cpu", "fp32"), Link(6.0)
+    offloaded, kept = step_time(w, "fsdp_offload", 1e12, 0.3, link), step_time(w, "fsdp", 1e12, 0.3, link)
+    update = host_update_bytes(w, "fsdp_offload") / (HOST_UPDATE_CORE_GB_S * 1e9)
+    assert offloaded.communication_s - kept.communication_s == pytest.approx(update, rel=1e-12) and update > 0

@@ -19,13 +19,19 @@ from analysis.permutation import SIGNIFICANCE
 from analysis.uncertainty import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
+    EXACT,
     HIGHER,
     LOWER,
     MAX_REPEATS,
+    NO_VERDICT,
+    ONE_RUN_EACH,
     RUN_SIGMA,
     SAME,
+    SINGLE,
     STEP_BOOTSTRAP,
+    STEP_PEAK,
     THROUGHPUT,
+    TRAIN_TIME,
     WELCH_LOG_RATIO,
     WELCH_TEST,
     Comparison,
@@ -35,11 +41,13 @@ from analysis.uncertainty import (
     bootstrap_medians,
     build_statistics,
     censored_at,
+    compare_figure,
     json_ready,
     ratio_over_runs,
     repeats_needed,
     run_figures,
     step_bootstrap_comparison,
+    step_peak_bytes,
     step_rates,
     step_ratio,
     time_to_target,
@@ -267,3 +275,45 @@ def test_an_evaluation_exactly_at_the_target_reaches_it() -> None:
     run = target_run([(10, 1000, 8.0), (20, 2000, 7.0)], [(10, 5.0), (20, 9.0)])
     point = time_to_target(run, 7.0)
     assert point is not None and (point.seconds, point.tokens) == (9.0, 2000.0)
+
+
+def test_one_throughput_run_each_is_named_as_such_and_keeps_the_figures_margin() -> None:
+    """report.json says why a one-run-each pair has no verdict (its method) and the margin the runs needed
+    would have to beat."""
+    runs = [make_run("single", tokens_per_s=2000.0), make_run("ddp", tokens_per_s=2500.0)]
+    figure = next(f for f in run_figures(runs) if f.name == THROUGHPUT)
+    comparison = build_statistics(runs).comparison(THROUGHPUT, "ddp", "single")
+    assert comparison.method == ONE_RUN_EACH and comparison.verdict == NO_VERDICT
+    assert comparison.margin == figure.margin > 0
+
+
+def test_a_pair_over_repeats_carries_its_method_and_its_own_p_until_corrected() -> None:
+    """compare_figure is one pair alone (analysis/calibration.py reads it so): Welch's method, and its p as the
+    adjusted one, since a family of one needs no correction."""
+    runs = [
+        make_run(s, tokens_per_s=v, name=f"{s}{i}") for s in ("single", "ddp") for i, v in enumerate((990.0, 1010.0))
+    ]
+    runs_a, runs_b = runs[2:], runs[:2]
+    figure = next(f for f in run_figures(runs) if f.name == THROUGHPUT)
+    pair = compare_figure(figure, "ddp", runs_a, "single", runs_b)
+    assert pair.method == WELCH_LOG_RATIO and pair.p_value is not None and pair.p_adjusted == pair.p_value
+    assert pair.margin == figure.margin > 0  # the margin its verdict was read against
+
+
+def test_on_a_gpu_without_a_probe_record_the_step_peak_is_the_max_allocated() -> None:
+    """An older GPU run has no memory.step_peak_bytes: torch.cuda's max allocated over the epochs (MiB) is
+    the same quantity; on a CPU that figure is the resident set, not a tensor peak, so there is none."""
+    assert step_peak_bytes(make_run("ddp", device_type="cuda", rss_mib=100.0)) == 100 * 2**20
+    assert step_peak_bytes(make_run("ddp", device_type="cpu", rss_mib=100.0)) is None
+
+
+def test_one_runs_exact_figure_is_its_value_and_only_its_throughput_takes_the_steps_interval() -> None:
+    """The step peak is a count with no run-to-run noise: one run's interval is its value. The step times
+    give an interval to the throughput alone, not to the other figures of the same run."""
+    jitter = [0.5 * (1 + 0.05 * math.sin(i)) for i in range(60)]
+    run = make_run("single", step_times=jitter, step_peak=[1000, 1200], train_time_s=30.0)
+    figures = build_statistics([run]).figures
+    peak = figures[STEP_PEAK]["single"]
+    assert peak.method == EXACT and peak.ci95 == (1200.0, 1200.0)
+    assert figures[THROUGHPUT]["single"].method == STEP_BOOTSTRAP
+    assert figures[TRAIN_TIME]["single"].method == SINGLE and figures[TRAIN_TIME]["single"].ci95 is None
