@@ -407,7 +407,7 @@ def test_two_arms_of_one_strategy_are_two_wandb_groups(tmp_path: Path) -> None:
     for arm in (None, "ddp#2"):
         started: list[dict[str, Any]] = []
         session = SimpleNamespace(
-            cfg=SimpleNamespace(run=RunConfig(experiment=GROUP, arm=arm)),
+            cfg=SimpleNamespace(run=RunConfig(experiment=GROUP, strategy="ddp", arm=arm)),
             wandb=SimpleNamespace(start=lambda project, resolved, kwargs, out=started: out.append(kwargs)),
             out=tmp_path,
             is_main=False,
