@@ -25,21 +25,33 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from model import GPT2, GPT2Config
+from training import registry
 from training.config import OptimConfig
 from training.presets import preset_overrides
+from training.registry import Communication
 from training.step import global_grad_norm, make_optimizer
 
 PORT = 29_632
 PHASES = ("step", "forward_backward", "norm_clip", "adamw")
-STRATEGIES = ("ddp", "fsdp", "fsdp_zero2")
+
+
+def _strategies() -> list[str]:
+    """The registry's strategies this times: the all-reducing one and the sharding ones kept on the device."""
+    return [
+        name
+        for name in registry.names()
+        if registry.get(name).communication is Communication.ALL_REDUCE
+        or (registry.get(name).shards and not registry.get(name).offloads and not registry.get(name).fsdp.hybrid)
+    ]
 
 
 def _wrap(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
-    if strategy == "ddp":
+    entry = registry.get(strategy)
+    if not entry.shards:
         return torch.nn.parallel.DistributedDataParallel(model)
     from torch.distributed.fsdp import fully_shard
 
-    reshard = strategy == "fsdp"
+    reshard = entry.fsdp.reshard_after_forward
     for block in model.transformer.h:
         fully_shard(block, reshard_after_forward=reshard)
     return fully_shard(model, reshard_after_forward=reshard)
@@ -47,7 +59,7 @@ def _wrap(model: torch.nn.Module, strategy: str) -> torch.nn.Module:
 
 def _sync_context(model: Any, strategy: str, last: bool) -> Any:
     """Gradients synchronised in the last micro-step only, as accelerate's `accumulate` does."""
-    if strategy == "ddp":
+    if not registry.get(strategy).shards:
         return contextlib.nullcontext() if last else model.no_sync()
     model.set_requires_gradient_sync(last)
     return contextlib.nullcontext()
@@ -95,8 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     profile = "--profile" in args
     args = [a for a in args if a != "--profile"]
-    if len(args) != 4 or args[1] not in STRATEGIES or not (args[2].isdigit() and args[3].isdigit()):
-        print(f"error: usage: PRESET {{{','.join(STRATEGIES)}}} MICRO_STEPS STEPS [--profile]", file=sys.stderr)
+    if len(args) != 4 or args[1] not in _strategies() or not (args[2].isdigit() and args[3].isdigit()):
+        print(f"error: usage: PRESET {{{','.join(_strategies())}}} MICRO_STEPS STEPS [--profile]", file=sys.stderr)
         return 2
     preset, strategy, micro_steps, steps = args[0], args[1], int(args[2]), int(args[3])
     if micro_steps < 1 or steps < 3:
