@@ -126,3 +126,10 @@ def test_the_default_target_is_halfway_between_the_first_runs_first_and_last_val
         write_run(tmp_path / f"r{k}", fake)
     first, last = (fake.loss(epoch * fake.steps_per_epoch) + 0.1 for epoch in (1, fake.epochs))
     assert default_target(pooled_runs(tmp_path)) == pytest.approx((first + last) / 2, abs=1e-12)
+
+
+@pytest.mark.parametrize("repeats, hits, total", [(3, 0, 20), (4, 2, 70), (5, 12, 252)])
+def test_the_exact_log_rank_size_is_enumerated_over_every_relabelling(repeats: int, hits: int, total: int) -> None:
+    # 12 of 252 ordered relabellings are the 6 of 126 unordered splits: 4.76%, within the 5% goal, exactly.
+    assert calibration.exact_target_rate(repeats) == (hits, total)
+    assert hits / total <= calibration.FALSE_RATE_BOUND
