@@ -133,3 +133,16 @@ def test_the_exact_log_rank_size_is_enumerated_over_every_relabelling(repeats: i
     # 12 of 252 ordered relabellings are the 6 of 126 unordered splits: 4.76%, within the 5% goal, exactly.
     assert calibration.exact_target_rate(repeats) == (hits, total)
     assert hits / total <= calibration.FALSE_RATE_BOUND
+
+
+def test_an_a_a_experiment_is_predicted_to_take_twice_one_arm(tmp_path: Path) -> None:
+    from analysis.experiment import ExperimentSpec, predicted_wall_time
+    from tests.test_experiment_repeats import BATCH
+
+    def spec(*strategies: str) -> ExperimentSpec:
+        return ExperimentSpec(preset="tiny", out=tmp_path, max_steps=4, seed=7, experiment="e", strategies=strategies)
+
+    one, _ = predicted_wall_time(spec("ddp"), {"ddp": 2}, BATCH)
+    two, line = predicted_wall_time(spec("ddp", "ddp"), {"ddp": 2}, BATCH)
+    assert one is not None and two is not None, line
+    assert two.runs == {"ddp": 2 * one.runs["ddp"]} and two.total_s == pytest.approx(2 * one.total_s)
