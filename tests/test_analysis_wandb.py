@@ -112,7 +112,11 @@ def test_a_real_record_rebuilds_the_run_files(recorded_run: Path, tmp_path: Path
     unknown = {"sharding_observed", "memory", "skipped_step_numbers"}
     approximated = {"epochs", "total", "step_times_s"}  # rebuilt from the logged lines, checked here and below
     written = json.loads((recorded_run / "summary.json").read_text())
-    assert set(files.summary) == set(written)
+    # Per-save timings are this launch's own record, never logged to W&B: a rebuilt summary leaves the
+    # optional key out, as a summary written before it existed does.
+    not_held = {"checkpoint_saves"}
+    assert not_held <= set(written) and set(files.summary) == set(written) - not_held
+    written = {k: v for k, v in written.items() if k not in not_held}
     assert {k: files.summary[k] for k in set(written) - unknown - approximated} == {
         k: written[k] for k in set(written) - unknown - approximated
     }
