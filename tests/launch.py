@@ -273,6 +273,22 @@ def metric_lines(output_dir: Path, kind: str) -> list[dict[str, Any]]:
     return [line for line in lines if line["kind"] == kind]
 
 
+def kill_rank_after_step(out: Path, launchers: list, rank: int, step: int) -> int:
+    """kill -9 of one global rank of a job over several machines once `step` is logged: every launcher must end
+    non-zero within its hang guard (so before a collective timeout longer than it) and every worker of every
+    machine be gone. The last step logged before the kill took hold."""
+    import psutil
+
+    wait_for_step(out, step, launchers)
+    workers = [rank_process(launchers, r) for r in range(MACHINES * PROCESSES_PER_MACHINE)]
+    workers[rank].kill()
+    ended = wait_on_machines(launchers, check=False)
+    assert all(p.returncode != 0 for p in launchers), ended.stderr[-3000:]
+    gone, alive = psutil.wait_procs(workers, timeout=LAUNCH_TIMEOUT_S)  # a hang guard: they are gone already
+    assert not alive and len(gone) == len(workers)
+    return max(train_lines(out))
+
+
 def train_lines(output_dir: Path) -> dict[int, dict[str, Any]]:
     """The run's train lines by step. A step logged twice or out of order (a resume that did not cut
     metrics.jsonl back, or that wrote a step again) fails here, where a dict by step would keep only the last."""

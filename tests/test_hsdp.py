@@ -18,7 +18,6 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 
 from tests.launch import (
@@ -30,11 +29,10 @@ from tests.launch import (
     SHARED_STEPS,
     SLURM_LAUNCH_LINE,
     free_port,
-    rank_process,
+    kill_rank_after_step,
     start_on_machines,
     summary,
     train_lines,
-    wait_for_step,
     wait_on_machines,
 )
 from tests.test_strategies import assert_same_validation
@@ -315,14 +313,7 @@ def test_rank_3_killed_on_the_second_machine_ends_every_machine_and_resume_conti
     timeout = ["--collective_timeout_s", str(COLLECTIVE_TIMEOUT_S)]
     args = [*base_args, "--strategy", "hsdp", *SHARED_EXTRA["hsdp"], *timeout]
     launchers = start_on_machines("hsdp.yaml", run_dir, args)
-    wait_for_step(run_dir, 4, launchers)  # past the checkpoint of step 3
-    workers = [rank_process(launchers, rank) for rank in range(MACHINES * PROCESSES_PER_MACHINE)]
-    workers[3].kill()
-    ended = wait_on_machines(launchers, check=False)  # within its hang guard, so before the collective timeout
-    assert all(p.returncode != 0 for p in launchers), ended.stderr[-3000:]
-    gone, alive = psutil.wait_procs(workers, timeout=LAUNCH_TIMEOUT_S)  # a hang guard: they are gone already
-    assert not alive and len(gone) == len(workers)
-    logged = max(train_lines(run_dir))
+    logged = kill_rank_after_step(run_dir, launchers, rank=3, step=4)  # past the checkpoint of step 3
     assert 4 <= logged < SHARED_STEPS  # stopped in the middle
     # The resume redoes the steps lost since the checkpoint and one more, then stops (the steps after are the
     # same code again): --stop_after_steps keeps the 12-step schedule of the shared run.

@@ -28,14 +28,13 @@ from tests.launch import (
     accelerate_command,
     assert_planned_exactly,
     free_port,
+    kill_rank_after_step,
     launch_env,
     metric_lines,
-    rank_process,
     run,
     summary,
     train,
     train_lines,
-    wait_for_step,
     wait_on_machines,
 )
 
@@ -326,14 +325,7 @@ def test_machines_on_loopback_match_one_process_step_by_step_through_a_rank_0_ki
     out = workdir / "ddp-machines"
     args = [*base_args, *MACHINES_BATCH, "--collective_timeout_s", str(COLLECTIVE_TIMEOUT_S), "--output_dir", str(out)]
     procs = _machines(args, free_port())
-    wait_for_step(out, 4, procs)  # past the checkpoint of step 3
-    workers = [rank_process(procs, rank) for rank in range(MACHINES * PROCESSES_PER_MACHINE)]
-    workers[0].kill()
-    ended = wait_on_machines(procs, check=False)  # within its hang guard, so before the collective timeout
-    assert all(p.returncode != 0 for p in procs), ended.stderr[-3000:]
-    gone, alive = psutil.wait_procs(workers, timeout=LAUNCH_TIMEOUT_S)  # a hang guard: they are gone already
-    assert not alive and len(gone) == len(workers)
-    logged = max(train_lines(out))
+    logged = kill_rank_after_step(out, procs, rank=0, step=4)  # past the checkpoint of step 3
     assert 4 <= logged < MAX_STEPS  # stopped in the middle
     # The resume redoes the steps lost since the checkpoint and one more, then stops (the steps after are the
     # same code again): --stop_after_steps keeps the 12-step schedule of the one-process run.
