@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -201,6 +202,27 @@ def test_workload_refuses_what_cannot_run() -> None:
         model_state(workload(world_size=2), "single")
     with pytest.raises(ValueError, match="unknown strategy"):
         model_state(workload(), "zero3")
+
+
+def test_workload_names_each_refused_field_and_accepts_its_edge() -> None:
+    """Each refusal states the field and the value given; the edges (one of each, machines that divide the
+    devices, a block of exactly the model's positions) are accepted."""
+    refused = {
+        "world_size 1 does not spread evenly over 0 machine(s)": {"num_nodes": 0},
+        "world_size 6 does not spread evenly over 4 machine(s)": {"world_size": 6, "num_nodes": 4},
+        "precision must be one of fp32, fp16, bf16, got 'fp8'": {"precision": "fp8"},
+        "block_size 1025 exceeds the model's 1024 positions": {"block_size": 1025},
+        **{
+            f"{name} must be at least 1, got 0": {name: 0}
+            for name in ("micro_batch_size", "block_size", "grad_accum_steps")
+        },
+        "world_size must be at least 1, got -2": {"world_size": -2, "num_nodes": 2},
+    }
+    for message, changes in refused.items():
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            workload(**changes)
+    edges = dict(micro_batch_size=1, block_size=1024, grad_accum_steps=1, world_size=8, num_nodes=2)
+    assert workload(**edges).block_size == 1024 and workload(world_size=3, num_nodes=1).num_nodes == 1
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from analysis.uncertainty import (
     HIGHER,
     LOWER,
     MAX_REPEATS,
+    MIN_STEPS,
     NO_VERDICT,
     ONE_RUN_EACH,
     RUN_SIGMA,
@@ -50,6 +51,7 @@ from analysis.uncertainty import (
     step_peak_bytes,
     step_rates,
     step_ratio,
+    summarize_figure,
     time_to_target,
     verdict,
     warmup_steps,
@@ -317,3 +319,25 @@ def test_one_runs_exact_figure_is_its_value_and_only_its_throughput_takes_the_st
     assert peak.method == EXACT and peak.ci95 == (1200.0, 1200.0)
     assert figures[THROUGHPUT]["single"].method == STEP_BOOTSTRAP
     assert figures[TRAIN_TIME]["single"].method == SINGLE and figures[TRAIN_TIME]["single"].ci95 is None
+
+
+def test_one_runs_throughput_takes_the_block_bootstrap_of_its_steps_from_exactly_min_steps_on() -> None:
+    """MIN_STEPS steps after warm-up are enough for the steps' interval, one fewer is not; steps correlated
+    over a few neighbours are resampled in blocks of the length block_length found, not one by one."""
+    figure = next(f for f in run_figures([make_run("single")]) if f.name == THROUGHPUT)
+    uneven = [0.50, 0.55, 0.45, 0.60, 0.52, 0.48]
+    enough = summarize_figure(figure, [make_run("single", step_times=[1.0] * 3 + uneven[:MIN_STEPS], warmup=3)])
+    assert enough.method == STEP_BOOTSTRAP and enough.block == 1
+    short = summarize_figure(figure, [make_run("single", step_times=[1.0] * 3 + uneven[: MIN_STEPS - 1], warmup=3)])
+    assert short.method == SINGLE and short.ci95 is None
+    drifting = [0.5 * (1 + 0.05 * math.sin(i / 2)) for i in range(60)]  # correlated over about 3 steps
+    run = make_run("single", step_times=[1.0] * 3 + drifting, warmup=3, tokens_per_s=1900.0)
+    rates = step_rates(run)
+    block = block_length(rates)
+    assert block is not None and block > 1
+    middle, low, high = bootstrap_median_interval(rates, block=block)
+    summary = summarize_figure(figure, [run])
+    assert summary.block == block and summary.ci95 == pytest.approx((1900.0 * low / middle, 1900.0 * high / middle))
+    assert (summary.n, summary.median, summary.minimum, summary.maximum, summary.mean) == (1, *[1900.0] * 4)
+    assert summary.geometric_mean == 1900.0 and summary.method == STEP_BOOTSTRAP
+    assert bootstrap_median_interval(rates)[1:] != pytest.approx((low, high))  # steps one by one differ
