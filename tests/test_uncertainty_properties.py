@@ -341,3 +341,87 @@ def test_one_runs_throughput_takes_the_block_bootstrap_of_its_steps_from_exactly
     assert (summary.n, summary.median, summary.minimum, summary.maximum, summary.mean) == (1, *[1900.0] * 4)
     assert summary.geometric_mean == 1900.0 and summary.method == STEP_BOOTSTRAP
     assert bootstrap_median_interval(rates)[1:] != pytest.approx((low, high))  # steps one by one differ
+
+
+def test_the_correction_keeps_every_pair_of_a_figure_whatever_pair_comes_first() -> None:
+    """Three strategies of one run each: every pair of every figure is kept, those with no p (one run each,
+    exact counts) before others as well. A one-run-each pair too close for any number of repeats to decide
+    keeps no count of repeats; the others need at least the runs the exact test needs over three pairs."""
+    from analysis.permutation import repeats_for_a_verdict
+
+    runs = [
+        make_run("single", tokens_per_s=1000.0, step_peak=[1000]),
+        make_run("ddp", tokens_per_s=1000.1, step_peak=[1000]),
+        make_run("fsdp", tokens_per_s=1500.0, step_peak=[1200]),
+    ]
+    stats = build_statistics(runs)
+    pairs = [("single", "ddp"), ("single", "fsdp"), ("ddp", "fsdp")]
+    for figure in (THROUGHPUT, STEP_PEAK):
+        assert [(c.a, c.b) for c in stats.comparisons if c.figure == figure] == pairs
+    throughput = [c for c in stats.comparisons if c.figure == THROUGHPUT]
+    assert all(c.verdict == NO_VERDICT and c.p_value is None for c in throughput)
+    assert repeats_needed(1000.0 / 1000.1) is None and throughput[0].repeats_needed is None
+    assert [c.repeats_needed for c in throughput[1:]] == [
+        max(repeats_needed(r), repeats_for_a_verdict(3)) for r in (1000 / 1500, 1000.1 / 1500)
+    ]
+    assert [c.method for c in stats.comparisons if c.figure == STEP_PEAK] == [EXACT] * 3
+
+
+def _repeats(throughputs: dict[str, list[float]]) -> list:
+    return [
+        make_run(s, tokens_per_s=v, name=f"{s}{i}", step_peak=[1000])
+        for s, vs in throughputs.items()
+        for i, v in enumerate(vs)
+    ]
+
+
+def test_each_verdict_is_read_from_its_holm_adjusted_p() -> None:
+    """Three strategies of four runs each, far apart: each pair alone is at the exact test's floor, 2 / 70,
+    below 5%; Holm over the three pairs makes it 3 x 2 / 70, so no pair gets a verdict, and each says the
+    runs that would let the test reach 5% over three pairs."""
+    from analysis.permutation import repeats_for_a_verdict, smallest_p
+
+    runs = _repeats(
+        {s: [base * (1 + 0.01 * k) for k in range(4)] for s, base in (("a", 1000.0), ("b", 2000.0), ("c", 4000.0))}
+    )
+    throughput = [c for c in build_statistics(runs).comparisons if c.figure == THROUGHPUT]
+    assert len(throughput) == 3
+    for c in throughput:
+        assert c.p_value == pytest.approx(smallest_p(4, 4)) and c.p_value < SIGNIFICANCE
+        assert c.p_adjusted == pytest.approx(3 * smallest_p(4, 4))
+        assert c.verdict == SAME and c.repeats_needed == repeats_for_a_verdict(3)
+        assert c.ci95[1] < 1  # the interval alone would say lower
+
+
+def test_the_runs_a_verdict_needs_are_given_where_three_times_the_floor_reaches_5_percent_and_only_there() -> None:
+    """3 runs against 7: the exact test's floor is 2 / C(10, 3) = 1 / 60, and three pairs make it exactly 5%,
+    which is not below 5%: the runs that could decide are given. 7 against 7 (2 / 3432) can decide at these
+    runs: none given. Holm's adjusted p is what each pair carries."""
+    from analysis.permutation import holm, repeats_for_a_verdict, smallest_p
+
+    assert 3 * smallest_p(3, 7) == SIGNIFICANCE
+    runs = _repeats(
+        {
+            "a": [1000.0 * (1 + 0.01 * k) for k in range(3)],
+            "b": [2000.0 * (1 + 0.01 * k) for k in range(7)],
+            "c": [4000.0 * (1 + 0.01 * k) for k in range(7)],
+        }
+    )
+    ab, ac, bc = [c for c in build_statistics(runs).comparisons if c.figure == THROUGHPUT]
+    assert (ab.repeats_needed, ac.repeats_needed, bc.repeats_needed) == (repeats_for_a_verdict(3),) * 2 + (None,)
+    expected = holm([ab.p_value, ac.p_value, bc.p_value])
+    assert [ab.p_adjusted, ac.p_adjusted, bc.p_adjusted] == pytest.approx(expected)
+    assert ab.p_adjusted == pytest.approx(2 * smallest_p(3, 7)) != pytest.approx(ab.p_value)
+    assert (ab.verdict, bc.verdict) == (LOWER, LOWER)
+
+
+def test_a_figure_no_run_has_leaves_the_figures_after_it() -> None:
+    """CPU runs without the probe's record have no step peak (the second figure): the resident set, the
+    training time and the losses after it are still summarized and compared."""
+    from analysis.uncertainty import RESIDENT
+
+    runs = [make_run(s, train_time_s=t) for s, t in (("single", 10.0), ("ddp", 12.0))]
+    stats = build_statistics(runs)
+    assert STEP_PEAK not in stats.figures
+    assert {RESIDENT, TRAIN_TIME} <= set(stats.figures)
+    assert {c.figure for c in stats.comparisons} >= {RESIDENT, TRAIN_TIME}
