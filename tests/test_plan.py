@@ -696,6 +696,96 @@ def test_the_step_memory_record_has_each_kind_and_the_three_phases() -> None:
     assert record["total"] == memory.total == record["phases"][record["peak_phase"]]
 
 
+TINY = GPT2Config.from_preset("tiny")
+V_C = TINY.vocab_size * TINY.n_embd  # the token embedding's elements (tied to the output head)
+
+
+def tiny(**changes) -> Workload:
+    """A small batch on CUDA with the fused update (no update temporary): the embedding's sum is the peak."""
+    values = dict(model=TINY, micro_batch_size=1, block_size=16, precision="fp32", fused_adamw=True)
+    return Workload(**{**values, **changes})
+
+
+def _whole_state(w: Workload, name: str, rank: int = 0) -> tuple[int, int, int, int]:
+    state = model_state(w, name, rank)
+    acts = activations(w, name)
+    return state.parameters, state.gradients, state.optimizer, acts.kept + acts.logits
+
+
+def test_each_phase_of_a_replicated_step_sums_what_its_docstring_names() -> None:
+    """The three moments of a step, term by term (step_memory's docstring): the loss (state, no gradients
+    yet, activations and the loss's tensors), the embedding's sum (every gradient but the token embedding's
+    fp32 one, and three compute-dtype tensors of its size) and the update (the whole state); DDP adds its
+    fp32 gradient buckets to each; on the first step the optimizer state exists only at the update."""
+    params, grads, optimizer, acts = _whole_state(tiny(), "single")
+    expected = {
+        "loss": params + optimizer + acts,
+        "embedding": params + optimizer + grads - 4 * V_C + 3 * 4 * V_C,
+        "optimizer": params + grads + optimizer,
+    }
+    single = step_memory(tiny(), "single")
+    assert single.phases == expected and single.peak_phase == "embedding"
+    assert (single.gradients, single.temporaries) == (grads - 4 * V_C, 3 * 4 * V_C)
+    ddp = step_memory(tiny(world_size=2), "ddp")
+    assert ddp.phases == {phase: total + grads for phase, total in expected.items()}
+    first = step_memory(tiny(first_step=True), "single").phases
+    assert first == {**expected, "loss": params + acts, "embedding": params + grads + 8 * V_C}
+
+
+def test_each_phase_of_a_sharded_step_sums_what_its_docstring_names() -> None:
+    """FSDP over 4 in fp16, rank 3 (which holds three rows of the odd vocabulary less than rank 0): the root
+    unit and the prefetched last block gathered at the loss, the root and the first block's unsharded
+    gradients at the embedding's sum, where wpe's and ln_f's gradients are whole in fp16 instead of the
+    rank's fp32 quarter; with accumulation the earlier micro-batches' gradients are held unsharded, in fp16."""
+    w = tiny(world_size=4, precision="fp16")
+    params, grads, optimizer, acts = _whole_state(w, "fsdp", rank=3)
+    assert params != model_state(w, "fsdp", 0).parameters  # rank 3's own shard, not rank 0's
+    shapes = parameter_shapes(TINY)
+    root = sum(math.prod(shapes[n]) for n in ("transformer.wte.weight", "transformer.wpe.weight")) + 2 * TINY.n_embd
+    block = sum(math.prod(s) for n, s in shapes.items() if n.startswith("transformer.h.0."))
+    wpe_ln_f_shard = shard_numel((TINY.n_positions, TINY.n_embd), 4, 3) + 2 * shard_numel((TINY.n_embd,), 4, 3)
+    others = 2 * (root - V_C) - 4 * wpe_ln_f_shard  # wpe's and ln_f's gradients: whole in fp16, not fp32 shards
+    assert others > 0
+    embedding_grads = grads - 4 * shard_numel((TINY.vocab_size, TINY.n_embd), 4, 3) + others
+    memory = step_memory(w, "fsdp", rank=3)
+    assert memory.phases == {
+        "loss": params + optimizer + acts + 2 * (root + block),
+        "embedding": params + optimizer + embedding_grads + 3 * 2 * V_C + 2 * (root + block),
+        "optimizer": params + grads + optimizer,
+    }
+    accumulating = step_memory(tiny(world_size=4, precision="fp16", grad_accum_steps=2), "fsdp", rank=3).phases
+    held = 2 * sum(math.prod(s) for s in shapes.values())
+    assert accumulating["embedding"] == params + optimizer + held + 3 * 2 * V_C + 2 * (root + block)
+    assert accumulating["loss"] == params + optimizer + held + acts + 2 * (root + block)
+
+
+def test_an_offloaded_step_holds_no_model_state_or_update_on_the_device() -> None:
+    """FSDP's CPU offload: the state is the host's; the device holds the activations, the gathered units and
+    the embedding's sum (no gradient of its own), and nothing at the update, which runs on the host."""
+    w = tiny(world_size=2, fused_adamw=False)
+    params, grads, optimizer, acts = _whole_state(w, "fsdp_offload")
+    shapes = parameter_shapes(TINY)
+    root = sum(math.prod(shapes[n]) for n in ("transformer.wte.weight", "transformer.wpe.weight")) + 2 * TINY.n_embd
+    block = sum(math.prod(s) for n, s in shapes.items() if n.startswith("transformer.h.0."))
+    memory = step_memory(w, "fsdp_offload")
+    assert memory.phases == {
+        "loss": acts + 4 * (root + block),
+        "embedding": 3 * 4 * V_C + 4 * (root + block),
+        "optimizer": 0,
+    }
+    assert memory.host == params + grads + optimizer and memory.parameters == memory.gradients == 0
+
+
+def test_byte_counts_are_whole_numbers_under_hybrid_sharding() -> None:
+    """plan.json prints these: a count of bytes, never 1.0e9 (the shard group is a whole number of devices)."""
+    from planner.cost_model import entry, shard_group_size
+
+    w = tiny(world_size=4, num_nodes=2)
+    assert shard_group_size(w, entry("hsdp")) == 2 and type(shard_group_size(w, entry("hsdp"))) is int
+    record = step_memory(w, "hsdp", rank=3).to_dict()
+    assert all(type(record[k]) is int for k in ("parameters", "gradients", "optimizer", "total"))
+
+
 def test_activation_checkpointing_adds_one_forward_a_third_more_compute() -> None:
     """2N of the 6N FLOPs per token computed again: compute time x 4/3, whatever the strategy."""
     link = Link(gb_s=100.0)
