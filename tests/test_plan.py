@@ -725,11 +725,16 @@ def test_each_phase_of_a_replicated_step_sums_what_its_docstring_names() -> None
     }
     single = step_memory(tiny(), "single")
     assert single.phases == expected and single.peak_phase == "embedding"
-    assert (single.gradients, single.temporaries) == (grads - 4 * V_C, 3 * 4 * V_C)
+    kinds = ("parameters", "gradients", "optimizer", "activations", "logits", "communication", "temporaries")
+    at_sum = (params, grads - 4 * V_C, optimizer, 0, 0, 0, 3 * 4 * V_C)  # no activation or logit is left
+    assert tuple(getattr(single, k) for k in kinds) == at_sum and single.total == expected["embedding"]
+    assert (single.strategy, single.host) == ("single", 0)
     ddp = step_memory(tiny(world_size=2), "ddp")
     assert ddp.phases == {phase: total + grads for phase, total in expected.items()}
-    first = step_memory(tiny(first_step=True), "single").phases
-    assert first == {**expected, "loss": params + acts, "embedding": params + grads + 8 * V_C}
+    first = step_memory(tiny(first_step=True), "single")
+    assert first.phases == {**expected, "loss": params + acts, "embedding": params + grads + 8 * V_C}
+    assert first.peak_phase == "optimizer"
+    assert tuple(getattr(first, k) for k in kinds) == (params, grads, optimizer, 0, 0, 0, 0)
 
 
 def test_each_phase_of_a_sharded_step_sums_what_its_docstring_names() -> None:

@@ -425,3 +425,34 @@ def test_a_figure_no_run_has_leaves_the_figures_after_it() -> None:
     assert STEP_PEAK not in stats.figures
     assert {RESIDENT, TRAIN_TIME} <= set(stats.figures)
     assert {c.figure for c in stats.comparisons} >= {RESIDENT, TRAIN_TIME}
+
+
+def test_the_report_ranks_warm_up_free_throughput_when_every_run_has_it_and_reserved_memory_off_the_cpu() -> None:
+    """The throughput figure is the warm-up-free one when every run records it, the whole job's otherwise;
+    the memory beside the step peak is the resident set only when every run is a CPU run."""
+    from analysis.uncertainty import RESERVED, RESIDENT
+
+    def figures(*runs) -> dict:
+        return {f.name: f for f in run_figures(list(runs))}
+
+    gpu = [make_run(s, device_type="cuda", tokens_per_s=1000.0, tokens_per_s_excl_warmup=1500.0) for s in ("a", "b")]
+    by_name = figures(*gpu)
+    assert RESERVED in by_name and RESIDENT not in by_name
+    assert "warm-up steps excluded" in by_name[THROUGHPUT].title and by_name[THROUGHPUT].value(gpu[0]) == 1500.0
+    whole = figures(gpu[0], make_run("c", device_type="cuda", tokens_per_s=900.0))  # one without it: all whole-job
+    assert "excluded" not in whole[THROUGHPUT].title and whole[THROUGHPUT].value(gpu[0]) == 1000.0
+    assert RESERVED in figures(gpu[0], make_run("c")) and RESIDENT in figures(make_run("c"), make_run("d"))
+    assert RESERVED in figures()  # no run: nothing says CPU
+
+
+def test_build_statistics_prices_the_time_to_target_and_titles_every_figure() -> None:
+    """The price reaches each strategy's time-to-target entry (its cost median); without a target there is
+    no entry and no pair; report.json's titles are those of the figures."""
+    runs = [target_run([(10, 1000, 8.0), (20, 2000, 6.0)], [(10, e), (20, 2 * e)]) for e in (4.0, 5.0)]
+    for i, run in enumerate(runs):
+        run.path = run.path.parent / f"r{i}"
+    priced = build_statistics(runs, target_loss=7.0, price=3600.0)
+    assert priced.time_to_target["single"]["cost"] == pytest.approx(priced.time_to_target["single"]["seconds"])
+    unpriced = build_statistics(runs)
+    assert unpriced.time_to_target == {} and unpriced.target_comparisons == []
+    assert unpriced.titles == {f.name: f.title for f in run_figures(runs)} != {}
