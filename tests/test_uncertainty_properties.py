@@ -456,3 +456,41 @@ def test_build_statistics_prices_the_time_to_target_and_titles_every_figure() ->
     unpriced = build_statistics(runs)
     assert unpriced.time_to_target == {} and unpriced.target_comparisons == []
     assert unpriced.titles == {f.name: f.title for f in run_figures(runs)} != {}
+
+
+def test_each_report_figure_has_its_title_unit_exactness_margin_and_value() -> None:
+    """report.json's figures as the reading names them: the CPU's resident set (summary.json's allocated
+    maximum, which a CPU run fills with it) or the GPU's reserved memory beside the step peak."""
+    from training import run_schema as schema
+
+    totals = {"tokens_per_s": 1000.0, "train_time_s": 30.0, "final_val_loss": 4.0, "loss_mean": 4.5}
+    memory = {"peak_mem_allocated_mib_max": 700.0, "peak_mem_reserved_mib_max": 800.0}
+    for device, beside in (
+        (
+            "cpu",
+            ("peak_rss_mib", "peak resident set size (per process, max over processes)", schema.PEAK_ALLOCATED, 700.0),
+        ),
+        (
+            "cuda",
+            ("peak_reserved_mib", "peak memory reserved (per device, max over devices)", schema.PEAK_RESERVED, 800.0),
+        ),
+    ):
+        run = make_run("single", device_type=device, step_peak=[5000], **totals, **memory)
+        got = [(f.name, f.title, f.unit, f.exact, f.margin, f.value(run)) for f in run_figures([run])]
+        name, title, metric, value = beside
+        assert got == [
+            ("tokens_per_s", "throughput (whole job)", "tokens/s", False, schema.THROUGHPUT.margin, 1000.0),
+            (
+                "step_peak_bytes",
+                "live-tensor step peak (per device, max over devices)",
+                "bytes",
+                True,
+                schema.STEP_PEAK_MARGIN,
+                5000.0,
+            ),
+            (name, title, "MiB", False, metric.margin, value),
+            ("train_time_s", "training time", "s", False, schema.TRAIN_TIME.margin, 30.0),
+            ("final_val_loss", "final validation loss", "nats", False, schema.FINAL_VAL_LOSS.margin, 4.0),
+            ("avg_loss", "mean training loss", "nats", False, schema.LOSS_MEAN.margin, 4.5),
+        ]
+        assert all(f.margin > 0 for f in run_figures([run]))
