@@ -729,6 +729,11 @@ def test_each_phase_of_a_replicated_step_sums_what_its_docstring_names() -> None
     at_sum = (params, grads - 4 * V_C, optimizer, 0, 0, 0, 3 * 4 * V_C)  # no activation or logit is left
     assert tuple(getattr(single, k) for k in kinds) == at_sum and single.total == expected["embedding"]
     assert (single.strategy, single.host) == ("single", 0)
+    # Autocast keeps the parameters fp32, so their gradients and the embedding's sum too; torch's foreach
+    # update on CUDA (not fused) adds one fp32 temporary the size of all parameters.
+    assert step_memory(tiny(precision="fp16"), "single").temporaries == 3 * 4 * V_C
+    every = sum(math.prod(s) for s in parameter_shapes(TINY).values())
+    assert step_memory(tiny(fused_adamw=False), "single").phases["optimizer"] == expected["optimizer"] + 4 * every
     ddp = step_memory(tiny(world_size=2), "ddp")
     assert ddp.phases == {phase: total + grads for phase, total in expected.items()}
     first = step_memory(tiny(first_step=True), "single")
