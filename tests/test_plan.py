@@ -94,6 +94,7 @@ def test_activations_of_one_124m_block() -> None:
     ln_stats, lse = 2 * (2 * 4 * 4 * 1024), 4 * 4 * 12 * 1024
     fp32 = activations(workload(precision="fp32"), "single")
     assert fp32.per_block == 16 * 4 * s + ln_stats + lse == 201_588_736
+    assert fp32.head == 2 * 4 * s + 2 * 4 * 4 * 1024  # ln_f's input and output, and its mean and 1/std
     autocast = activations(workload(), "single")  # fp32 residual stream, half everything else
     assert autocast.per_block == (2 * 4 + 2 * 2 + 12 * 2) * s + ln_stats + lse == 113_508_352
     # Autocast's fp16 copies of the four block matrices (12 x 12 C^2) and the tied head (vocab x C).
@@ -221,6 +222,9 @@ def test_workload_names_each_refused_field_and_accepts_its_edge() -> None:
     for message, changes in refused.items():
         with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
             workload(**changes)
+    unknown = "unknown strategy 'zero3'; known: " + ", ".join(STRATEGIES)
+    with pytest.raises(ValueError, match=f"^{re.escape(unknown)}$"):
+        model_state(workload(), "zero3")
     edges = dict(micro_batch_size=1, block_size=1024, grad_accum_steps=1, world_size=8, num_nodes=2)
     assert workload(**edges).block_size == 1024 and workload(world_size=3, num_nodes=1).num_nodes == 1
 
