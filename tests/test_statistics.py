@@ -103,6 +103,9 @@ def test_a_figure_not_all_positive_gets_the_t_interval_of_the_mean() -> None:
     half = 4.3027 * 1.0 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
     assert summary.ci95 == pytest.approx((-half, half), abs=1e-3)
     assert summary.method == T_INTERVAL and summary.geometric_mean is None
+    with_zero = summarize([0.0, 1.0, 2.0])  # zero has no logarithm: the plain mean's interval, as for negatives
+    assert with_zero.method == T_INTERVAL and with_zero.geometric_mean is None
+    assert with_zero.ci95 == pytest.approx((1.0 - half, 1.0 + half), abs=1e-3)
 
 
 def test_one_run_has_no_interval_unless_it_is_a_count() -> None:
