@@ -20,6 +20,7 @@ from analysis.uncertainty import (
     NO_VERDICT,
     RESIDENT,
     SAME,
+    SINGLE,
     STEP_BOOTSTRAP,
     STEP_PEAK,
     T_INTERVAL,
@@ -113,6 +114,9 @@ def test_one_run_has_no_interval_unless_it_is_a_count() -> None:
     exact = summarize([5.0], exact=True)
     assert exact.ci95 == (5.0, 5.0) and exact.method == EXACT
     assert summarize([]) is None and summarize([math.nan]) is None
+    one = summarize([5.0])
+    assert (one.n, one.median, one.minimum, one.maximum, one.mean, one.geometric_mean) == (1, 5.0, 5.0, 5.0, 5.0, 5.0)
+    assert one.method == SINGLE and summarize([-5.0]).geometric_mean is None  # no logarithm of a negative
 
 
 def test_t_interval_covers_the_true_mean_about_95_percent_of_the_time() -> None:
