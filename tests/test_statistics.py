@@ -119,6 +119,14 @@ def test_one_run_has_no_interval_unless_it_is_a_count() -> None:
     assert one.method == SINGLE and summarize([-5.0]).geometric_mean is None  # no logarithm of a negative
 
 
+def test_identical_runs_are_a_point_exactly_and_runs_one_apart_an_interval() -> None:
+    """exp(mean(log 0.1)) is 0.10000000000000002: identical runs give their value itself, not that residue.
+    Runs exactly 1 apart are not identical."""
+    assert summarize([0.1, 0.1, 0.1]).ci95 == (0.1, 0.1)
+    low, high = summarize([1.0, 2.0]).ci95
+    assert low < 1.0 and high > 2.0
+
+
 def test_t_interval_covers_the_true_mean_about_95_percent_of_the_time() -> None:
     rng = np.random.default_rng(7)
     covered = [lo <= 10.0 <= hi for lo, hi in (summarize(rng.normal(10.0, 1.0, 4)).ci95 for _ in range(1000))]
