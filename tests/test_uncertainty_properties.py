@@ -367,7 +367,7 @@ def test_the_correction_keeps_every_pair_of_a_figure_whatever_pair_comes_first()
     assert [c.method for c in stats.comparisons if c.figure == STEP_PEAK] == [EXACT] * 3
 
 
-def _repeats(throughputs: dict[str, list[float]]) -> list:
+def _runs_of(throughputs: dict[str, list[float]]) -> list:
     return [
         make_run(s, tokens_per_s=v, name=f"{s}{i}", step_peak=[1000])
         for s, vs in throughputs.items()
@@ -381,7 +381,7 @@ def test_each_verdict_is_read_from_its_holm_adjusted_p() -> None:
     runs that would let the test reach 5% over three pairs."""
     from analysis.permutation import repeats_for_a_verdict, smallest_p
 
-    runs = _repeats(
+    runs = _runs_of(
         {s: [base * (1 + 0.01 * k) for k in range(4)] for s, base in (("a", 1000.0), ("b", 2000.0), ("c", 4000.0))}
     )
     throughput = [c for c in build_statistics(runs).comparisons if c.figure == THROUGHPUT]
@@ -400,7 +400,7 @@ def test_the_runs_a_verdict_needs_are_given_where_three_times_the_floor_reaches_
     from analysis.permutation import holm, repeats_for_a_verdict, smallest_p
 
     assert 3 * smallest_p(3, 7) == SIGNIFICANCE
-    runs = _repeats(
+    runs = _runs_of(
         {
             "a": [1000.0 * (1 + 0.01 * k) for k in range(3)],
             "b": [2000.0 * (1 + 0.01 * k) for k in range(7)],
