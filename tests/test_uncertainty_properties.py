@@ -494,3 +494,28 @@ def test_each_report_figure_has_its_title_unit_exactness_margin_and_value() -> N
             ("avg_loss", "mean training loss", "nats", False, schema.LOSS_MEAN.margin, 4.5),
         ]
         assert all(f.margin > 0 for f in run_figures([run]))
+
+
+def test_inside_the_margin_is_inclusive_either_way_round_and_never_at_or_below_zero() -> None:
+    from analysis.uncertainty import inside
+
+    assert inside(1.02, 0.02) and inside(1 / 1.02, 0.02) and inside(0.99, 0.02) and inside(1.0, 0.0)
+    assert not inside(1.0201, 0.02) and not inside(1 / 1.0201, 0.02) and not inside(1.03, 0.02)
+    assert not inside(0.0, 0.02) and not inside(-1.0, 0.02)
+
+
+def test_the_verdict_at_the_edges_of_its_rule() -> None:
+    """verdict's statement, case by case: the default margin is 0; an interval reaching exactly 1 does not
+    exclude it; a p of exactly 5% is not below it; the ratio given (not the interval's centre) is weighed by
+    the margin; half an interval inside the margin is not all of it."""
+    from analysis.uncertainty import NEGLIGIBLE, TOO_FEW
+
+    assert verdict(None) == TOO_FEW
+    assert verdict((1.5, 2.5)) == HIGHER and verdict((1.0, 1.0)) == NEGLIGIBLE  # margin 0 by default
+    assert verdict((1.1, 1.3), None, SIGNIFICANCE) == SAME and verdict((1.1, 1.3), None, 0.049) == HIGHER
+    assert verdict((1.1, 1.3)) == HIGHER and verdict((0.7, 0.9)) == LOWER  # no test: the interval decides
+    assert verdict((1.0, 1.3), 1.1, 0.01) == SAME and verdict((0.7, 1.0), 0.85, 0.01) == SAME
+    assert verdict((0.9, 1.1), 1.0, 0.01) == SAME
+    half_inside = (1.001, 1.0399)  # its low end inside a 2% margin, its high end outside; centre 1.0203
+    assert verdict(half_inside, None, 0.01, 0.02) == HIGHER
+    assert verdict(half_inside, 1.01, 0.01, 0.02) == SAME and verdict(half_inside, 1.01, None, 0.02) == SAME
