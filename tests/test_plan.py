@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,6 +94,7 @@ def test_activations_of_one_124m_block() -> None:
     ln_stats, lse = 2 * (2 * 4 * 4 * 1024), 4 * 4 * 12 * 1024
     fp32 = activations(workload(precision="fp32"), "single")
     assert fp32.per_block == 16 * 4 * s + ln_stats + lse == 201_588_736
+    assert fp32.head == 2 * 4 * s + 2 * 4 * 4 * 1024  # ln_f's input and output, and its mean and 1/std
     autocast = activations(workload(), "single")  # fp32 residual stream, half everything else
     assert autocast.per_block == (2 * 4 + 2 * 2 + 12 * 2) * s + ln_stats + lse == 113_508_352
     # Autocast's fp16 copies of the four block matrices (12 x 12 C^2) and the tied head (vocab x C).
@@ -201,6 +203,30 @@ def test_workload_refuses_what_cannot_run() -> None:
         model_state(workload(world_size=2), "single")
     with pytest.raises(ValueError, match="unknown strategy"):
         model_state(workload(), "zero3")
+
+
+def test_workload_names_each_refused_field_and_accepts_its_edge() -> None:
+    """Each refusal states the field and the value given; the edges (one of each, machines that divide the
+    devices, a block of exactly the model's positions) are accepted."""
+    refused = {
+        "world_size 1 does not spread evenly over 0 machine(s)": {"num_nodes": 0},
+        "world_size 6 does not spread evenly over 4 machine(s)": {"world_size": 6, "num_nodes": 4},
+        "precision must be one of fp32, fp16, bf16, got 'fp8'": {"precision": "fp8"},
+        "block_size 1025 exceeds the model's 1024 positions": {"block_size": 1025},
+        **{
+            f"{name} must be at least 1, got 0": {name: 0}
+            for name in ("micro_batch_size", "block_size", "grad_accum_steps")
+        },
+        "world_size must be at least 1, got -2": {"world_size": -2, "num_nodes": 2},
+    }
+    for message, changes in refused.items():
+        with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+            workload(**changes)
+    unknown = "unknown strategy 'zero3'; known: " + ", ".join(STRATEGIES)
+    with pytest.raises(ValueError, match=f"^{re.escape(unknown)}$"):
+        model_state(workload(), "zero3")
+    edges = dict(micro_batch_size=1, block_size=1024, grad_accum_steps=1, world_size=8, num_nodes=2)
+    assert workload(**edges).block_size == 1024 and workload(world_size=3, num_nodes=1).num_nodes == 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -672,6 +698,106 @@ def test_the_step_memory_record_has_each_kind_and_the_three_phases() -> None:
     record = memory.to_dict()
     assert record["phases"] == memory.phases and set(record["phases"]) == {"loss", "embedding", "optimizer"}
     assert record["total"] == memory.total == record["phases"][record["peak_phase"]]
+
+
+TINY = GPT2Config.from_preset("tiny")
+V_C = TINY.vocab_size * TINY.n_embd  # the token embedding's elements (tied to the output head)
+
+
+def tiny(**changes) -> Workload:
+    """A small batch on CUDA with the fused update (no update temporary): the embedding's sum is the peak."""
+    values = dict(model=TINY, micro_batch_size=1, block_size=16, precision="fp32", fused_adamw=True)
+    return Workload(**{**values, **changes})
+
+
+def _whole_state(w: Workload, name: str, rank: int = 0) -> tuple[int, int, int, int]:
+    state = model_state(w, name, rank)
+    acts = activations(w, name)
+    return state.parameters, state.gradients, state.optimizer, acts.kept + acts.logits
+
+
+def test_each_phase_of_a_replicated_step_sums_what_its_docstring_names() -> None:
+    """The three moments of a step, term by term (step_memory's docstring): the loss (state, no gradients
+    yet, activations and the loss's tensors), the embedding's sum (every gradient but the token embedding's
+    fp32 one, and three compute-dtype tensors of its size) and the update (the whole state); DDP adds its
+    fp32 gradient buckets to each; on the first step the optimizer state exists only at the update."""
+    params, grads, optimizer, acts = _whole_state(tiny(), "single")
+    expected = {
+        "loss": params + optimizer + acts,
+        "embedding": params + optimizer + grads - 4 * V_C + 3 * 4 * V_C,
+        "optimizer": params + grads + optimizer,
+    }
+    single = step_memory(tiny(), "single")
+    assert single.phases == expected and single.peak_phase == "embedding"
+    kinds = ("parameters", "gradients", "optimizer", "activations", "logits", "communication", "temporaries")
+    at_sum = (params, grads - 4 * V_C, optimizer, 0, 0, 0, 3 * 4 * V_C)  # no activation or logit is left
+    assert tuple(getattr(single, k) for k in kinds) == at_sum and single.total == expected["embedding"]
+    assert (single.strategy, single.host) == ("single", 0)
+    # Autocast keeps the parameters fp32, so their gradients and the embedding's sum too; torch's foreach
+    # update on CUDA (not fused) adds one fp32 temporary the size of all parameters.
+    assert step_memory(tiny(precision="fp16"), "single").temporaries == 3 * 4 * V_C
+    every = sum(math.prod(s) for s in parameter_shapes(TINY).values())
+    assert step_memory(tiny(fused_adamw=False), "single").phases["optimizer"] == expected["optimizer"] + 4 * every
+    ddp = step_memory(tiny(world_size=2), "ddp")
+    assert ddp.phases == {phase: total + grads for phase, total in expected.items()}
+    first = step_memory(tiny(first_step=True), "single")
+    assert first.phases == {**expected, "loss": params + acts, "embedding": params + grads + 8 * V_C}
+    assert first.peak_phase == "optimizer"
+    assert tuple(getattr(first, k) for k in kinds) == (params, grads, optimizer, 0, 0, 0, 0)
+
+
+def test_each_phase_of_a_sharded_step_sums_what_its_docstring_names() -> None:
+    """FSDP over 4 in fp16, rank 3 (which holds three rows of the odd vocabulary less than rank 0): the root
+    unit and the prefetched last block gathered at the loss, the root and the first block's unsharded
+    gradients at the embedding's sum, where wpe's and ln_f's gradients are whole in fp16 instead of the
+    rank's fp32 quarter; with accumulation the earlier micro-batches' gradients are held unsharded, in fp16."""
+    w = tiny(world_size=4, precision="fp16")
+    params, grads, optimizer, acts = _whole_state(w, "fsdp", rank=3)
+    assert params != model_state(w, "fsdp", 0).parameters  # rank 3's own shard, not rank 0's
+    shapes = parameter_shapes(TINY)
+    root = sum(math.prod(shapes[n]) for n in ("transformer.wte.weight", "transformer.wpe.weight")) + 2 * TINY.n_embd
+    block = sum(math.prod(s) for n, s in shapes.items() if n.startswith("transformer.h.0."))
+    wpe_ln_f_shard = shard_numel((TINY.n_positions, TINY.n_embd), 4, 3) + 2 * shard_numel((TINY.n_embd,), 4, 3)
+    others = 2 * (root - V_C) - 4 * wpe_ln_f_shard  # wpe's and ln_f's gradients: whole in fp16, not fp32 shards
+    assert others > 0
+    embedding_grads = grads - 4 * shard_numel((TINY.vocab_size, TINY.n_embd), 4, 3) + others
+    memory = step_memory(w, "fsdp", rank=3)
+    assert memory.phases == {
+        "loss": params + optimizer + acts + 2 * (root + block),
+        "embedding": params + optimizer + embedding_grads + 3 * 2 * V_C + 2 * (root + block),
+        "optimizer": params + grads + optimizer,
+    }
+    accumulating = step_memory(tiny(world_size=4, precision="fp16", grad_accum_steps=2), "fsdp", rank=3).phases
+    held = 2 * sum(math.prod(s) for s in shapes.values())
+    assert accumulating["embedding"] == params + optimizer + held + 3 * 2 * V_C + 2 * (root + block)
+    assert accumulating["loss"] == params + optimizer + held + acts + 2 * (root + block)
+
+
+def test_an_offloaded_step_holds_no_model_state_or_update_on_the_device() -> None:
+    """FSDP's CPU offload: the state is the host's; the device holds the activations, the gathered units and
+    the embedding's sum (no gradient of its own), and nothing at the update, which runs on the host."""
+    w = tiny(world_size=2, fused_adamw=False)
+    params, grads, optimizer, acts = _whole_state(w, "fsdp_offload")
+    shapes = parameter_shapes(TINY)
+    root = sum(math.prod(shapes[n]) for n in ("transformer.wte.weight", "transformer.wpe.weight")) + 2 * TINY.n_embd
+    block = sum(math.prod(s) for n, s in shapes.items() if n.startswith("transformer.h.0."))
+    memory = step_memory(w, "fsdp_offload")
+    assert memory.phases == {
+        "loss": acts + 4 * (root + block),
+        "embedding": 3 * 4 * V_C + 4 * (root + block),
+        "optimizer": 0,
+    }
+    assert memory.host == params + grads + optimizer and memory.parameters == memory.gradients == 0
+
+
+def test_byte_counts_are_whole_numbers_under_hybrid_sharding() -> None:
+    """plan.json prints these: a count of bytes, never 1.0e9 (the shard group is a whole number of devices)."""
+    from planner.cost_model import entry, shard_group_size
+
+    w = tiny(world_size=4, num_nodes=2)
+    assert shard_group_size(w, entry("hsdp")) == 2 and type(shard_group_size(w, entry("hsdp"))) is int
+    record = step_memory(w, "hsdp", rank=3).to_dict()
+    assert all(type(record[k]) is int for k in ("parameters", "gradients", "optimizer", "total"))
 
 
 def test_activation_checkpointing_adds_one_forward_a_third_more_compute() -> None:

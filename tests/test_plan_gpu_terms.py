@@ -43,6 +43,12 @@ def test_under_fsdp_each_layernorm_saves_an_fp32_copy_on_cuda_only(precision: st
     assert per_block - activations(workload("cpu", precision), "fsdp").per_block == 2 * 2 * S
 
 
+def test_a_device_without_an_fp32_list_saves_half_layernorm_inputs() -> None:
+    """Only the devices AUTOCAST_FP32_OPS lists cast layer_norm up: any other keeps the half input."""
+    other, cpu = step_memory(workload("mps", "fp16"), "fsdp"), step_memory(workload("cpu", "fp16"), "fsdp")
+    assert other.activations == cpu.activations
+
+
 def test_with_checkpointing_only_the_final_layernorm_adds() -> None:
     """A checkpointed block keeps only its half-precision input; ln_f's input is still saved in fp32."""
     cuda = activations(workload("cuda", activation_checkpointing=True), "fsdp")

@@ -20,6 +20,7 @@ from analysis.uncertainty import (
     NO_VERDICT,
     RESIDENT,
     SAME,
+    SINGLE,
     STEP_BOOTSTRAP,
     STEP_PEAK,
     T_INTERVAL,
@@ -103,6 +104,9 @@ def test_a_figure_not_all_positive_gets_the_t_interval_of_the_mean() -> None:
     half = 4.3027 * 1.0 / math.sqrt(3)  # t(0.975, 2) x sd / sqrt(n)
     assert summary.ci95 == pytest.approx((-half, half), abs=1e-3)
     assert summary.method == T_INTERVAL and summary.geometric_mean is None
+    with_zero = summarize([0.0, 1.0, 2.0])  # zero has no logarithm: the plain mean's interval, as for negatives
+    assert with_zero.method == T_INTERVAL and with_zero.geometric_mean is None
+    assert with_zero.ci95 == pytest.approx((1.0 - half, 1.0 + half), abs=1e-3)
 
 
 def test_one_run_has_no_interval_unless_it_is_a_count() -> None:
@@ -110,6 +114,17 @@ def test_one_run_has_no_interval_unless_it_is_a_count() -> None:
     exact = summarize([5.0], exact=True)
     assert exact.ci95 == (5.0, 5.0) and exact.method == EXACT
     assert summarize([]) is None and summarize([math.nan]) is None
+    one = summarize([5.0])
+    assert (one.n, one.median, one.minimum, one.maximum, one.mean, one.geometric_mean) == (1, 5.0, 5.0, 5.0, 5.0, 5.0)
+    assert one.method == SINGLE and summarize([-5.0]).geometric_mean is None  # no logarithm of a negative
+
+
+def test_identical_runs_are_a_point_exactly_and_runs_one_apart_an_interval() -> None:
+    """exp(mean(log 0.1)) is 0.10000000000000002: identical runs give their value itself, not that residue.
+    Runs exactly 1 apart are not identical."""
+    assert summarize([0.1, 0.1, 0.1]).ci95 == (0.1, 0.1)
+    low, high = summarize([1.0, 2.0]).ci95
+    assert low < 1.0 and high > 2.0
 
 
 def test_t_interval_covers_the_true_mean_about_95_percent_of_the_time() -> None:

@@ -23,6 +23,7 @@ from analysis.uncertainty import (
     HIGHER,
     LOWER,
     MAX_REPEATS,
+    MIN_STEPS,
     NO_VERDICT,
     ONE_RUN_EACH,
     RUN_SIGMA,
@@ -50,6 +51,7 @@ from analysis.uncertainty import (
     step_peak_bytes,
     step_rates,
     step_ratio,
+    summarize_figure,
     time_to_target,
     verdict,
     warmup_steps,
@@ -317,3 +319,203 @@ def test_one_runs_exact_figure_is_its_value_and_only_its_throughput_takes_the_st
     assert peak.method == EXACT and peak.ci95 == (1200.0, 1200.0)
     assert figures[THROUGHPUT]["single"].method == STEP_BOOTSTRAP
     assert figures[TRAIN_TIME]["single"].method == SINGLE and figures[TRAIN_TIME]["single"].ci95 is None
+
+
+def test_one_runs_throughput_takes_the_block_bootstrap_of_its_steps_from_exactly_min_steps_on() -> None:
+    """MIN_STEPS steps after warm-up are enough for the steps' interval, one fewer is not; steps correlated
+    over a few neighbours are resampled in blocks of the length block_length found, not one by one."""
+    figure = next(f for f in run_figures([make_run("single")]) if f.name == THROUGHPUT)
+    uneven = [0.50, 0.55, 0.45, 0.60, 0.52, 0.48]
+    enough = summarize_figure(figure, [make_run("single", step_times=[1.0] * 3 + uneven[:MIN_STEPS], warmup=3)])
+    assert enough.method == STEP_BOOTSTRAP and enough.block == 1
+    short = summarize_figure(figure, [make_run("single", step_times=[1.0] * 3 + uneven[: MIN_STEPS - 1], warmup=3)])
+    assert short.method == SINGLE and short.ci95 is None
+    drifting = [0.5 * (1 + 0.05 * math.sin(i / 2)) for i in range(60)]  # correlated over about 3 steps
+    run = make_run("single", step_times=[1.0] * 3 + drifting, warmup=3, tokens_per_s=1900.0)
+    rates = step_rates(run)
+    block = block_length(rates)
+    assert block is not None and block > 1
+    middle, low, high = bootstrap_median_interval(rates, block=block)
+    summary = summarize_figure(figure, [run])
+    assert summary.block == block and summary.ci95 == pytest.approx((1900.0 * low / middle, 1900.0 * high / middle))
+    assert (summary.n, summary.median, summary.minimum, summary.maximum, summary.mean) == (1, *[1900.0] * 4)
+    assert summary.geometric_mean == 1900.0 and summary.method == STEP_BOOTSTRAP
+    assert bootstrap_median_interval(rates)[1:] != pytest.approx((low, high))  # steps one by one differ
+
+
+def test_the_correction_keeps_every_pair_of_a_figure_whatever_pair_comes_first() -> None:
+    """Three strategies of one run each: every pair of every figure is kept, those with no p (one run each,
+    exact counts) before others as well. A one-run-each pair too close for any number of repeats to decide
+    keeps no count of repeats; the others need at least the runs the exact test needs over three pairs."""
+    from analysis.permutation import repeats_for_a_verdict
+
+    runs = [
+        make_run("single", tokens_per_s=1000.0, step_peak=[1000]),
+        make_run("ddp", tokens_per_s=1000.1, step_peak=[1000]),
+        make_run("fsdp", tokens_per_s=1500.0, step_peak=[1200]),
+    ]
+    stats = build_statistics(runs)
+    pairs = [("single", "ddp"), ("single", "fsdp"), ("ddp", "fsdp")]
+    for figure in (THROUGHPUT, STEP_PEAK):
+        assert [(c.a, c.b) for c in stats.comparisons if c.figure == figure] == pairs
+    throughput = [c for c in stats.comparisons if c.figure == THROUGHPUT]
+    assert all(c.verdict == NO_VERDICT and c.p_value is None for c in throughput)
+    assert repeats_needed(1000.0 / 1000.1) is None and throughput[0].repeats_needed is None
+    assert [c.repeats_needed for c in throughput[1:]] == [
+        max(repeats_needed(r), repeats_for_a_verdict(3)) for r in (1000 / 1500, 1000.1 / 1500)
+    ]
+    assert [c.method for c in stats.comparisons if c.figure == STEP_PEAK] == [EXACT] * 3
+
+
+def _runs_of(throughputs: dict[str, list[float]]) -> list:
+    return [
+        make_run(s, tokens_per_s=v, name=f"{s}{i}", step_peak=[1000])
+        for s, vs in throughputs.items()
+        for i, v in enumerate(vs)
+    ]
+
+
+def test_each_verdict_is_read_from_its_holm_adjusted_p() -> None:
+    """Three strategies of four runs each, far apart: each pair alone is at the exact test's floor, 2 / 70,
+    below 5%; Holm over the three pairs makes it 3 x 2 / 70, so no pair gets a verdict, and each says the
+    runs that would let the test reach 5% over three pairs."""
+    from analysis.permutation import repeats_for_a_verdict, smallest_p
+
+    runs = _runs_of(
+        {s: [base * (1 + 0.01 * k) for k in range(4)] for s, base in (("a", 1000.0), ("b", 2000.0), ("c", 4000.0))}
+    )
+    throughput = [c for c in build_statistics(runs).comparisons if c.figure == THROUGHPUT]
+    assert len(throughput) == 3
+    for c in throughput:
+        assert c.p_value == pytest.approx(smallest_p(4, 4)) and c.p_value < SIGNIFICANCE
+        assert c.p_adjusted == pytest.approx(3 * smallest_p(4, 4))
+        assert c.verdict == SAME and c.repeats_needed == repeats_for_a_verdict(3)
+        assert c.ci95[1] < 1  # the interval alone would say lower
+
+
+def test_the_runs_a_verdict_needs_are_given_where_three_times_the_floor_reaches_5_percent_and_only_there() -> None:
+    """3 runs against 7: the exact test's floor is 2 / C(10, 3) = 1 / 60, and three pairs make it exactly 5%,
+    which is not below 5%: the runs that could decide are given. 7 against 7 (2 / 3432) can decide at these
+    runs: none given. Holm's adjusted p is what each pair carries."""
+    from analysis.permutation import holm, repeats_for_a_verdict, smallest_p
+
+    assert 3 * smallest_p(3, 7) == SIGNIFICANCE
+    runs = _runs_of(
+        {
+            "a": [1000.0 * (1 + 0.01 * k) for k in range(3)],
+            "b": [2000.0 * (1 + 0.01 * k) for k in range(7)],
+            "c": [4000.0 * (1 + 0.01 * k) for k in range(7)],
+        }
+    )
+    ab, ac, bc = [c for c in build_statistics(runs).comparisons if c.figure == THROUGHPUT]
+    assert (ab.repeats_needed, ac.repeats_needed, bc.repeats_needed) == (repeats_for_a_verdict(3),) * 2 + (None,)
+    expected = holm([ab.p_value, ac.p_value, bc.p_value])
+    assert [ab.p_adjusted, ac.p_adjusted, bc.p_adjusted] == pytest.approx(expected)
+    assert ab.p_adjusted == pytest.approx(2 * smallest_p(3, 7)) != pytest.approx(ab.p_value)
+    assert (ab.verdict, bc.verdict) == (LOWER, LOWER)
+
+
+def test_a_figure_no_run_has_leaves_the_figures_after_it() -> None:
+    """CPU runs without the probe's record have no step peak (the second figure): the resident set, the
+    training time and the losses after it are still summarized and compared."""
+    from analysis.uncertainty import RESIDENT
+
+    runs = [make_run(s, train_time_s=t) for s, t in (("single", 10.0), ("ddp", 12.0))]
+    stats = build_statistics(runs)
+    assert STEP_PEAK not in stats.figures
+    assert {RESIDENT, TRAIN_TIME} <= set(stats.figures)
+    assert {c.figure for c in stats.comparisons} >= {RESIDENT, TRAIN_TIME}
+
+
+def test_the_report_ranks_warm_up_free_throughput_when_every_run_has_it_and_reserved_memory_off_the_cpu() -> None:
+    """The throughput figure is the warm-up-free one when every run records it, the whole job's otherwise;
+    the memory beside the step peak is the resident set only when every run is a CPU run."""
+    from analysis.uncertainty import RESERVED, RESIDENT
+
+    def figures(*runs) -> dict:
+        return {f.name: f for f in run_figures(list(runs))}
+
+    gpu = [make_run(s, device_type="cuda", tokens_per_s=1000.0, tokens_per_s_excl_warmup=1500.0) for s in ("a", "b")]
+    by_name = figures(*gpu)
+    assert RESERVED in by_name and RESIDENT not in by_name
+    assert "warm-up steps excluded" in by_name[THROUGHPUT].title and by_name[THROUGHPUT].value(gpu[0]) == 1500.0
+    whole = figures(gpu[0], make_run("c", device_type="cuda", tokens_per_s=900.0))  # one without it: all whole-job
+    assert "excluded" not in whole[THROUGHPUT].title and whole[THROUGHPUT].value(gpu[0]) == 1000.0
+    assert RESERVED in figures(gpu[0], make_run("c")) and RESIDENT in figures(make_run("c"), make_run("d"))
+    assert RESERVED in figures()  # no run: nothing says CPU
+
+
+def test_build_statistics_prices_the_time_to_target_and_titles_every_figure() -> None:
+    """The price reaches each strategy's time-to-target entry (its cost median); without a target there is
+    no entry and no pair; report.json's titles are those of the figures."""
+    runs = [target_run([(10, 1000, 8.0), (20, 2000, 6.0)], [(10, e), (20, 2 * e)]) for e in (4.0, 5.0)]
+    for i, run in enumerate(runs):
+        run.path = run.path.parent / f"r{i}"
+    priced = build_statistics(runs, target_loss=7.0, price=3600.0)
+    assert priced.time_to_target["single"]["cost"] == pytest.approx(priced.time_to_target["single"]["seconds"])
+    unpriced = build_statistics(runs)
+    assert unpriced.time_to_target == {} and unpriced.target_comparisons == []
+    assert unpriced.titles == {f.name: f.title for f in run_figures(runs)} != {}
+
+
+def test_each_report_figure_has_its_title_unit_exactness_margin_and_value() -> None:
+    """report.json's figures as the reading names them: the CPU's resident set (summary.json's allocated
+    maximum, which a CPU run fills with it) or the GPU's reserved memory beside the step peak."""
+    from training import run_schema as schema
+
+    totals = {"tokens_per_s": 1000.0, "train_time_s": 30.0, "final_val_loss": 4.0, "loss_mean": 4.5}
+    memory = {"peak_mem_allocated_mib_max": 700.0, "peak_mem_reserved_mib_max": 800.0}
+    for device, beside in (
+        (
+            "cpu",
+            ("peak_rss_mib", "peak resident set size (per process, max over processes)", schema.PEAK_ALLOCATED, 700.0),
+        ),
+        (
+            "cuda",
+            ("peak_reserved_mib", "peak memory reserved (per device, max over devices)", schema.PEAK_RESERVED, 800.0),
+        ),
+    ):
+        run = make_run("single", device_type=device, step_peak=[5000], **totals, **memory)
+        got = [(f.name, f.title, f.unit, f.exact, f.margin, f.value(run)) for f in run_figures([run])]
+        name, title, metric, value = beside
+        assert got == [
+            ("tokens_per_s", "throughput (whole job)", "tokens/s", False, schema.THROUGHPUT.margin, 1000.0),
+            (
+                "step_peak_bytes",
+                "live-tensor step peak (per device, max over devices)",
+                "bytes",
+                True,
+                schema.STEP_PEAK_MARGIN,
+                5000.0,
+            ),
+            (name, title, "MiB", False, metric.margin, value),
+            ("train_time_s", "training time", "s", False, schema.TRAIN_TIME.margin, 30.0),
+            ("final_val_loss", "final validation loss", "nats", False, schema.FINAL_VAL_LOSS.margin, 4.0),
+            ("avg_loss", "mean training loss", "nats", False, schema.LOSS_MEAN.margin, 4.5),
+        ]
+        assert all(f.margin > 0 for f in run_figures([run]))
+
+
+def test_inside_the_margin_is_inclusive_either_way_round_and_never_at_or_below_zero() -> None:
+    from analysis.uncertainty import inside
+
+    assert inside(1.02, 0.02) and inside(1 / 1.02, 0.02) and inside(0.99, 0.02) and inside(1.0, 0.0)
+    assert not inside(1.0201, 0.02) and not inside(1 / 1.0201, 0.02) and not inside(1.03, 0.02)
+    assert not inside(0.0, 0.02) and not inside(-1.0, 0.02)
+
+
+def test_the_verdict_at_the_edges_of_its_rule() -> None:
+    """verdict's statement, case by case: the default margin is 0; an interval reaching exactly 1 does not
+    exclude it; a p of exactly 5% is not below it; the ratio given (not the interval's centre) is weighed by
+    the margin; half an interval inside the margin is not all of it."""
+    from analysis.uncertainty import NEGLIGIBLE, TOO_FEW
+
+    assert verdict(None) == TOO_FEW
+    assert verdict((1.5, 2.5)) == HIGHER and verdict((1.0, 1.0)) == NEGLIGIBLE  # margin 0 by default
+    assert verdict((1.1, 1.3), None, SIGNIFICANCE) == SAME and verdict((1.1, 1.3), None, 0.049) == HIGHER
+    assert verdict((1.1, 1.3)) == HIGHER and verdict((0.7, 0.9)) == LOWER  # no test: the interval decides
+    assert verdict((1.0, 1.3), 1.1, 0.01) == SAME and verdict((0.7, 1.0), 0.85, 0.01) == SAME
+    assert verdict((0.9, 1.1), 1.0, 0.01) == SAME
+    half_inside = (1.001, 1.0399)  # its low end inside a 2% margin, its high end outside; centre 1.0203
+    assert verdict(half_inside, None, 0.01, 0.02) == HIGHER
+    assert verdict(half_inside, 1.01, 0.01, 0.02) == SAME and verdict(half_inside, 1.01, None, 0.02) == SAME
