@@ -4,6 +4,7 @@ finished runs put beside their plan. The command line over it is planner/cli.py 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -126,11 +127,29 @@ def measured_link(config: dict[str, Any], run_dir: Path) -> Link:
         )
     if not (_positive(latency) and _positive(seconds) and latency < seconds):
         return Link(float(figure))
-    return Link(float(figure) * seconds / (seconds - latency), latency_s=float(latency))
+    return Link(float(figure) * seconds / (seconds - latency), latency_s=float(latency), **sharded_link(link))
+
+
+def sharded_link(link: dict[str, Any]) -> dict[str, float]:
+    """The FSDP collectives' own alpha-beta from a sharding run's link record (training/link.py
+    `sharded_calls`), as Link's fields: each kind's bus bandwidth, (N-1)/N x the message over its time net of
+    its one-element call, and FSDP2's per-unit call as its latency. A figure absent, not positive or not finite
+    (a DDP run, a run from before, a measurement that noise spoiled) leaves that field to the all-reduce's."""
+    world, nbytes = link.get("world_size"), link.get("message_bytes")
+    fields: dict[str, float] = {}
+    for kind, prefix in (("all_gather", "gather"), ("reduce_scatter", "scatter")):
+        seconds, one = link.get(f"seconds_per_{kind}"), link.get(f"{kind}_latency_s")
+        if all(_positive(v) for v in (world, nbytes, seconds, one)) and one < seconds and world > 1:
+            fields[f"{prefix}_gb_s"] = (world - 1) / world * nbytes / (seconds - one) / 1e9
+        call = link.get(f"fsdp_{kind}_call_s")
+        if _positive(call):
+            fields[f"{prefix}_latency_s"] = float(call)
+    return fields
 
 
 def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    """A measured figure: a finite number above zero (JSON's null, a bool, a negative or an infinity is not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def workload_for(args: PlanRequest, strategy: str) -> Workload:
@@ -217,10 +236,7 @@ def speed_corners(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap:
     corners = []
     for mfu_factor in (1 - MFU_SPREAD, 1 + MFU_SPREAD):
         for link_factor in (1 - hw.link_spread, 1 + hw.link_spread):
-            inter = hw.link.inter_node_gb_s
-            link = replace(
-                hw.link, gb_s=hw.link.gb_s * link_factor, inter_node_gb_s=None if inter is None else inter * link_factor
-            )
+            link = hw.link.scaled(link_factor)
             step_s = _step_s(step_time(w, strategy, hw.peak_flops, min(1.0, mfu * mfu_factor), link), overlap)
             corners.append(tokens / step_s if step_s > 0 else None)
     return corners
@@ -377,7 +393,10 @@ def plan(args: PlanRequest) -> dict[str, Any]:
             f"measured by {args.link_from}",
             args.inter_node_gb_s,
         )
-        hw = replace(hw, link=replace(hw.link, latency_s=measured.latency_s))
+        sharded = {
+            k: getattr(measured, k) for k in ("gather_gb_s", "gather_latency_s", "scatter_gb_s", "scatter_latency_s")
+        }
+        hw = replace(hw, link=replace(hw.link, latency_s=measured.latency_s, **sharded))
     else:
         hw = hardware(
             args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s, inter_node_gb_s=args.inter_node_gb_s
@@ -545,6 +564,11 @@ def _compare_step_time(
         "latency_s": link.latency_s if w.world_size > 1 else None,
         "latency_measured": _positive(((config.get("launch") or {}).get("link") or {}).get("latency_s")),
         "host_update_gb_s": link.host_update_gb_s,
+        # FSDP's own collectives where the run measured them (None: priced as the all-reduce)
+        "all_gather_gb_s": link.gather_gb_s,
+        "all_gather_call_s": link.gather_latency_s,
+        "reduce_scatter_gb_s": link.scatter_gb_s,
+        "reduce_scatter_call_s": link.scatter_latency_s,
     }
 
 
@@ -690,4 +714,18 @@ def _step_time_lines(t: dict[str, Any]) -> list[str]:
         f"  note: step time at MFU {t['mfu_given']:g} of the run's peak {t['peak_flops'] / 1e9:,.1f} GFLOP/s{link}, "
         f"AdamW on a host core at {t['host_update_gb_s']:g} GB/s; measured: mean of {t['measured_steps']} steps "
         f"after {t['warmup_steps_left_out']} warm-up",
+        *_sharded_note(t),
     ]
+
+
+def _sharded_note(t: dict[str, Any]) -> list[str]:
+    """FSDP's own collectives, where the run measured them: each kind's bandwidth and FSDP2's per-unit call."""
+    parts = []
+    for kind in ("all_gather", "reduce_scatter"):
+        gb_s, call = t.get(f"{kind}_gb_s"), t.get(f"{kind}_call_s")
+        if gb_s is None and call is None:
+            continue
+        bandwidth = "the all-reduce's bandwidth" if gb_s is None else f"{gb_s:.3g} GB/s"
+        per_call = "the all-reduce's latency" if call is None else f"{call * 1e6:,.0f} us per FSDP2 unit call"
+        parts.append(f"{kind.replace('_', '-')} {bandwidth} + {per_call}")
+    return [f"  note: FSDP collectives measured by the run: {'; '.join(parts)}"] if parts else []
