@@ -8,8 +8,10 @@ import math
 
 import pytest
 import torch
+from hypothesis import given
+from hypothesis import strategies as st
 
-from training.link import DDP_BUCKET_BYTES, bus_bandwidth_gb_s, measure_link, message_bytes
+from training.link import DDP_BUCKET_BYTES, bus_bandwidth_gb_s, call_cost_s, measure_link, message_bytes
 from training.record import LaunchRecord, LinkRecord, RunSummary
 
 
@@ -32,6 +34,37 @@ def test_the_message_is_one_ddp_bucket_or_all_the_gradients_when_fewer() -> None
     assert message_bytes(124_439_808, torch.float16) == DDP_BUCKET_BYTES
     assert message_bytes(1000, torch.float32) == 4000  # the tiny model's gradients are fewer
     assert message_bytes(1000, torch.bfloat16) == 2000
+
+
+@given(
+    without=st.floats(0.0, 10.0),
+    extra=st.floats(1e-6, 10.0),
+    calls=st.integers(1, 64),
+)
+def test_a_cost_per_call_is_what_the_calls_add_divided_by_their_number(
+    without: float, extra: float, calls: int
+) -> None:
+    assert call_cost_s(without + extra, without, calls) == pytest.approx(extra / calls)
+
+
+@pytest.mark.parametrize(
+    "with_calls, without_calls, calls",
+    [
+        (0.010, 0.012, 8),
+        (0.010, 0.010, 8),
+        (math.nan, 0.010, 8),
+        (math.inf, 0.010, 8),
+        (0.010, -math.inf, 8),
+        (0.2, 0.1, 0),
+    ],
+)
+def test_a_cost_per_call_that_noise_made_negative_zero_or_infinite_is_refused(
+    with_calls: float, without_calls: float, calls: int
+) -> None:
+    """FSDP2's per-unit calls are timed as a difference of two means on a shared machine: a difference that is
+    not a positive finite number measured the noise, and is never recorded as what a call costs."""
+    with pytest.raises(ValueError):
+        call_cost_s(with_calls, without_calls, calls)
 
 
 def test_one_process_measures_no_link() -> None:
@@ -58,3 +91,25 @@ def test_a_two_process_run_measures_its_link_and_records_it(shared_runs) -> None
     assert math.isfinite(link["bus_gb_s"]) and link["bus_gb_s"] > 0
     assert link["bus_gb_s"] == pytest.approx(link["algorithm_gb_s"])  # 2(n-1)/n = 1 for two processes
     assert link["seconds_per_all_reduce"] > 0 and "repeat" not in summary  # not one of several repeats
+
+
+@pytest.mark.multiprocess
+def test_a_sharding_run_also_measures_its_all_gather_reduce_scatter_and_fsdp2_unit_calls(shared_runs) -> None:
+    """The session's FSDP run prices its own collectives (the DDP run does not: it has none of them), and the
+    planner's --run prices that run's all-gathers and reduce-scatters with them."""
+    from planner.plan import compare_run, runs_text
+
+    link = json.loads((shared_runs["fsdp"] / "summary.json").read_text())["link"]
+    for kind in ("all_gather", "reduce_scatter"):
+        assert 0 < link[f"{kind}_latency_s"] < link[f"seconds_per_{kind}"]  # one element against the message
+        call = link.get(f"fsdp_{kind}_call_s")  # left out where noise made the difference meaningless
+        assert call is None or (math.isfinite(call) and call > 0)
+    entry = compare_run(shared_runs["fsdp"])
+    t = entry["step_time"]
+    assert f"all-gather {t['all_gather_gb_s']:.3g} GB/s" in runs_text([entry])  # said beside the step time
+    n, nbytes = link["world_size"], link["message_bytes"]
+    gathered = (n - 1) / n * nbytes / (link["seconds_per_all_gather"] - link["all_gather_latency_s"]) / 1e9
+    assert t["all_gather_gb_s"] == pytest.approx(gathered)
+    assert t["all_gather_call_s"] == link.get("fsdp_all_gather_call_s")
+    ddp = json.loads((shared_runs["ddp"] / "summary.json").read_text())["link"]
+    assert not any(key in ddp for key in ("seconds_per_all_gather", "fsdp_all_gather_call_s"))

@@ -12,6 +12,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -167,8 +168,6 @@ def test_every_collective_call_pays_the_latency() -> None:
 
 
 def test_a_strategy_is_counted_by_its_registry_traits_not_its_name() -> None:
-    from dataclasses import replace
-
     from training.registry import get
 
     link = Link(gb_s=10.0)
@@ -564,6 +563,94 @@ def test_a_measured_link_is_the_latency_and_the_bandwidth_net_of_one_call() -> N
     assert measured.latency_s == 0.001 and measured.gb_s == pytest.approx(1.0 * 0.010 / 0.009)
     before = measured_link({"launch": {"link": {"bus_gb_s": 1.0}}}, Path("run"))  # no latency recorded yet
     assert before.gb_s == 1.0 and before.latency_s == Link(1.0).latency_s
+
+
+def _cpu_step(name: str, micro_steps: int, link: Link) -> float:
+    """The tiny preset's step on two CPU processes (nothing overlaps there: every collective adds in full)."""
+    w = Workload(GPT2Config.from_preset("tiny"), 8, 64, "fp32", 2, micro_steps, device="cpu")
+    return step_time(w, name, 150e9, 0.15, link).step_s
+
+
+@pytest.mark.parametrize("micro_steps", [1, 2, 4])
+@pytest.mark.parametrize("name, gathers", [("fsdp", 2), ("fsdp_zero2", 1), ("fsdp_offload", 2)])
+def test_fsdp2_unit_calls_add_their_measured_cost_per_all_gather_and_reduce_scatter(
+    name: str, gathers: int, micro_steps: int
+) -> None:
+    """FSDP2's per-unit all-gather (`gather_latency_s`) is paid a (1 + g L) times a step, the root once and
+    each of the L blocks g times per micro-step; its reduce-scatter (`scatter_latency_s`) L + 1 times, in the
+    last micro-step only. Unmeasured, each is priced at the all-reduce's latency."""
+    base = Link(gb_s=1.0, latency_s=1e-4)
+    layers = GPT2Config.from_preset("tiny").n_layer
+    gathered = _cpu_step(name, micro_steps, replace(base, gather_latency_s=1e-4 + 2e-3)) - _cpu_step(
+        name, micro_steps, base
+    )
+    assert gathered == pytest.approx(micro_steps * (1 + gathers * layers) * 2e-3)
+    scattered = _cpu_step(name, micro_steps, replace(base, scatter_latency_s=1e-4 + 3e-3)) - _cpu_step(
+        name, micro_steps, base
+    )
+    assert scattered == pytest.approx((layers + 1) * 3e-3)
+
+
+@pytest.mark.parametrize("micro_steps", [1, 4])
+def test_the_all_gather_and_reduce_scatter_move_their_bytes_at_their_own_bandwidth(micro_steps: int) -> None:
+    """Half the all-gather's bandwidth doubles the time of the bytes it moves, (N-1)/N of the gathered units
+    per micro-step (the root once, each block twice for `fsdp`), at the all-reduce's latency per call; the
+    reduce-scatter's likewise for the one reduce-scatter of every parameter."""
+    cfg, n = GPT2Config.from_preset("tiny"), 2
+    root = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." not in k)
+    blocks = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." in k)
+    base = Link(gb_s=1.0, latency_s=1e-4)
+    slower = _cpu_step("fsdp", micro_steps, replace(base, gather_gb_s=0.5)) - _cpu_step("fsdp", micro_steps, base)
+    gathered_bytes = (n - 1) / n * 4 * micro_steps * (root + 2 * blocks)
+    assert slower == pytest.approx(gathered_bytes * (1 / 0.5e9 - 1 / 1e9))
+    slower = _cpu_step("fsdp", micro_steps, replace(base, scatter_gb_s=0.25)) - _cpu_step("fsdp", micro_steps, base)
+    assert slower == pytest.approx((n - 1) / n * 4 * (root + blocks) * (1 / 0.25e9 - 1 / 1e9))
+
+
+def test_ddp_is_priced_by_the_all_reduce_alone_and_still_exposes_more_with_more_micro_steps() -> None:
+    """FSDP's measured figures leave DDP's step as it was; at the same global batch on 2 x T4, DDP's exposed
+    all-reduce still grows from 2 to 8 micro-steps (the last micro-step's backward is shorter)."""
+    measured = Link(6.0, gather_gb_s=1.0, gather_latency_s=1e-2, scatter_gb_s=1.0, scatter_latency_s=1e-2)
+    for micro_steps in (1, 4):
+        assert _cpu_step("ddp", micro_steps, measured) == _cpu_step("ddp", micro_steps, Link(6.0))
+    exposed = []
+    for micro_steps in (2, 8):
+        w = workload(world_size=2, micro_batch_size=16 // 2 // micro_steps, grad_accum_steps=micro_steps)
+        t = step_time(w, "ddp", 65e12, 0.3, measured)
+        assert t == step_time(w, "ddp", 65e12, 0.3, Link(6.0))
+        exposed.append(t.exposed_s)
+    assert exposed[1] > exposed[0] * 1.2
+
+
+def test_a_sharding_runs_collectives_are_read_as_their_own_alpha_beta() -> None:
+    link = {
+        **{"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001, "world_size": 2},
+        **{"message_bytes": 10_000_000, "seconds_per_all_gather": 0.012, "all_gather_latency_s": 0.002},
+        **{"seconds_per_reduce_scatter": 0.030, "reduce_scatter_latency_s": 0.005},
+        **{"fsdp_all_gather_call_s": 0.003, "fsdp_reduce_scatter_call_s": 0.004},
+    }
+    measured = measured_link({"launch": {"link": link}}, Path("run"))
+    # An all-gather of 10 MB sends half of it over the link in 12 ms, 2 ms of which is its call: 0.5 GB/s.
+    assert measured.gather_gb_s == pytest.approx(0.5) and measured.scatter_gb_s == pytest.approx(0.2)
+    assert (measured.gather_latency_s, measured.scatter_latency_s) == (0.003, 0.004)
+    assert measured.latency_s == 0.001  # the all-reduce's own stays what it was
+
+
+@pytest.mark.parametrize("nonsense", [-0.003, 0.0, math.inf, math.nan, None, True, "0.003"])
+def test_a_recorded_fsdp_figure_that_is_not_a_positive_finite_number_is_not_used(nonsense) -> None:
+    """A run's record is read back as it is: a negative, zero, infinite or missing figure (noise, a tampered
+    file, a run from before) falls back to the all-reduce's, never prices a call at less than nothing."""
+    link = {
+        **{"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001, "world_size": 2},
+        **{"message_bytes": 10_000_000, "seconds_per_all_gather": nonsense, "all_gather_latency_s": 0.002},
+        **{"seconds_per_reduce_scatter": 0.030, "reduce_scatter_latency_s": nonsense},
+        **{"fsdp_all_gather_call_s": nonsense, "fsdp_reduce_scatter_call_s": 0.004},
+    }
+    measured = measured_link({"launch": {"link": link}}, Path("run"))
+    assert measured.gather_gb_s is None and measured.scatter_gb_s is None and measured.gather_latency_s is None
+    assert measured.scatter_latency_s == 0.004  # the sound figure beside them is kept
+    unmeasured = Link(measured.gb_s, latency_s=measured.latency_s, scatter_latency_s=0.004)
+    assert _cpu_step("fsdp", 2, measured) == _cpu_step("fsdp", 2, unmeasured)
 
 
 @pytest.mark.multiprocess
