@@ -653,6 +653,25 @@ def test_a_recorded_fsdp_figure_that_is_not_a_positive_finite_number_is_not_used
     assert _cpu_step("fsdp", 2, measured) == _cpu_step("fsdp", 2, unmeasured)
 
 
+def test_link_from_a_sharding_run_plans_fsdp_with_its_measured_collectives(tmp_path: Path) -> None:
+    """--link_from carries a sharding run's all-gather and reduce-scatter figures into the plan: FSDP's step
+    grows by what its slower collectives cost, DDP's stays as the all-reduce alone makes it."""
+    link = {"bus_gb_s": 6.0, "seconds_per_all_reduce": 0.010, "latency_s": 1e-4, "world_size": 2}
+    plans = {}
+    for name, extra in (
+        ("ddp-run", {}),
+        ("fsdp-run", {"fsdp_all_gather_call_s": 0.01, "fsdp_reduce_scatter_call_s": 0.02}),
+    ):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"launch": {"link": {**link, **extra}}}))
+        request = PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, link_from=run)
+        plans[name] = {p["strategy"]: p["predicted_step_s"] for p in plan(request)["strategies"]}
+    assert plans["fsdp-run"]["ddp"] == plans["ddp-run"]["ddp"]
+    for name in ("fsdp", "fsdp_zero2"):
+        assert plans["fsdp-run"][name] > plans["ddp-run"][name]
+
+
 @pytest.mark.multiprocess
 def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs) -> None:
     """The session's 2-process DDP run on the CPU: its steady-state mean step (the steps after the warm-up,
