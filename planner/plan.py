@@ -135,7 +135,7 @@ def sharded_link(link: dict[str, Any]) -> dict[str, float]:
     `sharded_calls`), as Link's fields: each kind's bus bandwidth, (N-1)/N x the message over its time net of
     its one-element call, and FSDP2's per-unit call as its latency. A figure absent, not positive or not finite
     (a DDP run, a run from before, a measurement that noise spoiled) leaves that field to the all-reduce's."""
-    world, nbytes = link.get("world_size"), link.get("message_bytes")
+    world, nbytes = link.get("shard_group_size") or link.get("world_size"), link.get("message_bytes")
     fields: dict[str, float] = {}
     for kind, prefix in (("all_gather", "gather"), ("reduce_scatter", "scatter")):
         seconds, one = link.get(f"seconds_per_{kind}"), link.get(f"{kind}_latency_s")
@@ -432,6 +432,11 @@ def plan(args: PlanRequest) -> dict[str, Any]:
             "host_update_gb_s": hw.link.host_update_gb_s,
             "budget_bytes": hw.budget_bytes,
             **({"inter_node_gb_s": hw.link.inter_node_gb_s} if hw.link.inter_node_gb_s is not None else {}),
+            **{
+                key: getattr(hw.link, key)
+                for key in ("gather_gb_s", "gather_latency_s", "scatter_gb_s", "scatter_latency_s")
+                if getattr(hw.link, key) is not None
+            },
             "fit_margin": {"allocator_slack": ALLOCATOR_SLACK, "cuda_reserve_gib": CUDA_RESERVE_GIB},
         },
         "uncertainty": {"mfu_relative": MFU_SPREAD, "link_relative": hw.link_spread, "model_relative": MODEL_SPREAD},
@@ -650,6 +655,18 @@ def plan_text(result: dict[str, Any]) -> str:
     return "\n".join(lines + assumptions_text(result))
 
 
+def _fsdp_calls(gpu: dict[str, Any]) -> str:
+    """FSDP's all-gather and reduce-scatter where a sharding run measured them (--link_from), else nothing."""
+    parts = []
+    for kind, key in (("all-gather", "gather"), ("reduce-scatter", "scatter")):
+        gb_s, call = gpu.get(f"{key}_gb_s"), gpu.get(f"{key}_latency_s")
+        if gb_s is not None or call is not None:
+            bandwidth = f"{gb_s:.3g} GB/s" if gb_s is not None else "the all-reduce's bandwidth"
+            per_call = f"{call * 1e6:,.0f} us per FSDP2 unit call" if call is not None else "the all-reduce's latency"
+            parts.append(f"{kind} {bandwidth} + {per_call}")
+    return f" (FSDP's {'; '.join(parts)}, measured)" if parts else ""
+
+
 def _machines(workload: dict[str, Any]) -> str:
     return f"{workload['num_nodes']} machines x " if workload.get("num_nodes", 1) > 1 else ""
 
@@ -665,7 +682,8 @@ def assumptions_text(result: dict[str, Any]) -> list[str]:
     return [
         "",
         f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
-        f"({gpu['link']}) + {gpu['link_latency_s'] * 1e6:,.0f} us per collective call{_inter_node(gpu)}; "
+        f"({gpu['link']}) + {gpu['link_latency_s'] * 1e6:,.0f} us per collective call{_inter_node(gpu)}"
+        f"{_fsdp_calls(gpu)}; "
         f"overlap {w['overlap']}; "
         f"usable memory {gpu['memory_gib']:.2f} GiB per GPU "
         f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",

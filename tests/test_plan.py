@@ -34,7 +34,7 @@ from planner.cost_model import (
     step_memory,
     step_time,
 )
-from planner.plan import MODEL_SPREAD, Timed, measured_link, misordered, plan
+from planner.plan import MODEL_SPREAD, Timed, measured_link, misordered, plan, plan_text
 from planner.request import PlanRequest
 from training.registry import STRATEGIES as ENTRIES
 from training.registry import names
@@ -634,6 +634,9 @@ def test_a_sharding_runs_collectives_are_read_as_their_own_alpha_beta() -> None:
     assert measured.gather_gb_s == pytest.approx(0.5) and measured.scatter_gb_s == pytest.approx(0.2)
     assert (measured.gather_latency_s, measured.scatter_latency_s) == (0.003, 0.004)
     assert measured.latency_s == 0.001  # the all-reduce's own stays what it was
+    # Hybrid sharding's all-gathers span one machine's processes, 4 of 8: 3/4 of the message over each link.
+    hybrid = measured_link({"launch": {"link": {**link, "world_size": 8, "shard_group_size": 4}}}, Path("run"))
+    assert hybrid.gather_gb_s == pytest.approx(0.75)
 
 
 @pytest.mark.parametrize("nonsense", [-0.003, 0.0, math.inf, math.nan, None, True, "0.003"])
@@ -665,8 +668,10 @@ def test_link_from_a_sharding_run_plans_fsdp_with_its_measured_collectives(tmp_p
         run = tmp_path / name
         run.mkdir()
         (run / "config.json").write_text(json.dumps({"launch": {"link": {**link, **extra}}}))
-        request = PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, link_from=run)
-        plans[name] = {p["strategy"]: p["predicted_step_s"] for p in plan(request)["strategies"]}
+        result = plan(PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, link_from=run))
+        plans[name] = {p["strategy"]: p["predicted_step_s"] for p in result["strategies"]}
+        said = "all-gather the all-reduce's bandwidth + 10,000 us per FSDP2 unit call" in plan_text(result)
+        assert said == (name == "fsdp-run")  # the text says which figures priced FSDP's calls
     assert plans["fsdp-run"]["ddp"] == plans["ddp-run"]["ddp"]
     for name in ("fsdp", "fsdp_zero2"):
         assert plans["fsdp-run"][name] > plans["ddp-run"][name]

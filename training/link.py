@@ -92,6 +92,7 @@ class ShardedCalls:
     the all-reduce's is) and of one element, and FSDP2's per-unit all-gather and reduce-scatter per call
     (None where noise made the difference meaningless, see `call_cost_s`)."""
 
+    shard_group_size: int  # the processes each all-gather and reduce-scatter spans
     seconds_per_all_gather: float
     all_gather_latency_s: float
     seconds_per_reduce_scatter: float
@@ -137,26 +138,44 @@ def measure_link(
 def sharded_calls(
     device: torch.device, nbytes: int, dtype: torch.dtype, mesh: Any, iterations: int = TIMED_ALL_REDUCES
 ) -> ShardedCalls:
-    """The all-gather and reduce-scatter of `nbytes` (and of one element per rank) over the default group,
-    then FSDP2's per-unit calls: TOY_UNITS units of negligible size, each `fully_shard`-ed on `mesh` (with
-    the default resharding after forward, so each unit is gathered in forward and again in backward), timed
-    without FSDP, with gradient sync off (2 all-gathers per unit) and on (1 reduce-scatter per unit more)."""
-    world = dist.get_world_size()
+    """The all-gather and reduce-scatter of `nbytes` (and of one element per rank) over the processes a shard
+    spans (the mesh's last dimension: all of them, or one machine's under hybrid sharding), then FSDP2's
+    per-unit calls: TOY_UNITS units of negligible size, each `fully_shard`-ed on that dimension (with the
+    default resharding after forward, so each unit is gathered in forward and again in backward), timed
+    without FSDP, with gradient sync off (2 all-gathers per unit) and on (1 reduce-scatter per unit more).
+    Hybrid sharding's replica all-reduce is the all-reduce's, measured apart (`measure_link`)."""
+    shard_mesh = _shard_dimension(mesh)
+    group = shard_mesh.get_group(shard_mesh.ndim - 1)
+    world = dist.get_world_size(group)
     size = torch.tensor([], dtype=dtype).element_size()
     per_rank = max(1, nbytes // size // world)
     full = torch.ones(per_rank * world, dtype=dtype, device=device)
     shard = torch.ones(per_rank, dtype=dtype, device=device)
-    gather = _seconds_per_call(lambda: dist.all_gather_single(full, shard), iterations, device)
-    scatter = _seconds_per_call(lambda: dist.reduce_scatter_single(shard, full), iterations, device)
+    gather = _seconds_per_call(lambda: dist.all_gather_single(full, shard, group=group), iterations, device)
+    scatter = _seconds_per_call(lambda: dist.reduce_scatter_single(shard, full, group=group), iterations, device)
     one, few = torch.ones(1, dtype=dtype, device=device), torch.ones(world, dtype=dtype, device=device)
-    gather_latency = _seconds_per_call(lambda: dist.all_gather_single(few, one), TIMED_LATENCY_CALLS, device)
-    scatter_latency = _seconds_per_call(lambda: dist.reduce_scatter_single(one, few), TIMED_LATENCY_CALLS, device)
-    gather_call, scatter_call = _fsdp_unit_calls(device, mesh)
-    return ShardedCalls(gather, gather_latency, scatter, scatter_latency, gather_call, scatter_call)
+    calls = TIMED_LATENCY_CALLS
+    gather_latency = _seconds_per_call(lambda: dist.all_gather_single(few, one, group=group), calls, device)
+    scatter_latency = _seconds_per_call(lambda: dist.reduce_scatter_single(one, few, group=group), calls, device)
+    gather_call, scatter_call = _fsdp_unit_calls(device, shard_mesh)
+    return ShardedCalls(world, gather, gather_latency, scatter, scatter_latency, gather_call, scatter_call)
+
+
+def _shard_dimension(mesh: Any) -> Any:
+    """The mesh FSDP2 shards over: all of a 1-D mesh, the last (named) dimension of hybrid sharding's 2-D one
+    (an unnamed 2-D mesh is kept whole: its toy units then run hybrid sharding's reduce-scatter too)."""
+    return mesh[mesh.mesh_dim_names[-1]] if mesh.ndim > 1 and mesh.mesh_dim_names else mesh
 
 
 def _fsdp_unit_calls(device: torch.device, mesh: Any) -> tuple[float | None, float | None]:
-    """FSDP2's all-gather and reduce-scatter per unit and call, each None where noise hid it."""
+    """FSDP2's all-gather and reduce-scatter per unit and call, each None where noise hid it. The units'
+    initialisation draws from a generator of its own forked off the global one, so the run's random state
+    (its dropout, its data order) is what it would be without this measurement."""
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        return _time_fsdp_units(device, mesh)
+
+
+def _time_fsdp_units(device: torch.device, mesh: Any) -> tuple[float | None, float | None]:
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)  # every rank builds the same units, as a run's model is the same on every rank

@@ -198,6 +198,7 @@ class LinkRecord(Record):
     # before they were measured: the all-gather and reduce-scatter of `message_bytes` and of one element per
     # rank, each the mean seconds per call as `seconds_per_all_reduce` is; FSDP2's all-gather and
     # reduce-scatter of one unit per call (copy-in, copy-out, hooks and the call), None where noise hid it.
+    shard_group_size: int | None = None  # the processes they span: world_size, or one machine's (hybrid)
     seconds_per_all_gather: float | None = None
     all_gather_latency_s: float | None = None
     seconds_per_reduce_scatter: float | None = None
@@ -207,6 +208,7 @@ class LinkRecord(Record):
 
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
         {
+            "shard_group_size",
             "seconds_per_all_gather",
             "all_gather_latency_s",
             "seconds_per_reduce_scatter",
