@@ -14,9 +14,9 @@ one for `single`) for `--steps` steps at each accumulation, the preset's micro-b
 `python -m planner --run`'s predicted step (at that MFU, the run's measured peak and link) beside the
 steady-state mean of the steps after `--warmup`, then, per accumulation, the pairs of strategies the
 prediction orders wrongly beyond its uncertainty (planner.plan.misordered). A sharding row also shows what
-its measured all-gathers and reduce-scatters (each kind's bandwidth and FSDP2's per-unit call, recorded by the
-run, training/link.py) add to the prediction against pricing them at the all-reduce's alpha-beta. The runs' own step times are
-never fed back into the prediction. `--reuse` keeps the runs and calibrations already in `--out`, so a
+its measured all-gathers and reduce-scatters (each kind's bandwidth and FSDP2's per-unit call, recorded by
+the run, training/link.py) add to the prediction against pricing them at the all-reduce's alpha-beta. The
+runs' own step times are never fed back into the prediction. `--reuse` keeps the runs and calibrations already in `--out`, so a
 table can be measured in several sittings (`--strategies` and `--micro_steps` pick each part) and printed
 whole at the end. A benchmark, not a test: it prints a table and asserts nothing (docs/planning.md keeps
 the figures with the date and this command). Launch it alone on the machine: other work slows the runs.
