@@ -11,7 +11,17 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from training.link import DDP_BUCKET_BYTES, bus_bandwidth_gb_s, call_cost_s, measure_link, message_bytes
+from training.link import (
+    DDP_BUCKET_BYTES,
+    TOY_UNITS,
+    ToyTimings,
+    bus_bandwidth_gb_s,
+    call_cost_s,
+    measure_link,
+    message_bytes,
+    sharded_calls,
+    unit_call_costs,
+)
 from training.record import LaunchRecord, LinkRecord, RunSummary
 
 
@@ -65,6 +75,67 @@ def test_a_cost_per_call_that_noise_made_negative_zero_or_infinite_is_refused(
     not a positive finite number measured the noise, and is never recorded as what a call costs."""
     with pytest.raises(ValueError):
         call_cost_s(with_calls, without_calls, calls)
+
+
+@given(
+    root=st.floats(0.0, 0.05),
+    hooks=st.floats(1e-5, 1e-2),
+    gather=st.floats(1e-5, 1e-2),
+    scatter=st.floats(1e-5, 1e-2),
+)
+def test_fsdp2_per_call_costs_are_slopes_over_units_and_a_kept_unit_pays_all_its_hooks_on_one_gather(
+    root: float, hooks: float, gather: float, scatter: float
+) -> None:
+    """Toy timings built from FSDP2's work: `root` once per step whatever the units, `hooks` per unit per
+    micro-step, `gather` per all-gather (two per unit resharded after forward, one kept gathered) and
+    `scatter` per reduce-scatter. The per-call figures are those of the units alone: the root's once-per-step
+    work cancels, a resharded unit's hooks are split over its two gathers, a kept unit's all on its one."""
+    compute = 1e-4  # the toy's own forward and backward per unit, paid with or without FSDP
+
+    def timed(per_unit: float) -> tuple[float, float]:
+        a, b = (n * (compute + per_unit) + 1e-3 for n in TOY_UNITS)
+        return a + root, b + root
+
+    t = ToyTimings(
+        plain=tuple(n * compute + 1e-3 for n in TOY_UNITS),
+        resharded=timed(hooks + 2 * gather),
+        resharded_synced=timed(hooks + 2 * gather + scatter),
+        kept=timed(hooks + gather),
+    )
+    resharded, kept, scattered = unit_call_costs(t)
+    assert resharded == pytest.approx(hooks / 2 + gather, rel=1e-6)
+    assert kept == pytest.approx(hooks + gather, rel=1e-6)
+    assert scattered == pytest.approx(scatter, rel=1e-6)
+
+
+@pytest.fixture
+def one_process_group():
+    """A one-process gloo group in this process, torn down after the test."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("names", [None, ("replicate", "shard")])
+def test_the_sharded_calls_run_on_the_oldest_supported_torch_and_leave_the_random_state(
+    one_process_group, monkeypatch, names
+) -> None:
+    """torch 2.10, the oldest the project supports, has no all_gather_single / reduce_scatter_single: the
+    sharded calls use only the tensor forms (removed here as 2.10 lacks them), on a 1-D mesh and hybrid
+    sharding's 2-D one (its shard dimension), and draw no random number the run would otherwise draw."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+
+    monkeypatch.delattr(dist, "all_gather_single", raising=False)
+    monkeypatch.delattr(dist, "reduce_scatter_single", raising=False)
+    mesh = init_device_mesh("cpu", (1,) if names is None else (1, 1), mesh_dim_names=names)
+    before = torch.get_rng_state()
+    calls = sharded_calls(torch.device("cpu"), 4000, torch.float32, mesh, iterations=1)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert calls.shard_group_size == 1
+    assert calls.seconds_per_all_gather > 0 and calls.seconds_per_reduce_scatter > 0
 
 
 def test_one_process_measures_no_link() -> None:

@@ -17,7 +17,6 @@ and the call itself), timed on a few units of negligible size wrapped by `fully_
 
 from __future__ import annotations
 
-import copy
 import math
 import time
 from collections.abc import Callable
@@ -33,9 +32,11 @@ DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's default bucket_cap_mb
 WARMUP_ALL_REDUCES = 2  # the first all-reduces set up the communicator's buffers and connections
 TIMED_ALL_REDUCES = 5
 TIMED_LATENCY_CALLS = 20  # one-element all-reduces: each takes tens of microseconds, so more of them
-# FSDP2's per-unit cost: forward and backward of TOY_UNITS units of TOY_FEATURES x TOY_FEATURES weights (64
-# elements: the bytes are nothing, every microsecond is per call), each unit its own `fully_shard` group.
-TOY_UNITS = 4
+# FSDP2's per-unit cost: forward and backward of toy models of TOY_UNITS[0] and TOY_UNITS[1] units of
+# TOY_FEATURES x TOY_FEATURES weights (64 elements: the bytes are nothing, every microsecond is per call), each
+# unit its own `fully_shard` group. The cost per unit is the slope between the two counts, so what a step pays
+# once whatever its units (the root's pre-forward, the final backward callback) cancels.
+TOY_UNITS = (2, 6)
 TOY_FEATURES = 8
 TIMED_TOY_STEPS = 10
 
@@ -97,8 +98,39 @@ class ShardedCalls:
     all_gather_latency_s: float
     seconds_per_reduce_scatter: float
     reduce_scatter_latency_s: float
-    fsdp_all_gather_call_s: float | None
+    fsdp_all_gather_call_s: float | None  # units resharded after forward: half a unit's work per micro-step
+    fsdp_kept_all_gather_call_s: float | None  # units kept gathered (fsdp_zero2): all of it, on its one gather
     fsdp_reduce_scatter_call_s: float | None
+
+
+@dataclass(frozen=True)
+class ToyTimings:
+    """Seconds per forward and backward of the toy models, by unit count (TOY_UNITS): without FSDP, sharded
+    and resharded after forward with gradient sync off and on, and sharded but kept gathered (sync off)."""
+
+    plain: tuple[float, float]
+    resharded: tuple[float, float]
+    resharded_synced: tuple[float, float]
+    kept: tuple[float, float]
+
+
+def unit_call_costs(t: ToyTimings, units: tuple[int, int] = TOY_UNITS) -> tuple[float | None, ...]:
+    """FSDP2's cost per call from the toy timings: (all-gather resharded, all-gather kept, reduce-scatter).
+
+    Each is a slope over the two unit counts of what FSDP adds to the plain model, so once-per-step work
+    cancels. FSDP2's work per unit is its hooks (pre-forward, post-forward, pre-backward, post-backward), the
+    copy-in and copy-out and the call, and it does not scale with the gathers: a unit resharded after
+    forward is gathered twice per micro-step and its work is priced half on each gather, a unit kept
+    gathered (reshard_after_forward=False) once and all of it on that one gather, which is why the two are
+    timed apart rather than one derived from the other. The reduce-scatter is what sync on adds per unit.
+    Each is None where noise made it meaningless (`call_cost_s`)."""
+    extra = [[t_s - p_s for t_s, p_s in zip(timed, t.plain, strict=True)] for timed in (t.resharded, t.kept)]
+    more = units[1] - units[0]
+    return (
+        _or_none(extra[0][1], extra[0][0], 2 * more),
+        _or_none(extra[1][1], extra[1][0], more),
+        _or_none(t.resharded_synced[1] - t.resharded[1], t.resharded_synced[0] - t.resharded[0], more),
+    )
 
 
 def measure_link(
@@ -140,10 +172,10 @@ def sharded_calls(
 ) -> ShardedCalls:
     """The all-gather and reduce-scatter of `nbytes` (and of one element per rank) over the processes a shard
     spans (the mesh's last dimension: all of them, or one machine's under hybrid sharding), then FSDP2's
-    per-unit calls: TOY_UNITS units of negligible size, each `fully_shard`-ed on that dimension (with the
-    default resharding after forward, so each unit is gathered in forward and again in backward), timed
-    without FSDP, with gradient sync off (2 all-gathers per unit) and on (1 reduce-scatter per unit more).
-    Hybrid sharding's replica all-reduce is the all-reduce's, measured apart (`measure_link`)."""
+    per-unit calls: toy models of TOY_UNITS units of negligible size, each unit `fully_shard`-ed on that
+    dimension, timed without FSDP, resharded after forward with gradient sync off (2 all-gathers per unit)
+    and on (1 reduce-scatter per unit more), and kept gathered after forward (1 all-gather per unit), see
+    `unit_call_costs`. Hybrid sharding's replica all-reduce is the all-reduce's, measured apart (`measure_link`)."""
     shard_mesh = _shard_dimension(mesh)
     group = shard_mesh.get_group(shard_mesh.ndim - 1)
     world = dist.get_world_size(group)
@@ -151,14 +183,25 @@ def sharded_calls(
     per_rank = max(1, nbytes // size // world)
     full = torch.ones(per_rank * world, dtype=dtype, device=device)
     shard = torch.ones(per_rank, dtype=dtype, device=device)
-    gather = _seconds_per_call(lambda: dist.all_gather_single(full, shard, group=group), iterations, device)
-    scatter = _seconds_per_call(lambda: dist.reduce_scatter_single(shard, full, group=group), iterations, device)
+    all_gather, reduce_scatter = _tensor_collectives()
+    gather = _seconds_per_call(lambda: all_gather(full, shard, group=group), iterations, device)
+    scatter = _seconds_per_call(lambda: reduce_scatter(shard, full, group=group), iterations, device)
     one, few = torch.ones(1, dtype=dtype, device=device), torch.ones(world, dtype=dtype, device=device)
     calls = TIMED_LATENCY_CALLS
-    gather_latency = _seconds_per_call(lambda: dist.all_gather_single(few, one, group=group), calls, device)
-    scatter_latency = _seconds_per_call(lambda: dist.reduce_scatter_single(one, few, group=group), calls, device)
-    gather_call, scatter_call = _fsdp_unit_calls(device, shard_mesh)
-    return ShardedCalls(world, gather, gather_latency, scatter, scatter_latency, gather_call, scatter_call)
+    gather_latency = _seconds_per_call(lambda: all_gather(few, one, group=group), calls, device)
+    scatter_latency = _seconds_per_call(lambda: reduce_scatter(one, few, group=group), calls, device)
+    unit_calls = unit_call_costs(_time_fsdp_units(device, shard_mesh))
+    return ShardedCalls(world, gather, gather_latency, scatter, scatter_latency, *unit_calls)
+
+
+def _tensor_collectives() -> tuple[Callable[..., Any], Callable[..., Any]]:
+    """The all-gather and reduce-scatter into one flat tensor: torch 2.13's `all_gather_single` and
+    `reduce_scatter_single` where they exist (which deprecate the older names with a warning), else
+    `all_gather_into_tensor` and `reduce_scatter_tensor`, the only ones torch 2.10, the oldest supported, has."""
+    return (
+        getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor,
+        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor,
+    )
 
 
 def _shard_dimension(mesh: Any) -> Any:
@@ -167,39 +210,51 @@ def _shard_dimension(mesh: Any) -> Any:
     return mesh[mesh.mesh_dim_names[-1]] if mesh.ndim > 1 and mesh.mesh_dim_names else mesh
 
 
-def _fsdp_unit_calls(device: torch.device, mesh: Any) -> tuple[float | None, float | None]:
-    """FSDP2's all-gather and reduce-scatter per unit and call, each None where noise hid it. The units'
-    initialisation draws from a generator of its own forked off the global one, so the run's random state
-    (its dropout, its data order) is what it would be without this measurement."""
-    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-        return _time_fsdp_units(device, mesh)
-
-
-def _time_fsdp_units(device: torch.device, mesh: Any) -> tuple[float | None, float | None]:
+def _time_fsdp_units(device: torch.device, mesh: Any) -> ToyTimings:
+    """Times the toy models (ToyTimings). Their weights are left uninitialised and filled with a constant, so
+    every rank holds the same units and no random generator is drawn from: the run's random state (its
+    dropout, its data order, on every device) is what it would be without this measurement."""
     from torch.distributed.fsdp import fully_shard
 
-    torch.manual_seed(0)  # every rank builds the same units, as a run's model is the same on every rank
-    plain = torch.nn.Sequential(*(torch.nn.Linear(TOY_FEATURES, TOY_FEATURES, bias=False) for _ in range(TOY_UNITS)))
-    plain = plain.to(device)
-    sharded = copy.deepcopy(plain)
-    for unit in sharded:
-        fully_shard(unit, mesh=mesh)
-    fully_shard(sharded, mesh=mesh)  # the root, as accelerate wraps a model: it holds no parameter here
+    def toy(units: int) -> torch.nn.Sequential:
+        linears = (
+            torch.nn.utils.skip_init(torch.nn.Linear, TOY_FEATURES, TOY_FEATURES, bias=False) for _ in range(units)
+        )
+        model = torch.nn.Sequential(*linears).to(device)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.fill_(1.0 / TOY_FEATURES)
+        return model
+
+    def sharded(units: int, reshard_after_forward: bool) -> torch.nn.Module:
+        model = toy(units)
+        for unit in model:
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(model, mesh=mesh)  # the root, as accelerate wraps a model: it holds no parameter here
+        return model
+
     x = torch.ones(1, TOY_FEATURES, device=device)
 
-    def step(model: torch.nn.Module) -> Callable[[], None]:
-        def run() -> None:
+    def seconds(model: Any, sync: bool = False) -> float:
+        if hasattr(model, "set_requires_gradient_sync"):
+            model.set_requires_gradient_sync(sync)
+
+        def step() -> None:
             model(x).sum().backward()
             model.zero_grad(set_to_none=True)
 
-        return run
+        return _seconds_per_call(step, TIMED_TOY_STEPS, device)
 
-    without = _seconds_per_call(step(plain), TIMED_TOY_STEPS, device)
-    sharded.set_requires_gradient_sync(False)
-    gathers = _seconds_per_call(step(sharded), TIMED_TOY_STEPS, device)
-    sharded.set_requires_gradient_sync(True)
-    scatters = _seconds_per_call(step(sharded), TIMED_TOY_STEPS, device)
-    return _or_none(gathers, without, 2 * TOY_UNITS), _or_none(scatters, gathers, TOY_UNITS)
+    def both(time_one: Callable[[int], float]) -> tuple[float, float]:
+        return time_one(TOY_UNITS[0]), time_one(TOY_UNITS[1])
+
+    resharded = {n: sharded(n, True) for n in TOY_UNITS}
+    return ToyTimings(
+        plain=both(lambda n: seconds(toy(n))),
+        resharded=both(lambda n: seconds(resharded[n])),
+        resharded_synced=both(lambda n: seconds(resharded[n], sync=True)),
+        kept=both(lambda n: seconds(sharded(n, False))),
+    )
 
 
 def _or_none(with_calls_s: float, without_calls_s: float, calls: int) -> float | None:

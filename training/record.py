@@ -204,6 +204,7 @@ class LinkRecord(Record):
     seconds_per_reduce_scatter: float | None = None
     reduce_scatter_latency_s: float | None = None
     fsdp_all_gather_call_s: float | None = None
+    fsdp_kept_all_gather_call_s: float | None = None  # units kept gathered after forward (fsdp_zero2)
     fsdp_reduce_scatter_call_s: float | None = None
 
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
@@ -214,6 +215,7 @@ class LinkRecord(Record):
             "seconds_per_reduce_scatter",
             "reduce_scatter_latency_s",
             "fsdp_all_gather_call_s",
+            "fsdp_kept_all_gather_call_s",
             "fsdp_reduce_scatter_call_s",
         }
     )
