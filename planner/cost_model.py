@@ -319,6 +319,13 @@ def shard_group_size(w: Workload, s: Strategy) -> int:
     return w.world_size // w.num_nodes if s.fsdp is not None and s.fsdp.hybrid else w.world_size
 
 
+def sharded_span(w: Workload, s: Strategy) -> tuple[int, int]:
+    """The processes and machines one shard group spans (`shard_group_size`): one machine's under hybrid
+    sharding, all of them otherwise."""
+    hybrid = s.fsdp is not None and s.fsdp.hybrid
+    return shard_group_size(w, s), 1 if hybrid else w.num_nodes
+
+
 def _held_numel(shape: tuple[int, ...], s: Strategy, w: Workload, rank: int) -> int:
     """Elements of a parameter tensor that `rank` keeps: its shard when the strategy shards, else all. Ranks
     are numbered machine by machine, so `rank`'s place in its shard group is rank modulo the group's size."""
@@ -460,9 +467,15 @@ class Link:
     # seconds per call of one FSDP2 unit's all-gather and reduce-scatter as FSDP2 issues them: the copy-in
     # and copy-out around the call and the unit's hooks included, which a bare collective does not pay.
     gather_gb_s: float | None = None
-    gather_latency_s: float | None = None
+    gather_latency_s: float | None = None  # per all-gather of a unit resharded after forward (2 a micro-step)
     scatter_gb_s: float | None = None
     scatter_latency_s: float | None = None
+    # Per all-gather of a unit kept gathered after forward (fsdp_zero2's blocks, every root): its one gather a
+    # micro-step carries all of its hooks, where a resharded unit's two share them. None: `gather_latency_s`.
+    kept_gather_latency_s: float | None = None
+    # The processes and machines the measured all-gather and reduce-scatter spanned: their bandwidths price
+    # only a shard group that spans the same (`sharded_span`), any other is priced at the all-reduce's.
+    sharded_span: tuple[int, int] | None = None
 
     def seconds(self, bus_bytes: float, calls: int, gb_s: float | None = None, latency_s: float | None = None) -> float:
         """The alpha-beta time of `calls` collectives moving `bus_bytes` per device in all: a per-call latency
@@ -634,12 +647,15 @@ def _collectives(w: Workload, s: Strategy, link: Link, micro_step_s: float, back
     root = sum(numel(parameter_shapes(w.model)[name]) for name in _root_names(w.model))
     blocks = layers * _block_numel(w.model)
     # Each kind at its own alpha-beta where the run measured it (FSDP2's per-unit call, the collective's own
-    # bandwidth), else at the all-reduce's.
-    gather = (_ring_gb_s(w, s, link, link.gather_gb_s or link.gb_s), link.gather_latency_s)
-    scatter = (_ring_gb_s(w, s, link, link.scatter_gb_s or link.gb_s), link.scatter_latency_s)
-    root_gather_s = link.seconds(share * root * half, 1, *gather)
+    # bandwidth over a group that spans what this one does), else at the all-reduce's.
+    own = link.sharded_span == sharded_span(w, s)
+    gather_gb_s = _ring_gb_s(w, s, link, (link.gather_gb_s if own else None) or link.gb_s)
+    scatter = (_ring_gb_s(w, s, link, (link.scatter_gb_s if own else None) or link.gb_s), link.scatter_latency_s)
+    kept = link.kept_gather_latency_s or link.gather_latency_s  # the root always, the blocks of fsdp_zero2
+    block_gather = (gather_gb_s, kept if gathers == 1 else link.gather_latency_s)
+    root_gather_s = link.seconds(share * root * half, 1, gather_gb_s, kept)
     root_scatter_s = link.seconds(share * root * half, 1, *scatter)
-    block_gathers_s = link.seconds(share * blocks * half * gathers, layers * gathers, *gather)
+    block_gathers_s = link.seconds(share * blocks * half * gathers, layers * gathers, *block_gather)
     block_scatters_s = link.seconds(share * blocks * half, layers, *scatter)
     seconds = a * (root_gather_s + block_gathers_s) + block_scatters_s + root_scatter_s
     exposed = (

@@ -599,12 +599,88 @@ def test_the_all_gather_and_reduce_scatter_move_their_bytes_at_their_own_bandwid
     cfg, n = GPT2Config.from_preset("tiny"), 2
     root = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." not in k)
     blocks = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." in k)
-    base = Link(gb_s=1.0, latency_s=1e-4)
+    base = Link(gb_s=1.0, latency_s=1e-4, sharded_span=(n, 1))  # measured over the group this one spans
     slower = _cpu_step("fsdp", micro_steps, replace(base, gather_gb_s=0.5)) - _cpu_step("fsdp", micro_steps, base)
     gathered_bytes = (n - 1) / n * 4 * micro_steps * (root + 2 * blocks)
     assert slower == pytest.approx(gathered_bytes * (1 / 0.5e9 - 1 / 1e9))
     slower = _cpu_step("fsdp", micro_steps, replace(base, scatter_gb_s=0.25)) - _cpu_step("fsdp", micro_steps, base)
     assert slower == pytest.approx((n - 1) / n * 4 * (root + blocks) * (1 / 0.25e9 - 1 / 1e9))
+
+
+@pytest.mark.parametrize("micro_steps", [1, 4])
+@pytest.mark.parametrize("name, kept_units", [("fsdp", 1), ("fsdp_zero2", 1 + 2), ("fsdp_offload", 1)])
+def test_a_unit_kept_gathered_after_forward_pays_its_measured_kept_call_on_its_one_gather(
+    name: str, kept_units: int, micro_steps: int
+) -> None:
+    """A unit gathered once per micro-step (every root; fsdp_zero2's blocks, 2 in the tiny model) carries all
+    of its hooks on that gather (`kept_gather_latency_s`), which a unit resharded after forward splits over
+    two: changing the kept figure moves the step by it once per kept unit and micro-step, no more."""
+    base = Link(gb_s=1.0, latency_s=1e-4, gather_latency_s=1e-3, kept_gather_latency_s=1e-3)
+    moved = _cpu_step(name, micro_steps, replace(base, kept_gather_latency_s=1e-3 + 5e-3)) - _cpu_step(
+        name, micro_steps, base
+    )
+    assert moved == pytest.approx(micro_steps * kept_units * 5e-3)
+
+
+def test_fsdp_bandwidths_measured_over_one_span_do_not_price_a_group_that_spans_another() -> None:
+    """A hybrid sharding run's all-gather spanned one machine's 2 processes: on 2 machines x 2 GPUs its
+    bandwidth prices HSDP's gathers (inside a machine) but not FSDP's (4 processes over both machines, which
+    stay at the all-reduce's bandwidth, measured over the whole world); a 4-process FSDP run's the reverse."""
+    w = workload(world_size=4, num_nodes=2, grad_accum_steps=2)
+    base = Link(gb_s=6.0, latency_s=1e-4)
+    one_machine = replace(base, gather_gb_s=0.5, scatter_gb_s=0.5, sharded_span=(2, 1))
+    whole_world = replace(one_machine, sharded_span=(4, 2))
+    for name, measured, other in (("fsdp", whole_world, one_machine), ("hsdp", one_machine, whole_world)):
+        assert step_time(w, name, 65e12, 0.3, other) == step_time(w, name, 65e12, 0.3, base)
+        assert step_time(w, name, 65e12, 0.3, measured).step_s > step_time(w, name, 65e12, 0.3, base).step_s
+
+
+def _run_with_link(path: Path, link: dict, num_machines: int = 1) -> Path:
+    path.mkdir()
+    launch = {"link": link, "effective": {"num_machines": num_machines}}
+    (path / "config.json").write_text(json.dumps({"launch": launch}))
+    return path
+
+
+def test_link_from_an_hsdp_run_leaves_cross_machine_fsdp_at_the_all_reduces_bandwidth_and_says_so(
+    tmp_path: Path,
+) -> None:
+    link = {"bus_gb_s": 6.0, "seconds_per_all_reduce": 0.010, "latency_s": 1e-4, "world_size": 4}
+    sharded = {"shard_group_size": 2, "message_bytes": 10_000_000, "all_gather_latency_s": 1e-4}
+    sharded |= {"seconds_per_all_gather": 0.02, "seconds_per_reduce_scatter": 0.02, "reduce_scatter_latency_s": 1e-4}
+    plans, texts = {}, {}
+    for name, record in (("plain", link), ("hsdp", {**link, **sharded})):
+        result = plan(
+            PlanRequest(
+                preset="gpt2",
+                gpu="T4",
+                num_gpus=2,
+                num_nodes=2,
+                link_from=_run_with_link(tmp_path / name, record, num_machines=2),
+            )
+        )
+        plans[name] = {p["strategy"]: p["predicted_step_s"] for p in result["strategies"]}
+        texts[name] = plan_text(result)
+    for name in ("fsdp", "fsdp_zero2", "fsdp_offload"):
+        assert plans["hsdp"][name] == plans["plain"][name]
+    assert plans["hsdp"]["hsdp"] > plans["plain"]["hsdp"]  # 0.25 GB/s inside the machine, slower than 6
+    assert "over 2 processes on 1 machine(s)" in texts["hsdp"]
+    assert "fsdp, fsdp_zero2, fsdp_offload shard(s) over another span: at the all-reduce's bandwidth" in texts["hsdp"]
+
+
+def test_link_from_a_cpu_run_carries_no_fsdp2_per_call_time_into_a_gpu_plan_and_says_so(tmp_path: Path) -> None:
+    """FSDP2's per-unit calls measured over gloo are a CPU's hook milliseconds: a GPU plan does not take them."""
+    link = {"bus_gb_s": 6.0, "seconds_per_all_reduce": 0.010, "latency_s": 1e-4, "world_size": 2}
+    calls = {"fsdp_all_gather_call_s": 0.01, "fsdp_kept_all_gather_call_s": 0.02, "fsdp_reduce_scatter_call_s": 0.02}
+    plans = {}
+    for name, record in (("ddp-run", link), ("cpu-fsdp-run", {**link, **calls, "backend": "gloo"})):
+        result = plan(
+            PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, link_from=_run_with_link(tmp_path / name, record))
+        )
+        plans[name] = {p["strategy"]: p["predicted_step_s"] for p in result["strategies"]}
+        said = "per-unit call times not carried: measured over gloo" in plan_text(result)
+        assert said == (name == "cpu-fsdp-run")
+    assert plans["cpu-fsdp-run"] == plans["ddp-run"]
 
 
 def test_ddp_is_priced_by_the_all_reduce_alone_and_still_exposes_more_with_more_micro_steps() -> None:
@@ -634,9 +710,25 @@ def test_a_sharding_runs_collectives_are_read_as_their_own_alpha_beta() -> None:
     assert measured.gather_gb_s == pytest.approx(0.5) and measured.scatter_gb_s == pytest.approx(0.2)
     assert (measured.gather_latency_s, measured.scatter_latency_s) == (0.003, 0.004)
     assert measured.latency_s == 0.001  # the all-reduce's own stays what it was
+    assert measured.sharded_span == (2, 1)  # the run's two processes, on its one machine
     # Hybrid sharding's all-gathers span one machine's processes, 4 of 8: 3/4 of the message over each link.
-    hybrid = measured_link({"launch": {"link": {**link, "world_size": 8, "shard_group_size": 4}}}, Path("run"))
-    assert hybrid.gather_gb_s == pytest.approx(0.75)
+    launch = {"link": {**link, "world_size": 8, "shard_group_size": 4}, "effective": {"num_machines": 2}}
+    hybrid = measured_link({"launch": launch}, Path("run"))
+    assert hybrid.gather_gb_s == pytest.approx(0.75) and hybrid.sharded_span == (4, 1)
+    # An FSDP run over both machines: its group spans them.
+    launch = {"link": {**link, "world_size": 8, "shard_group_size": 8}, "effective": {"num_machines": 2}}
+    assert measured_link({"launch": launch}, Path("run")).sharded_span == (8, 2)
+
+
+@pytest.mark.parametrize("one_element_s", [0.006, 0.011])
+def test_a_bandwidth_whose_one_element_call_took_half_the_message_time_or_more_is_not_used(
+    one_element_s: float,
+) -> None:
+    """A message of 12 ms whose one-element call took 6 ms or more: the bandwidth would be the quotient of
+    a difference that noise can make any size, so the all-reduce's prices it instead."""
+    link = {"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001, "world_size": 2}
+    link |= {"message_bytes": 10_000_000, "seconds_per_all_gather": 0.012, "all_gather_latency_s": one_element_s}
+    assert measured_link({"launch": {"link": link}}, Path("run")).gather_gb_s is None
 
 
 @pytest.mark.parametrize("nonsense", [-0.003, 0.0, math.inf, math.nan, None, True, "0.003"])
