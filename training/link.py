@@ -18,6 +18,7 @@ and the call itself), timed on a few units of negligible size wrapped by `fully_
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -36,9 +37,9 @@ TIMED_LATENCY_CALLS = 20  # one-element all-reduces: each takes tens of microsec
 # TOY_FEATURES x TOY_FEATURES weights (64 elements: the bytes are nothing, every microsecond is per call), each
 # unit its own `fully_shard` group. The cost per unit is the slope between the two counts, so what a step pays
 # once whatever its units (the root's pre-forward, the final backward callback) cancels.
-TOY_UNITS = (2, 6)
+TOY_UNITS = (1, 4)
 TOY_FEATURES = 8
-TIMED_TOY_STEPS = 10
+TIMED_TOY_STEPS = 8
 
 
 def bus_bandwidth_gb_s(message_bytes: int, seconds: float, world_size: int) -> float:
@@ -243,7 +244,7 @@ def _time_fsdp_units(device: torch.device, mesh: Any) -> ToyTimings:
             model(x).sum().backward()
             model.zero_grad(set_to_none=True)
 
-        return _seconds_per_call(step, TIMED_TOY_STEPS, device)
+        return _median_seconds(step, TIMED_TOY_STEPS, device)
 
     def both(time_one: Callable[[int], float]) -> tuple[float, float]:
         return time_one(TOY_UNITS[0]), time_one(TOY_UNITS[1])
@@ -262,6 +263,25 @@ def _or_none(with_calls_s: float, without_calls_s: float, calls: int) -> float |
         return call_cost_s(with_calls_s, without_calls_s, calls)
     except ValueError:
         return None
+
+
+def _median_seconds(call: Callable[[], Any], iterations: int, device: torch.device) -> float:
+    """The median time of one `call` after the warm-up, the slowest rank's. The toy steps' differences are a
+    few milliseconds on a shared machine: a median leaves out the steps another job slowed, which a mean of
+    so few would carry into every per-call figure."""
+    for _ in range(WARMUP_ALL_REDUCES):
+        call()
+    _synchronize(device)
+    dist.barrier()
+    times = []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        call()
+        _synchronize(device)
+        times.append(time.perf_counter() - start)
+    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    return float(slowest.item())
 
 
 def _seconds_per_all_reduce(buffer: torch.Tensor, iterations: int) -> float:
