@@ -16,9 +16,9 @@ steady-state mean of the steps after `--warmup`, then, per accumulation, the pai
 prediction orders wrongly beyond its uncertainty (planner.plan.misordered). A sharding row also shows what
 its measured all-gathers and reduce-scatters (each kind's bandwidth and FSDP2's per-unit call, recorded by
 the run, training/link.py) add to the prediction against pricing them at the all-reduce's alpha-beta. The
-runs' own step times are never fed back into the prediction. `--reuse` keeps the runs and calibrations already in `--out`, so a
-table can be measured in several sittings (`--strategies` and `--micro_steps` pick each part) and printed
-whole at the end. A benchmark, not a test: it prints a table and asserts nothing (docs/planning.md keeps
+runs' own step times are never fed back into the prediction. `--reuse` keeps the runs and calibrations
+already in `--out`, so a table can be measured in several sittings (`--strategies` and `--micro_steps` pick
+each part) and printed whole at the end. A benchmark, not a test: it prints a table and asserts nothing (docs/planning.md keeps
 the figures with the date and this command). Launch it alone on the machine: other work slows the runs.
 """
 
@@ -40,7 +40,7 @@ from benchmarks.offload_update import DECAYED_BYTES_PER_ELEMENT, adamw_over, fas
 from model import GPT2, GPT2Config
 from model.shapes import flops_per_token, parameter_shapes
 from planner.cost_model import step_time
-from planner.plan import Timed, compare_run, measured_link, misordered, run_workload
+from planner.plan import PER_CALL_FIELDS, Timed, compare_run, measured_link, misordered, run_workload
 from tests.launch import CONFIGS, accelerate_command, run, write_news_csv
 from training import registry
 from training.cli import run_main
@@ -245,7 +245,8 @@ def _fsdp_terms_s(folder: Path, cal: Calibration, t: dict) -> float | None:
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     w, strategy, _ = run_workload(config, summary)
     link = replace(measured_link(config, folder), host_update_gb_s=cal.adamw_gb_s)
-    bare = replace(link, gather_gb_s=None, gather_latency_s=None, scatter_gb_s=None, scatter_latency_s=None)
+    unmeasured = dict.fromkeys(("gather_gb_s", "scatter_gb_s", "sharded_span", *PER_CALL_FIELDS))
+    bare = replace(link, **unmeasured)
     return t["predicted_s"] - step_time(w, strategy, summary["peak_flops_per_device"], cal.mfu, bare).step_s
 
 

@@ -6,7 +6,8 @@ when they are fewer) a few times and records NCCL's bus bandwidth, 2(n-1)/n x by
 `python -m planner --link_gb_s` takes (or reads with `--link_from RUN_DIR`), so a plan can be made
 with the link a run really had instead of an assumed one. It then times all-reduces of one element, whose
 cost is all per-call latency (the alpha of the planner's alpha-beta model; the bandwidth is its beta). It
-costs well under a second on a GPU link and about a second over gloo on the CPU.
+costs well under a second on a GPU link and about a second over gloo on the CPU (a sharding run's own
+collectives, below, about 1-2 s more there: docs/planning.md, The measured link).
 
 A run that shards (FSDP2) also measures what its own collectives cost, which the all-reduce does not tell:
 the bandwidth of an all-gather and of a reduce-scatter of the same message (each net of its one-element
@@ -184,7 +185,7 @@ def sharded_calls(
     per_rank = max(1, nbytes // size // world)
     full = torch.ones(per_rank * world, dtype=dtype, device=device)
     shard = torch.ones(per_rank, dtype=dtype, device=device)
-    all_gather, reduce_scatter = _tensor_collectives()
+    all_gather, reduce_scatter = tensor_collectives()
     gather = _seconds_per_call(lambda: all_gather(full, shard, group=group), iterations, device)
     scatter = _seconds_per_call(lambda: reduce_scatter(shard, full, group=group), iterations, device)
     one, few = torch.ones(1, dtype=dtype, device=device), torch.ones(world, dtype=dtype, device=device)
@@ -195,7 +196,7 @@ def sharded_calls(
     return ShardedCalls(world, gather, gather_latency, scatter, scatter_latency, *unit_calls)
 
 
-def _tensor_collectives() -> tuple[Callable[..., Any], Callable[..., Any]]:
+def tensor_collectives() -> tuple[Callable[..., Any], Callable[..., Any]]:
     """The all-gather and reduce-scatter into one flat tensor: torch 2.13's `all_gather_single` and
     `reduce_scatter_single` where they exist (which deprecate the older names with a warning), else
     `all_gather_into_tensor` and `reduce_scatter_tensor`, the only ones torch 2.10, the oldest supported, has."""
