@@ -417,7 +417,9 @@ def planned_strategies(num_gpus: int, num_nodes: int = 1) -> list[str]:
     ]
 
 
-def plan(args: PlanRequest) -> dict[str, Any]:
+def _hardware_for(args: PlanRequest) -> tuple[Hardware, list[str]]:
+    """The plan's GPU and link: measured by a run (--link_from), else the datasheet's or --link_gb_s; and the
+    run's measured figures not carried into the plan (Link field names)."""
     left_out: list[str] = []
     if args.link_from is not None:
         config = _read_json(args.link_from / "config.json")
@@ -444,6 +446,11 @@ def plan(args: PlanRequest) -> dict[str, Any]:
         hw = hardware(
             args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s, inter_node_gb_s=args.inter_node_gb_s
         )
+    return hw, left_out
+
+
+def plan(args: PlanRequest) -> dict[str, Any]:
+    hw, left_out = _hardware_for(args)
     if args.host_update_gb_s is not None:
         hw = replace(hw, link=replace(hw.link, host_update_gb_s=args.host_update_gb_s))
     strategies = planned_strategies(args.num_gpus, args.num_nodes)

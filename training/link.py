@@ -169,6 +169,11 @@ def measure_link(
     )
 
 
+def measure_model_link(device: torch.device, model: torch.nn.Module, gradient_numel: int) -> LinkRecord | None:
+    """`measure_link` for a prepared model: its parameters' dtype, and its device mesh where it is sharded."""
+    return measure_link(device, gradient_numel, next(model.parameters()).dtype, fsdp_mesh=sharding_mesh(model))
+
+
 def sharded_calls(
     device: torch.device, nbytes: int, dtype: torch.dtype, mesh: Any, iterations: int = TIMED_ALL_REDUCES
 ) -> ShardedCalls:
