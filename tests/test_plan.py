@@ -972,3 +972,151 @@ def test_hsdps_replica_all_reduce_is_one_call_per_unit_at_the_machines_network_s
     replica = _replica_all_reduce(w, entry("hsdp"), Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=0.5), 1.0)
     assert replica.calls == w.model.n_layer + 1
     assert replica.seconds == pytest.approx(replica.calls * 0.5 + replica.bytes / (10.0 / 2 * 1e9), rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# FSDP's measured collectives: the corners of the link, refused figures, --link_from, several machines
+
+
+def test_scaling_the_link_scales_every_bandwidth_between_devices_and_leaves_every_latency() -> None:
+    """The planner's link corners move every bandwidth between devices (the all-reduce's, the machines'
+    network, FSDP's measured all-gather and reduce-scatter) by the factor; no per-call cost moves."""
+    link = Link(
+        2.0,
+        inter_node_gb_s=3.0,
+        latency_s=1e-4,
+        gather_gb_s=1.0,
+        gather_latency_s=1e-3,
+        scatter_gb_s=0.5,
+        scatter_latency_s=2e-3,
+        kept_gather_latency_s=3e-3,
+        sharded_span=(2, 1),
+    )
+    assert link.scaled(0.5) == replace(link, gb_s=1.0, inter_node_gb_s=1.5, gather_gb_s=0.5, scatter_gb_s=0.25)
+    assert Link(2.0).scaled(0.5) == Link(1.0)  # unmeasured figures stay unmeasured
+
+
+def test_the_link_corners_price_fsdp_at_its_measured_bandwidths_scaled_by_the_links_spread() -> None:
+    """Where the link decides the step (FSDP's all-gathers at a measured 1 GB/s, not hidden: --overlap none),
+    the slow-link corners are slower than the fast-link ones at either MFU, each exactly the step over a link
+    whose every bandwidth is scaled by 1 -/+ the spread."""
+    from planner.plan import Hardware, speed_corners
+
+    w = workload(world_size=2, grad_accum_steps=2)
+    measured = dict(gather_gb_s=1.0, scatter_gb_s=0.5, gather_latency_s=1e-3, sharded_span=(2, 1))
+    hw = Hardware("T4", 16.0, 65e12, Link(6.0, latency_s=1e-4, **measured), "measured", 0.15)
+    corners = speed_corners(w, "fsdp", hw, 0.3, "none")
+    assert corners[0] < corners[1] and corners[2] < corners[3]  # (MFU low, high) x (link low, high)
+    tokens = 4 * 1024 * 2 * 2
+    for corner, mfu, factor in zip(corners, (0.225, 0.225, 0.375, 0.375), (0.85, 1.15, 0.85, 1.15), strict=True):
+        by_hand = Link(
+            6.0 * factor,
+            latency_s=1e-4,
+            gather_gb_s=1.0 * factor,
+            scatter_gb_s=0.5 * factor,
+            gather_latency_s=1e-3,
+            sharded_span=(2, 1),
+        )
+        assert corner == pytest.approx(tokens / step_time(w, "fsdp", 65e12, mfu, by_hand).step_s_without_prefetch)
+
+
+_MEASURED_SHARDING = {
+    **{"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001, "world_size": 2},
+    **{"message_bytes": 10_000_000, "seconds_per_all_gather": 0.012, "all_gather_latency_s": 0.002},
+    **{"seconds_per_reduce_scatter": 0.030, "reduce_scatter_latency_s": 0.005},
+}
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        {"all_gather_latency_s": 0.012, "reduce_scatter_latency_s": 0.030},  # as long as the message's
+        {"all_gather_latency_s": 0.020, "reduce_scatter_latency_s": 0.050},  # longer: a negative difference
+        {"shard_group_size": 1},  # hybrid sharding with one process a machine: no all-gather to time
+    ],
+)
+def test_a_refused_fsdp_bandwidth_is_left_out_and_the_plan_still_prices_a_positive_step(refused: dict) -> None:
+    """A one-element call as long as the message's or longer (noise) or a shard group of one process gives no
+    bandwidth: the field is left out (not zero, not negative, no error), and FSDP's step is the one priced at
+    the all-reduce's bandwidth, above zero."""
+    from planner.plan import sharded_link
+
+    record = {**_MEASURED_SHARDING, **refused}
+    fields = sharded_link(record)
+    assert not {"gather_gb_s", "scatter_gb_s", "sharded_span"} & set(fields), fields
+    measured = measured_link({"launch": {"link": record}}, Path("run"))
+    assert measured.gather_gb_s is None and measured.scatter_gb_s is None
+    for micro_steps in (1, 4):
+        step = _cpu_step("fsdp", micro_steps, measured)
+        assert step > 0 and step == _cpu_step("fsdp", micro_steps, replace(measured, sharded_span=(2, 1)))
+
+
+def test_link_from_carries_the_reduce_scatters_measured_figures_as_well_as_the_all_gathers(
+    tmp_path: Path,
+) -> None:
+    """A GPU sharding run's record: the plan's FSDP steps are priced at every figure it measured (both kinds'
+    bandwidth and FSDP2 unit call), which the JSON and the text both give."""
+    record = {
+        **_MEASURED_SHARDING,
+        "backend": "nccl",
+        **{"fsdp_all_gather_call_s": 0.01, "fsdp_reduce_scatter_call_s": 0.02},
+    }
+    run = _run_with_link(tmp_path / "fsdp-run", record)
+    request = PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, link_from=run)
+    result = plan(request)
+    gpu = result["gpu"]
+    # The reduce-scatter: half of 10 MB over the link in 30 ms, 5 ms of which is its one-element call.
+    assert gpu["scatter_gb_s"] == pytest.approx(0.2) and gpu["scatter_latency_s"] == 0.02
+    assert gpu["gather_gb_s"] == pytest.approx(0.5) and gpu["gather_latency_s"] == 0.01
+    text = plan_text(result)
+    assert "reduce-scatter 0.2 GB/s + 20,000 us per FSDP2 unit call" in text
+    assert "all-gather 0.5 GB/s + 10,000 us per FSDP2 unit call" in text
+    from planner.plan import workload_for
+
+    measured = measured_link({"launch": {"link": record}}, run)
+    for p in result["strategies"]:
+        if p["strategy"] in ("fsdp", "fsdp_zero2"):
+            t = step_time(workload_for(request, p["strategy"]), p["strategy"], 65e12, request.mfu, measured)
+            assert p["predicted_step_s"] == pytest.approx(t.step_s, rel=1e-12)
+
+
+def test_hsdps_replica_all_reduce_keeps_the_all_reduces_alpha_beta_whatever_fsdps_figures() -> None:
+    """Hybrid sharding's all-reduce between machines is an all-reduce: FSDP's measured all-gather and
+    reduce-scatter figures (which price its collectives inside a machine) leave it as the all-reduce's
+    latency and the machine's network make it."""
+    from planner.cost_model import _replica_all_reduce, entry
+
+    w = workload(world_size=4, num_nodes=2, grad_accum_steps=2)
+    plain = Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=1e-4)
+    fsdp_figures = replace(
+        plain,
+        gather_gb_s=0.5,
+        scatter_gb_s=0.25,
+        gather_latency_s=5e-2,
+        kept_gather_latency_s=6e-2,
+        scatter_latency_s=7e-2,
+        sharded_span=(2, 1),
+    )
+    for backward_s in (0.0, 0.05):
+        replica = _replica_all_reduce(w, entry("hsdp"), fsdp_figures, backward_s)
+        assert replica == _replica_all_reduce(w, entry("hsdp"), plain, backward_s)
+        assert replica.seconds == pytest.approx(replica.calls * 1e-4 + replica.bytes / (10.0 / 2 * 1e9), rel=1e-12)
+
+
+@pytest.mark.parametrize("gather_gb_s, priced_at", [(0.5, 0.5), (5.0, 2.0)])
+def test_fsdp_over_two_machines_gathers_at_the_slower_of_its_measured_bandwidth_and_the_network(
+    gather_gb_s: float, priced_at: float
+) -> None:
+    """FSDP sharded over both machines' 4 processes (measured over that span): its all-gathers run at the
+    slower of the measured all-gather bandwidth and the machines' 2 GB/s network."""
+    cfg = GPT2Config.from_preset("tiny")
+    root = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." not in k)
+    blocks = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." in k)
+    w = Workload(cfg, 8, 64, "fp32", 4, 2, device="cpu", num_nodes=2)
+    base = Link(gb_s=100.0, inter_node_gb_s=2.0, latency_s=1e-4, sharded_span=(4, 2))
+    moved = (
+        step_time(w, "fsdp", 150e9, 0.15, replace(base, gather_gb_s=gather_gb_s)).step_s
+        - step_time(w, "fsdp", 150e9, 0.15, base).step_s
+    )
+    gathered_bytes = 3 / 4 * 4 * 2 * (root + 2 * blocks)  # 2 micro-steps: the root once, each block twice
+    assert moved == pytest.approx(gathered_bytes * (1 / (priced_at * 1e9) - 1 / 2e9), abs=1e-12)
