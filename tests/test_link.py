@@ -138,6 +138,55 @@ def test_the_sharded_calls_run_on_the_oldest_supported_torch_and_leave_the_rando
     assert calls.seconds_per_all_gather > 0 and calls.seconds_per_reduce_scatter > 0
 
 
+def test_each_sharded_collective_reaches_the_record_under_its_own_key_and_a_call_noise_hid_is_left_out(
+    one_process_group, monkeypatch
+) -> None:
+    """The all-gather and reduce-scatter of the message and of one element, timed here by a stand-in that
+    gives each its own figure, reach the run's record (LinkRecord, as `measure_link` builds it) each under its
+    own kind's key and read back the same; FSDP2's kept-unit call that noise hid (None) is absent, not null."""
+    from dataclasses import asdict
+
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import training.link as link
+
+    ran: list[tuple[str, int]] = []
+    monkeypatch.setattr(
+        link,
+        "tensor_collectives",
+        lambda: (
+            lambda out, inp, group=None: ran.append(("all_gather", out.numel())),
+            lambda out, inp, group=None: ran.append(("reduce_scatter", inp.numel())),
+        ),
+    )
+    # 4000 bytes of float32 over one process: 1000 elements; the one-element calls move one per rank.
+    figures = {("all_gather", 1000): 0.011, ("reduce_scatter", 1000): 0.013}
+    figures |= {("all_gather", 1): 0.002, ("reduce_scatter", 1): 0.003}
+
+    def timed(call, iterations, device) -> float:
+        ran.clear()
+        call()
+        return figures[ran[-1]]
+
+    monkeypatch.setattr(link, "_seconds_per_call", timed)
+    monkeypatch.setattr(link, "_time_fsdp_units", lambda device, mesh: None)
+    monkeypatch.setattr(link, "unit_call_costs", lambda timings: (0.004, None, 0.006))
+    calls = sharded_calls(torch.device("cpu"), 4000, torch.float32, init_device_mesh("cpu", (1,)))
+    record = LinkRecord("gloo", 2, 4000, "float32", 5, 0.01, 0.4, 0.4, 1e-4, **asdict(calls))
+    written = record.to_dict()
+    assert {k: written[k] for k in asdict(calls) if k in written} == {
+        "shard_group_size": 1,
+        "seconds_per_all_gather": 0.011,
+        "seconds_per_reduce_scatter": 0.013,
+        "all_gather_latency_s": 0.002,
+        "reduce_scatter_latency_s": 0.003,
+        "fsdp_all_gather_call_s": 0.004,
+        "fsdp_reduce_scatter_call_s": 0.006,
+    }
+    assert "fsdp_kept_all_gather_call_s" not in written
+    assert LinkRecord.from_dict(json.loads(json.dumps(written))) == record
+
+
 def test_one_process_measures_no_link() -> None:
     assert measure_link(torch.device("cpu"), 1000, torch.float32) is None
 
