@@ -187,6 +187,21 @@ def test_each_sharded_collective_reaches_the_record_under_its_own_key_and_a_call
     assert LinkRecord.from_dict(json.loads(json.dumps(written))) == record
 
 
+def test_hybrid_shardings_toy_units_are_sharded_over_its_shard_dimension_alone(one_process_group, monkeypatch) -> None:
+    """On hybrid sharding's 2-D mesh (replicate, shard) the FSDP2 unit calls are timed on the shard dimension
+    alone: on the whole mesh the toy units would be hybrid-sharded and time the replica all-reduce too."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    import training.link as link
+
+    meshes = []
+    monkeypatch.setattr(link, "_time_fsdp_units", lambda device, mesh: meshes.append(mesh))
+    monkeypatch.setattr(link, "unit_call_costs", lambda timings: (None, None, None))
+    mesh = init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard"))
+    sharded_calls(torch.device("cpu"), 4000, torch.float32, mesh, iterations=1)
+    assert [(m.ndim, m.mesh_dim_names) for m in meshes] == [(1, ("shard",))]
+
+
 def test_one_process_measures_no_link() -> None:
     assert measure_link(torch.device("cpu"), 1000, torch.float32) is None
 
