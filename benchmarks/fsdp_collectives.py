@@ -6,7 +6,7 @@ planner/cost_model.py prices every collective from one all-reduce measurement (t
 per-call latency (a one-element all-reduce) and a bus bandwidth (a bucket-sized all-reduce), an all-gather
 or a reduce-scatter moving (N-1)/N of its buffer over that bandwidth. This times, on `--processes`
 processes of one thread each (as accelerate starts them), the collectives FSDP2 issues for the preset's
-units: an all-gather (`all_gather_single`) and a reduce-scatter (`reduce_scatter_single`) of one block and
+units: an all-gather and a reduce-scatter (training/link.py `tensor_collectives`) of one block and
 of the root unit (the embeddings and ln_f), plus the two all-reduces training/link.py times, and prints each
 beside the alpha-beta time those two all-reduces give. Each figure is the slowest rank's mean over a few
 calls after two warm-up calls. A benchmark, not a test: it prints a table and asserts nothing
@@ -30,7 +30,7 @@ import torch.multiprocessing as mp
 from model.config import GPT2Config
 from model.shapes import parameter_shapes
 from training.cli import run_main
-from training.link import DDP_BUCKET_BYTES, bus_bandwidth_gb_s
+from training.link import DDP_BUCKET_BYTES, bus_bandwidth_gb_s, tensor_collectives
 from training.presets import preset_overrides
 
 PORT = 29_631
@@ -59,11 +59,12 @@ def _worker(rank: int, world: int, units: dict[str, int], results: Any) -> None:
         "latency": _seconds(lambda: dist.all_reduce(one), 20),
         "bucket": _seconds(lambda: dist.all_reduce(bucket), 5),
     }
+    all_gather, reduce_scatter = tensor_collectives()  # those this torch has (2.10 lacks the *_single forms)
     for name, elements in units.items():
         full, shard = torch.ones(elements), torch.ones(elements // world)
         calls = 20 if elements < 1_000_000 else 5
-        timed[f"{name} all-gather"] = _seconds(lambda f=full, s=shard: dist.all_gather_single(f, s), calls)
-        timed[f"{name} reduce-scatter"] = _seconds(lambda f=full, s=shard: dist.reduce_scatter_single(s, f), calls)
+        timed[f"{name} all-gather"] = _seconds(lambda f=full, s=shard: all_gather(f, s), calls)
+        timed[f"{name} reduce-scatter"] = _seconds(lambda f=full, s=shard: reduce_scatter(s, f), calls)
     if rank == 0:
         results.put(timed)
     dist.destroy_process_group()

@@ -13,10 +13,12 @@ measured alone would predict every two-process step too fast. Then it launches e
 one for `single`) for `--steps` steps at each accumulation, the preset's micro-batch throughout, and prints
 `python -m planner --run`'s predicted step (at that MFU, the run's measured peak and link) beside the
 steady-state mean of the steps after `--warmup`, then, per accumulation, the pairs of strategies the
-prediction orders wrongly beyond its uncertainty (planner.plan.misordered). The runs' own step times are
-never fed back into the prediction. `--reuse` keeps the runs and calibrations already in `--out`, so a
-table can be measured in several sittings (`--strategies` and `--micro_steps` pick each part) and printed
-whole at the end. A benchmark, not a test: it prints a table and asserts nothing (docs/planning.md keeps
+prediction orders wrongly beyond its uncertainty (planner.plan.misordered). A sharding row also shows what
+its measured all-gathers and reduce-scatters (each kind's bandwidth and FSDP2's per-unit call, recorded by
+the run, training/link.py) add to the prediction against pricing them at the all-reduce's alpha-beta. The
+runs' own step times are never fed back into the prediction. `--reuse` keeps the runs and calibrations
+already in `--out`, so a table can be measured in several sittings (`--strategies` and `--micro_steps` pick
+each part) and printed whole at the end. A benchmark, not a test: it prints a table and asserts nothing (docs/planning.md keeps
 the figures with the date and this command). Launch it alone on the machine: other work slows the runs.
 """
 
@@ -28,7 +30,7 @@ import multiprocessing
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,8 @@ import torch
 from benchmarks.offload_update import DECAYED_BYTES_PER_ELEMENT, adamw_over, fastest_steps
 from model import GPT2, GPT2Config
 from model.shapes import flops_per_token, parameter_shapes
-from planner.plan import Timed, compare_run, misordered
+from planner.cost_model import step_time
+from planner.plan import PER_CALL_FIELDS, Timed, compare_run, measured_link, misordered, run_workload
 from tests.launch import CONFIGS, accelerate_command, run, write_news_csv
 from training import registry
 from training.cli import run_main
@@ -173,11 +176,15 @@ def main(argv: list[str] | None = None) -> int:
                 if not (args.reuse and (folder / "summary.json").exists()):
                     launch(preset, strategy, micro_steps, args, args.out)
                 t = compare_run(folder, cal.mfu, cal.adamw_gb_s)["step_time"]
+                t["fsdp_terms_s"] = _fsdp_terms_s(folder, cal, t)
                 rows.append((preset, strategy, micro_steps, t))
                 print(_row(*rows[-1]), flush=True)
     errors = [abs(t["error_pct"]) for *_, t in rows if t["error_pct"] is not None]
-    print("\n| preset | strategy | processes | micro-steps | predicted s (range) | measured s | error |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    print(
+        "\n| preset | strategy | processes | micro-steps | predicted s (range) | of which FSDP's measured calls s "
+        "| measured s | error |"
+    )
+    print("|---|---|---:|---:|---:|---:|---:|---:|")
     for row in rows:
         print(_row(*row))
     if errors:
@@ -228,6 +235,21 @@ def _ordering_lines(rows: list[tuple[str, str, int, dict]]) -> list[str]:
     return lines
 
 
+def _fsdp_terms_s(folder: Path, cal: Calibration, t: dict) -> float | None:
+    """What pricing FSDP's collectives with the run's own measured all-gather and reduce-scatter (each kind's
+    bandwidth, FSDP2's per-unit call) adds to the predicted step, against pricing them at the all-reduce's
+    alpha-beta as the planner did before it measured them; None where the run measured none (one process, DDP)."""
+    if t["predicted_s"] is None or t.get("all_gather_gb_s") is None:
+        return None
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
+    w, strategy, _ = run_workload(config, summary)
+    link = replace(measured_link(config, folder), host_update_gb_s=cal.adamw_gb_s)
+    unmeasured = dict.fromkeys(("gather_gb_s", "scatter_gb_s", "sharded_span", *PER_CALL_FIELDS))
+    bare = replace(link, **unmeasured)
+    return t["predicted_s"] - step_time(w, strategy, summary["peak_flops_per_device"], cal.mfu, bare).step_s
+
+
 def _tokens_per_step(preset: str, strategy: str, micro_steps: int) -> int:
     values = preset_overrides(preset)
     processes = PROCESSES if registry.get(strategy).multi_process else 1
@@ -238,9 +260,10 @@ def _row(preset: str, strategy: str, micro_steps: int, t: dict) -> str:
     processes = PROCESSES if registry.get(strategy).multi_process else 1
     low, high = t["range_s"] or (float("nan"), float("nan"))
     error = "n/a" if t["error_pct"] is None else f"{t['error_pct']:+.1f}%"
+    terms = "" if t.get("fsdp_terms_s") is None else f"{t['fsdp_terms_s']:+.3f}"
     return (
         f"| {preset} | {strategy} | {processes} | {micro_steps} | {t['predicted_s']:.3f} ({low:.3f}-{high:.3f}) "
-        f"| {t['measured_s']:.3f} | {error} |"
+        f"| {terms} | {t['measured_s']:.3f} | {error} |"
     )
 
 

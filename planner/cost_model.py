@@ -15,7 +15,7 @@ counted by these formulas without a line here. Functions take a strategy's name 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from model.config import GPT2Config
@@ -319,6 +319,13 @@ def shard_group_size(w: Workload, s: Strategy) -> int:
     return w.world_size // w.num_nodes if s.fsdp is not None and s.fsdp.hybrid else w.world_size
 
 
+def sharded_span(w: Workload, s: Strategy) -> tuple[int, int]:
+    """The processes and machines one shard group spans (`shard_group_size`): one machine's under hybrid
+    sharding, all of them otherwise."""
+    hybrid = s.fsdp is not None and s.fsdp.hybrid
+    return shard_group_size(w, s), 1 if hybrid else w.num_nodes
+
+
 def _held_numel(shape: tuple[int, ...], s: Strategy, w: Workload, rank: int) -> int:
     """Elements of a parameter tensor that `rank` keeps: its shard when the strategy shards, else all. Ranks
     are numbered machine by machine, so `rank`'s place in its shard group is rank modulo the group's size."""
@@ -454,13 +461,40 @@ class Link:
     # sharding sends only its replicas' all-reduce over it, every device of the machine at once.
     inter_node_gb_s: float | None = None
     latency_s: float = GPU_COLLECTIVE_LATENCY_S  # per collective call, whatever its size (alpha)
+    # FSDP's own collectives, where a run measured them (training/link.py `sharded_calls`); None: priced as
+    # the all-reduce is (`gb_s`, `latency_s`). The bandwidths are bus bandwidths, 10^9 bytes/s, of an
+    # all-gather and a reduce-scatter of the run's message ((N-1)/N of it over each link); the latencies are
+    # seconds per call of one FSDP2 unit's all-gather and reduce-scatter as FSDP2 issues them: the copy-in
+    # and copy-out around the call and the unit's hooks included, which a bare collective does not pay.
+    gather_gb_s: float | None = None
+    gather_latency_s: float | None = None  # per all-gather of a unit resharded after forward (2 a micro-step)
+    scatter_gb_s: float | None = None
+    scatter_latency_s: float | None = None
+    # Per all-gather of a unit kept gathered after forward (fsdp_zero2's blocks, every root): its one gather a
+    # micro-step carries all of its hooks, where a resharded unit's two share them. None: `gather_latency_s`.
+    kept_gather_latency_s: float | None = None
+    # The processes and machines the measured all-gather and reduce-scatter spanned: their bandwidths price
+    # only a shard group that spans the same (`sharded_span`), any other is priced at the all-reduce's.
+    sharded_span: tuple[int, int] | None = None
 
-    def seconds(self, bus_bytes: float, calls: int, gb_s: float | None = None) -> float:
+    def seconds(self, bus_bytes: float, calls: int, gb_s: float | None = None, latency_s: float | None = None) -> float:
         """The alpha-beta time of `calls` collectives moving `bus_bytes` per device in all: a per-call latency
-        plus the bytes over the bus bandwidth (`gb_s`, the device link's unless given)."""
+        (`latency_s`, the all-reduce's unless given) plus the bytes over the bus bandwidth (`gb_s`, the device
+        link's unless given)."""
         if calls == 0:
             return 0.0
-        return calls * self.latency_s + bus_bytes / ((gb_s or self.gb_s) * 1e9)
+        alpha = self.latency_s if latency_s is None else latency_s
+        return calls * alpha + bus_bytes / ((gb_s or self.gb_s) * 1e9)
+
+    def scaled(self, factor: float) -> Link:
+        """Every bandwidth between devices times `factor` (the planner's corners of the link's uncertainty)."""
+        return replace(
+            self,
+            gb_s=self.gb_s * factor,
+            inter_node_gb_s=None if self.inter_node_gb_s is None else self.inter_node_gb_s * factor,
+            gather_gb_s=None if self.gather_gb_s is None else self.gather_gb_s * factor,
+            scatter_gb_s=None if self.scatter_gb_s is None else self.scatter_gb_s * factor,
+        )
 
 
 @dataclass(frozen=True)
@@ -602,7 +636,7 @@ def _collectives(w: Workload, s: Strategy, link: Link, micro_step_s: float, back
     n = shard_group_size(w, s)
     if s.communication is Communication.NONE or n == 1:
         return NO_COLLECTIVES
-    share, gb_s = (n - 1) / n, _ring_gb_s(w, s, link)
+    share, gb_s = (n - 1) / n, _ring_gb_s(w, s, link, link.gb_s)
     if s.communication is Communication.ALL_REDUCE:
         buckets = ddp_buckets(w.model, w.block_size)
         jobs = [(done * backward_s, link.seconds(2 * share * size, 1, gb_s)) for size, done in buckets]
@@ -612,27 +646,35 @@ def _collectives(w: Workload, s: Strategy, link: Link, micro_step_s: float, back
     half, layers, gathers, a = DTYPE_BYTES[w.precision], w.model.n_layer, s.gathers_per_micro_step, w.grad_accum_steps
     root = sum(numel(parameter_shapes(w.model)[name]) for name in _root_names(w.model))
     blocks = layers * _block_numel(w.model)
-    root_s = link.seconds(share * root * half, 1, gb_s)  # one all-gather, or the one reduce-scatter
-    block_gathers_s = link.seconds(share * blocks * half * gathers, layers * gathers, gb_s)
-    block_scatters_s = link.seconds(share * blocks * half, layers, gb_s)
-    seconds = a * (root_s + block_gathers_s) + block_scatters_s + root_s
+    # Each kind at its own alpha-beta where the run measured it (FSDP2's per-unit call, the collective's own
+    # bandwidth over a group that spans what this one does), else at the all-reduce's.
+    own = link.sharded_span == sharded_span(w, s)
+    gather_gb_s = _ring_gb_s(w, s, link, (link.gather_gb_s if own else None) or link.gb_s)
+    scatter = (_ring_gb_s(w, s, link, (link.scatter_gb_s if own else None) or link.gb_s), link.scatter_latency_s)
+    kept = link.kept_gather_latency_s or link.gather_latency_s  # the root always, the blocks of fsdp_zero2
+    block_gather = (gather_gb_s, kept if gathers == 1 else link.gather_latency_s)
+    root_gather_s = link.seconds(share * root * half, 1, gather_gb_s, kept)
+    root_scatter_s = link.seconds(share * root * half, 1, *scatter)
+    block_gathers_s = link.seconds(share * blocks * half * gathers, layers * gathers, *block_gather)
+    block_scatters_s = link.seconds(share * blocks * half, layers, *scatter)
+    seconds = a * (root_gather_s + block_gathers_s) + block_scatters_s + root_scatter_s
     exposed = (
-        a * root_s
+        a * root_gather_s
         + (a - 1) * max(0.0, block_gathers_s - micro_step_s)
         + max(0.0, block_gathers_s + block_scatters_s - micro_step_s)
-        + root_s
+        + root_scatter_s
     )
     volume = share * half * (a * (root + gathers * blocks) + root + blocks)
     return Schedule(seconds, exposed, volume, a * (1 + layers * gathers) + layers + 1)
 
 
-def _ring_gb_s(w: Workload, s: Strategy, link: Link) -> float:
-    """The bus bandwidth of the step's main collectives (_collectives): over all devices, at the slower
-    link when they span machines; hybrid sharding's stay inside one machine."""
+def _ring_gb_s(w: Workload, s: Strategy, link: Link, own_gb_s: float) -> float:
+    """The bus bandwidth of one kind of the step's main collectives (_collectives), `own_gb_s` inside a
+    machine: over all devices, at the slower link when they span machines; hybrid sharding's stay inside one."""
     hybrid = s.fsdp is not None and s.fsdp.hybrid
     if w.num_nodes == 1 or link.inter_node_gb_s is None or hybrid:
-        return link.gb_s
-    return min(link.gb_s, link.inter_node_gb_s)
+        return own_gb_s
+    return min(own_gb_s, link.inter_node_gb_s)
 
 
 def _replica_all_reduce(w: Workload, s: Strategy, link: Link, backward_s: float) -> Schedule:

@@ -4,6 +4,7 @@ finished runs put beside their plan. The command line over it is planner/cli.py 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from planner.cost_model import (
     activations,
     max_micro_batch_size,
     model_state,
+    sharded_span,
     step_memory,
     step_time,
 )
@@ -126,11 +128,45 @@ def measured_link(config: dict[str, Any], run_dir: Path) -> Link:
         )
     if not (_positive(latency) and _positive(seconds) and latency < seconds):
         return Link(float(figure))
-    return Link(float(figure) * seconds / (seconds - latency), latency_s=float(latency))
+    effective = launch.get("effective") if isinstance(launch, dict) else None
+    machines = (effective if isinstance(effective, dict) else {}).get("num_machines")
+    return Link(
+        float(figure) * seconds / (seconds - latency),
+        latency_s=float(latency),
+        **sharded_link(link, machines if _positive(machines) else 1),
+    )
+
+
+def sharded_link(link: dict[str, Any], num_machines: int = 1) -> dict[str, Any]:
+    """The FSDP collectives' own alpha-beta from a sharding run's link record (training/link.py
+    `sharded_calls`), as Link's fields: each kind's bus bandwidth, (N-1)/N x the message over its time net of
+    its one-element call, FSDP2's per-unit calls as their latencies, and the processes and machines the
+    collectives spanned (`num_machines`, the run's: all of them, or one under hybrid sharding). A figure
+    absent, not positive or not finite (a DDP run, a run from before, a measurement that noise spoiled) leaves
+    that field to the all-reduce's; so does a bandwidth whose one-element call took half the message's time or
+    more, where the difference of the two is mostly noise and its quotient could be any figure."""
+    world, nbytes = link.get("shard_group_size") or link.get("world_size"), link.get("message_bytes")
+    fields: dict[str, Any] = {}
+    for kind, prefix in (("all_gather", "gather"), ("reduce_scatter", "scatter")):
+        seconds, one = link.get(f"seconds_per_{kind}"), link.get(f"{kind}_latency_s")
+        if all(_positive(v) for v in (world, nbytes, seconds, one)) and one < seconds / 2 and world > 1:
+            fields[f"{prefix}_gb_s"] = (world - 1) / world * nbytes / (seconds - one) / 1e9
+    for key, field in (
+        ("fsdp_all_gather_call_s", "gather_latency_s"),
+        ("fsdp_kept_all_gather_call_s", "kept_gather_latency_s"),
+        ("fsdp_reduce_scatter_call_s", "scatter_latency_s"),
+    ):
+        if _positive(link.get(key)):
+            fields[field] = float(link[key])
+    if "gather_gb_s" in fields or "scatter_gb_s" in fields:
+        whole = world == link.get("world_size")  # else hybrid sharding's group: one machine's processes
+        fields["sharded_span"] = (int(world), int(num_machines) if whole else 1)
+    return fields
 
 
 def _positive(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    """A measured figure: a finite number above zero (JSON's null, a bool, a negative or an infinity is not)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def workload_for(args: PlanRequest, strategy: str) -> Workload:
@@ -217,10 +253,7 @@ def speed_corners(w: Workload, strategy: str, hw: Hardware, mfu: float, overlap:
     corners = []
     for mfu_factor in (1 - MFU_SPREAD, 1 + MFU_SPREAD):
         for link_factor in (1 - hw.link_spread, 1 + hw.link_spread):
-            inter = hw.link.inter_node_gb_s
-            link = replace(
-                hw.link, gb_s=hw.link.gb_s * link_factor, inter_node_gb_s=None if inter is None else inter * link_factor
-            )
+            link = hw.link.scaled(link_factor)
             step_s = _step_s(step_time(w, strategy, hw.peak_flops, min(1.0, mfu * mfu_factor), link), overlap)
             corners.append(tokens / step_s if step_s > 0 else None)
     return corners
@@ -356,6 +389,24 @@ def _fastest(speed: list[dict[str, Any]], hw: Hardware) -> dict[str, Any]:
     }
 
 
+PER_CALL_FIELDS = ("gather_latency_s", "kept_gather_latency_s", "scatter_latency_s")  # Link's FSDP2 unit calls
+
+
+def _sharded_span_facts(args: PlanRequest, link: Link, strategies: list[str], left_out: list[str]) -> dict[str, Any]:
+    """Where a run's measured FSDP figures priced the plan: the processes and machines its all-gathers and
+    reduce-scatters spanned, the planned strategies whose shard group spans otherwise (priced at the
+    all-reduce's bandwidth instead), and the per-call figures not carried (a CPU run's)."""
+    facts: dict[str, Any] = {"fsdp_calls_left_out": left_out} if left_out else {}
+    if link.sharded_span is None:
+        return facts
+    other = []
+    for name in strategies:
+        s = registry.get(name)
+        if s.fsdp is not None and sharded_span(workload_for(args, name), s) != link.sharded_span:
+            other.append(name)
+    return {**facts, "sharded_span": list(link.sharded_span), "sharded_bandwidth_not_used_by": other}
+
+
 def planned_strategies(num_gpus: int, num_nodes: int = 1) -> list[str]:
     """Every strategy on several GPUs; on one, those that run one process (the others would only add a
     wrapper around the same work). Those made for several machines (hybrid sharding) only on several."""
@@ -366,9 +417,13 @@ def planned_strategies(num_gpus: int, num_nodes: int = 1) -> list[str]:
     ]
 
 
-def plan(args: PlanRequest) -> dict[str, Any]:
+def _hardware_for(args: PlanRequest) -> tuple[Hardware, list[str]]:
+    """The plan's GPU and link: measured by a run (--link_from), else the datasheet's or --link_gb_s; and the
+    run's measured figures not carried into the plan (Link field names)."""
+    left_out: list[str] = []
     if args.link_from is not None:
-        measured = measured_link(_read_json(args.link_from / "config.json"), args.link_from)
+        config = _read_json(args.link_from / "config.json")
+        measured = measured_link(config, args.link_from)
         hw = hardware(
             args.gpu,
             args.precision,
@@ -377,11 +432,25 @@ def plan(args: PlanRequest) -> dict[str, Any]:
             f"measured by {args.link_from}",
             args.inter_node_gb_s,
         )
-        hw = replace(hw, link=replace(hw.link, latency_s=measured.latency_s))
+        sharded = {k: getattr(measured, k) for k in ("gather_gb_s", "scatter_gb_s", "sharded_span")}
+        # FSDP2's per-unit calls are mostly host time in its hooks: a gloo (CPU) run's milliseconds would say
+        # nothing of a GPU's, so only a GPU run's are carried into this (GPU) plan.
+        cpu_run = ((config.get("launch") or {}).get("link") or {}).get("backend") == "gloo"
+        for key in PER_CALL_FIELDS:
+            if not cpu_run:
+                sharded[key] = getattr(measured, key)
+            elif getattr(measured, key) is not None:
+                left_out.append(key)
+        hw = replace(hw, link=replace(hw.link, latency_s=measured.latency_s, **sharded))
     else:
         hw = hardware(
             args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s, inter_node_gb_s=args.inter_node_gb_s
         )
+    return hw, left_out
+
+
+def plan(args: PlanRequest) -> dict[str, Any]:
+    hw, left_out = _hardware_for(args)
     if args.host_update_gb_s is not None:
         hw = replace(hw, link=replace(hw.link, host_update_gb_s=args.host_update_gb_s))
     strategies = planned_strategies(args.num_gpus, args.num_nodes)
@@ -413,6 +482,12 @@ def plan(args: PlanRequest) -> dict[str, Any]:
             "host_update_gb_s": hw.link.host_update_gb_s,
             "budget_bytes": hw.budget_bytes,
             **({"inter_node_gb_s": hw.link.inter_node_gb_s} if hw.link.inter_node_gb_s is not None else {}),
+            **{
+                key: getattr(hw.link, key)
+                for key in ("gather_gb_s", "scatter_gb_s", *PER_CALL_FIELDS)
+                if getattr(hw.link, key) is not None
+            },
+            **_sharded_span_facts(args, hw.link, strategies, left_out),
             "fit_margin": {"allocator_slack": ALLOCATOR_SLACK, "cuda_reserve_gib": CUDA_RESERVE_GIB},
         },
         "uncertainty": {"mfu_relative": MFU_SPREAD, "link_relative": hw.link_spread, "model_relative": MODEL_SPREAD},
@@ -545,6 +620,12 @@ def _compare_step_time(
         "latency_s": link.latency_s if w.world_size > 1 else None,
         "latency_measured": _positive(((config.get("launch") or {}).get("link") or {}).get("latency_s")),
         "host_update_gb_s": link.host_update_gb_s,
+        # FSDP's own collectives where the run measured them (None: priced as the all-reduce)
+        "all_gather_gb_s": link.gather_gb_s,
+        "all_gather_call_s": link.gather_latency_s,
+        "kept_all_gather_call_s": link.kept_gather_latency_s,
+        "reduce_scatter_gb_s": link.scatter_gb_s,
+        "reduce_scatter_call_s": link.scatter_latency_s,
     }
 
 
@@ -626,6 +707,31 @@ def plan_text(result: dict[str, Any]) -> str:
     return "\n".join(lines + assumptions_text(result))
 
 
+def _fsdp_calls(gpu: dict[str, Any]) -> str:
+    """FSDP's all-gather and reduce-scatter where a sharding run measured them (--link_from), else nothing:
+    which figures, over what span they priced which strategies, and which were left out."""
+    parts = []
+    for kind, key in (("all-gather", "gather"), ("reduce-scatter", "scatter")):
+        gb_s, call = gpu.get(f"{key}_gb_s"), gpu.get(f"{key}_latency_s")
+        if gb_s is not None or call is not None:
+            bandwidth = f"{gb_s:.3g} GB/s" if gb_s is not None else "the all-reduce's bandwidth"
+            per_call = f"{call * 1e6:,.0f} us per FSDP2 unit call" if call is not None else "the all-reduce's latency"
+            parts.append(f"{kind} {bandwidth} + {per_call}")
+    if gpu.get("kept_gather_latency_s") is not None:
+        parts.append(f"kept unit's all-gather {gpu['kept_gather_latency_s'] * 1e6:,.0f} us per call")
+    notes = []
+    if gpu.get("sharded_span") is not None:
+        processes, machines = gpu["sharded_span"]
+        notes.append(f"bandwidths over {processes} processes on {machines} machine(s)")
+        if gpu.get("sharded_bandwidth_not_used_by"):
+            others = ", ".join(gpu["sharded_bandwidth_not_used_by"])
+            notes.append(f"{others} shard(s) over another span: at the all-reduce's bandwidth instead")
+    if gpu.get("fsdp_calls_left_out"):
+        notes.append("FSDP2's per-unit call times not carried: measured over gloo on a CPU, not a GPU")
+    text = "; ".join(parts + notes)
+    return f" (FSDP's {text}, measured)" if text else ""
+
+
 def _machines(workload: dict[str, Any]) -> str:
     return f"{workload['num_nodes']} machines x " if workload.get("num_nodes", 1) > 1 else ""
 
@@ -641,7 +747,8 @@ def assumptions_text(result: dict[str, Any]) -> list[str]:
     return [
         "",
         f"assumed: {w['parameters']:,} parameters; MFU {w['mfu_assumed']:g}; link {gpu['link_gb_s']:.3g} GB/s "
-        f"({gpu['link']}) + {gpu['link_latency_s'] * 1e6:,.0f} us per collective call{_inter_node(gpu)}; "
+        f"({gpu['link']}) + {gpu['link_latency_s'] * 1e6:,.0f} us per collective call{_inter_node(gpu)}"
+        f"{_fsdp_calls(gpu)}; "
         f"overlap {w['overlap']}; "
         f"usable memory {gpu['memory_gib']:.2f} GiB per GPU "
         f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
@@ -690,4 +797,20 @@ def _step_time_lines(t: dict[str, Any]) -> list[str]:
         f"  note: step time at MFU {t['mfu_given']:g} of the run's peak {t['peak_flops'] / 1e9:,.1f} GFLOP/s{link}, "
         f"AdamW on a host core at {t['host_update_gb_s']:g} GB/s; measured: mean of {t['measured_steps']} steps "
         f"after {t['warmup_steps_left_out']} warm-up",
+        *_sharded_note(t),
     ]
+
+
+def _sharded_note(t: dict[str, Any]) -> list[str]:
+    """FSDP's own collectives, where the run measured them: each kind's bandwidth and FSDP2's per-unit call."""
+    parts = []
+    for kind in ("all_gather", "reduce_scatter"):
+        gb_s, call = t.get(f"{kind}_gb_s"), t.get(f"{kind}_call_s")
+        if gb_s is None and call is None:
+            continue
+        bandwidth = "the all-reduce's bandwidth" if gb_s is None else f"{gb_s:.3g} GB/s"
+        per_call = "the all-reduce's latency" if call is None else f"{call * 1e6:,.0f} us per FSDP2 unit call"
+        parts.append(f"{kind.replace('_', '-')} {bandwidth} + {per_call}")
+    if t.get("kept_all_gather_call_s") is not None:
+        parts.append(f"kept unit's all-gather {t['kept_all_gather_call_s'] * 1e6:,.0f} us per call")
+    return [f"  note: FSDP collectives measured by the run: {'; '.join(parts)}"] if parts else []

@@ -13,6 +13,7 @@ import math
 import re
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,7 @@ from planner.cost_model import (
     step_memory,
     step_time,
 )
-from planner.plan import MODEL_SPREAD, Timed, measured_link, misordered, plan
+from planner.plan import MODEL_SPREAD, Timed, measured_link, misordered, plan, plan_text
 from planner.request import PlanRequest
 from training.registry import STRATEGIES as ENTRIES
 from training.registry import names
@@ -169,8 +170,6 @@ def test_every_collective_call_pays_the_latency() -> None:
 
 
 def test_a_strategy_is_counted_by_its_registry_traits_not_its_name() -> None:
-    from dataclasses import replace
-
     from training.registry import get
 
     link = Link(gb_s=10.0)
@@ -592,6 +591,214 @@ def test_a_measured_link_is_the_latency_and_the_bandwidth_net_of_one_call() -> N
     assert before.gb_s == 1.0 and before.latency_s == Link(1.0).latency_s
 
 
+def _cpu_step(name: str, micro_steps: int, link: Link) -> float:
+    """The tiny preset's step on two CPU processes (nothing overlaps there: every collective adds in full)."""
+    w = Workload(GPT2Config.from_preset("tiny"), 8, 64, "fp32", 2, micro_steps, device="cpu")
+    return step_time(w, name, 150e9, 0.15, link).step_s
+
+
+@pytest.mark.parametrize("micro_steps", [1, 2, 4])
+@pytest.mark.parametrize("name, gathers", [("fsdp", 2), ("fsdp_zero2", 1), ("fsdp_offload", 2)])
+def test_fsdp2_unit_calls_add_their_measured_cost_per_all_gather_and_reduce_scatter(
+    name: str, gathers: int, micro_steps: int
+) -> None:
+    """FSDP2's per-unit all-gather (`gather_latency_s`) is paid a (1 + g L) times a step, the root once and
+    each of the L blocks g times per micro-step; its reduce-scatter (`scatter_latency_s`) L + 1 times, in the
+    last micro-step only. Unmeasured, each is priced at the all-reduce's latency."""
+    base = Link(gb_s=1.0, latency_s=1e-4)
+    layers = GPT2Config.from_preset("tiny").n_layer
+    gathered = _cpu_step(name, micro_steps, replace(base, gather_latency_s=1e-4 + 2e-3)) - _cpu_step(
+        name, micro_steps, base
+    )
+    assert gathered == pytest.approx(micro_steps * (1 + gathers * layers) * 2e-3)
+    scattered = _cpu_step(name, micro_steps, replace(base, scatter_latency_s=1e-4 + 3e-3)) - _cpu_step(
+        name, micro_steps, base
+    )
+    assert scattered == pytest.approx((layers + 1) * 3e-3)
+
+
+@pytest.mark.parametrize("micro_steps", [1, 4])
+def test_the_all_gather_and_reduce_scatter_move_their_bytes_at_their_own_bandwidth(micro_steps: int) -> None:
+    """Half the all-gather's bandwidth doubles the time of the bytes it moves, (N-1)/N of the gathered units
+    per micro-step (the root once, each block twice for `fsdp`), at the all-reduce's latency per call; the
+    reduce-scatter's likewise for the one reduce-scatter of every parameter."""
+    cfg, n = GPT2Config.from_preset("tiny"), 2
+    root = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." not in k)
+    blocks = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." in k)
+    base = Link(gb_s=1.0, latency_s=1e-4, sharded_span=(n, 1))  # measured over the group this one spans
+    slower = _cpu_step("fsdp", micro_steps, replace(base, gather_gb_s=0.5)) - _cpu_step("fsdp", micro_steps, base)
+    gathered_bytes = (n - 1) / n * 4 * micro_steps * (root + 2 * blocks)
+    assert slower == pytest.approx(gathered_bytes * (1 / 0.5e9 - 1 / 1e9))
+    slower = _cpu_step("fsdp", micro_steps, replace(base, scatter_gb_s=0.25)) - _cpu_step("fsdp", micro_steps, base)
+    assert slower == pytest.approx((n - 1) / n * 4 * (root + blocks) * (1 / 0.25e9 - 1 / 1e9))
+
+
+@pytest.mark.parametrize("micro_steps", [1, 4])
+@pytest.mark.parametrize("name, kept_units", [("fsdp", 1), ("fsdp_zero2", 1 + 2), ("fsdp_offload", 1)])
+def test_a_unit_kept_gathered_after_forward_pays_its_measured_kept_call_on_its_one_gather(
+    name: str, kept_units: int, micro_steps: int
+) -> None:
+    """A unit gathered once per micro-step (every root; fsdp_zero2's blocks, 2 in the tiny model) carries all
+    of its hooks on that gather (`kept_gather_latency_s`), which a unit resharded after forward splits over
+    two: changing the kept figure moves the step by it once per kept unit and micro-step, no more."""
+    base = Link(gb_s=1.0, latency_s=1e-4, gather_latency_s=1e-3, kept_gather_latency_s=1e-3)
+    moved = _cpu_step(name, micro_steps, replace(base, kept_gather_latency_s=1e-3 + 5e-3)) - _cpu_step(
+        name, micro_steps, base
+    )
+    assert moved == pytest.approx(micro_steps * kept_units * 5e-3)
+
+
+def test_fsdp_bandwidths_measured_over_one_span_do_not_price_a_group_that_spans_another() -> None:
+    """A hybrid sharding run's all-gather spanned one machine's 2 processes: on 2 machines x 2 GPUs its
+    bandwidth prices HSDP's gathers (inside a machine) but not FSDP's (4 processes over both machines, which
+    stay at the all-reduce's bandwidth, measured over the whole world); a 4-process FSDP run's the reverse."""
+    w = workload(world_size=4, num_nodes=2, grad_accum_steps=2)
+    base = Link(gb_s=6.0, latency_s=1e-4)
+    one_machine = replace(base, gather_gb_s=0.5, scatter_gb_s=0.5, sharded_span=(2, 1))
+    whole_world = replace(one_machine, sharded_span=(4, 2))
+    for name, measured, other in (("fsdp", whole_world, one_machine), ("hsdp", one_machine, whole_world)):
+        assert step_time(w, name, 65e12, 0.3, other) == step_time(w, name, 65e12, 0.3, base)
+        assert step_time(w, name, 65e12, 0.3, measured).step_s > step_time(w, name, 65e12, 0.3, base).step_s
+
+
+def _run_with_link(path: Path, link: dict, num_machines: int = 1) -> Path:
+    path.mkdir()
+    launch = {"link": link, "effective": {"num_machines": num_machines}}
+    (path / "config.json").write_text(json.dumps({"launch": launch}))
+    return path
+
+
+def test_link_from_an_hsdp_run_leaves_cross_machine_fsdp_at_the_all_reduces_bandwidth_and_says_so(
+    tmp_path: Path,
+) -> None:
+    """A hybrid sharding run on 2 machines x 2 processes measured its all-gathers inside one machine (0.25
+    GB/s here): they price HSDP's, while FSDP's 4-process groups over both machines keep the all-reduce's
+    bandwidth, measured over the whole world, and the plan's text says which strategies did."""
+    link = {"bus_gb_s": 6.0, "seconds_per_all_reduce": 0.010, "latency_s": 1e-4, "world_size": 4}
+    sharded = {"shard_group_size": 2, "message_bytes": 10_000_000, "all_gather_latency_s": 1e-4}
+    sharded |= {"seconds_per_all_gather": 0.02, "seconds_per_reduce_scatter": 0.02, "reduce_scatter_latency_s": 1e-4}
+    plans, texts = {}, {}
+    for name, record in (("plain", link), ("hsdp", {**link, **sharded})):
+        result = plan(
+            PlanRequest(
+                preset="gpt2",
+                gpu="T4",
+                num_gpus=2,
+                num_nodes=2,
+                inter_node_gb_s=100.0,  # faster than either: every ring runs at the machine's measured figures
+                link_from=_run_with_link(tmp_path / name, record, num_machines=2),
+            )
+        )
+        plans[name] = {p["strategy"]: p["predicted_step_s"] for p in result["strategies"]}
+        texts[name] = plan_text(result)
+    for name in ("fsdp", "fsdp_zero2", "fsdp_offload"):
+        assert plans["hsdp"][name] == plans["plain"][name]
+    assert plans["hsdp"]["hsdp"] > plans["plain"]["hsdp"]  # 0.25 GB/s inside the machine, slower than 6
+    assert "over 2 processes on 1 machine(s)" in texts["hsdp"]
+    assert "fsdp, fsdp_zero2, fsdp_offload shard(s) over another span: at the all-reduce's bandwidth" in texts["hsdp"]
+
+
+def test_link_from_a_cpu_run_carries_no_fsdp2_per_call_time_into_a_gpu_plan_and_says_so(tmp_path: Path) -> None:
+    """FSDP2's per-unit calls measured over gloo are a CPU's hook milliseconds: a GPU plan does not take them."""
+    link = {"bus_gb_s": 6.0, "seconds_per_all_reduce": 0.010, "latency_s": 1e-4, "world_size": 2}
+    calls = {"fsdp_all_gather_call_s": 0.01, "fsdp_kept_all_gather_call_s": 0.02, "fsdp_reduce_scatter_call_s": 0.02}
+    plans = {}
+    for name, record in (("ddp-run", link), ("cpu-fsdp-run", {**link, **calls, "backend": "gloo"})):
+        result = plan(
+            PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, link_from=_run_with_link(tmp_path / name, record))
+        )
+        plans[name] = {p["strategy"]: p["predicted_step_s"] for p in result["strategies"]}
+        said = "per-unit call times not carried: measured over gloo" in plan_text(result)
+        assert said == (name == "cpu-fsdp-run")
+    assert plans["cpu-fsdp-run"] == plans["ddp-run"]
+
+
+def test_ddp_is_priced_by_the_all_reduce_alone_and_still_exposes_more_with_more_micro_steps() -> None:
+    """FSDP's measured figures leave DDP's step as it was; at the same global batch on 2 x T4, DDP's exposed
+    all-reduce still grows from 2 to 8 micro-steps (the last micro-step's backward is shorter)."""
+    measured = Link(6.0, gather_gb_s=1.0, gather_latency_s=1e-2, scatter_gb_s=1.0, scatter_latency_s=1e-2)
+    for micro_steps in (1, 4):
+        assert _cpu_step("ddp", micro_steps, measured) == _cpu_step("ddp", micro_steps, Link(6.0))
+    exposed = []
+    for micro_steps in (2, 8):
+        w = workload(world_size=2, micro_batch_size=16 // 2 // micro_steps, grad_accum_steps=micro_steps)
+        t = step_time(w, "ddp", 65e12, 0.3, measured)
+        assert t == step_time(w, "ddp", 65e12, 0.3, Link(6.0))
+        exposed.append(t.exposed_s)
+    assert exposed[1] > exposed[0] * 1.2
+
+
+def test_a_sharding_runs_collectives_are_read_as_their_own_alpha_beta() -> None:
+    link = {
+        **{"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001, "world_size": 2},
+        **{"message_bytes": 10_000_000, "seconds_per_all_gather": 0.012, "all_gather_latency_s": 0.002},
+        **{"seconds_per_reduce_scatter": 0.030, "reduce_scatter_latency_s": 0.005},
+        **{"fsdp_all_gather_call_s": 0.003, "fsdp_reduce_scatter_call_s": 0.004},
+    }
+    measured = measured_link({"launch": {"link": link}}, Path("run"))
+    # An all-gather of 10 MB sends half of it over the link in 12 ms, 2 ms of which is its call: 0.5 GB/s.
+    assert measured.gather_gb_s == pytest.approx(0.5) and measured.scatter_gb_s == pytest.approx(0.2)
+    assert (measured.gather_latency_s, measured.scatter_latency_s) == (0.003, 0.004)
+    assert measured.latency_s == 0.001  # the all-reduce's own stays what it was
+    assert measured.sharded_span == (2, 1)  # the run's two processes, on its one machine
+    # Hybrid sharding's all-gathers span one machine's processes, 4 of 8: 3/4 of the message over each link.
+    launch = {"link": {**link, "world_size": 8, "shard_group_size": 4}, "effective": {"num_machines": 2}}
+    hybrid = measured_link({"launch": launch}, Path("run"))
+    assert hybrid.gather_gb_s == pytest.approx(0.75) and hybrid.sharded_span == (4, 1)
+    # An FSDP run over both machines: its group spans them.
+    launch = {"link": {**link, "world_size": 8, "shard_group_size": 8}, "effective": {"num_machines": 2}}
+    assert measured_link({"launch": launch}, Path("run")).sharded_span == (8, 2)
+
+
+@pytest.mark.parametrize("one_element_s", [0.006, 0.011])
+def test_a_bandwidth_whose_one_element_call_took_half_the_message_time_or_more_is_not_used(
+    one_element_s: float,
+) -> None:
+    """A message of 12 ms whose one-element call took 6 ms or more: the bandwidth would be the quotient of
+    a difference that noise can make any size, so the all-reduce's prices it instead."""
+    link = {"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001, "world_size": 2}
+    link |= {"message_bytes": 10_000_000, "seconds_per_all_gather": 0.012, "all_gather_latency_s": one_element_s}
+    assert measured_link({"launch": {"link": link}}, Path("run")).gather_gb_s is None
+
+
+@pytest.mark.parametrize("nonsense", [-0.003, 0.0, math.inf, math.nan, None, True, "0.003"])
+def test_a_recorded_fsdp_figure_that_is_not_a_positive_finite_number_is_not_used(nonsense) -> None:
+    """A run's record is read back as it is: a negative, zero, infinite or missing figure (noise, a tampered
+    file, a run from before) falls back to the all-reduce's, never prices a call at less than nothing."""
+    link = {
+        **{"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001, "world_size": 2},
+        **{"message_bytes": 10_000_000, "seconds_per_all_gather": nonsense, "all_gather_latency_s": 0.002},
+        **{"seconds_per_reduce_scatter": 0.030, "reduce_scatter_latency_s": nonsense},
+        **{"fsdp_all_gather_call_s": nonsense, "fsdp_reduce_scatter_call_s": 0.004},
+    }
+    measured = measured_link({"launch": {"link": link}}, Path("run"))
+    assert measured.gather_gb_s is None and measured.scatter_gb_s is None and measured.gather_latency_s is None
+    assert measured.scatter_latency_s == 0.004  # the sound figure beside them is kept
+    unmeasured = Link(measured.gb_s, latency_s=measured.latency_s, scatter_latency_s=0.004)
+    assert _cpu_step("fsdp", 2, measured) == _cpu_step("fsdp", 2, unmeasured)
+
+
+def test_link_from_a_sharding_run_plans_fsdp_with_its_measured_collectives(tmp_path: Path) -> None:
+    """--link_from carries a sharding run's all-gather and reduce-scatter figures into the plan: FSDP's step
+    grows by what its slower collectives cost, DDP's stays as the all-reduce alone makes it."""
+    link = {"bus_gb_s": 6.0, "seconds_per_all_reduce": 0.010, "latency_s": 1e-4, "world_size": 2}
+    plans = {}
+    for name, extra in (
+        ("ddp-run", {}),
+        ("fsdp-run", {"fsdp_all_gather_call_s": 0.01, "fsdp_reduce_scatter_call_s": 0.02}),
+    ):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.json").write_text(json.dumps({"launch": {"link": {**link, **extra}}}))
+        result = plan(PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, link_from=run))
+        plans[name] = {p["strategy"]: p["predicted_step_s"] for p in result["strategies"]}
+        said = "all-gather the all-reduce's bandwidth + 10,000 us per FSDP2 unit call" in plan_text(result)
+        assert said == (name == "fsdp-run")  # the text says which figures priced FSDP's calls
+    assert plans["fsdp-run"]["ddp"] == plans["ddp-run"]["ddp"]
+    for name in ("fsdp", "fsdp_zero2"):
+        assert plans["fsdp-run"][name] > plans["ddp-run"][name]
+
+
 @pytest.mark.multiprocess
 def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs) -> None:
     """The session's 2-process DDP run on the CPU: its steady-state mean step (the steps after the warm-up,
@@ -891,3 +1098,151 @@ def test_hsdps_replica_all_reduce_is_one_call_per_unit_at_the_machines_network_s
     replica = _replica_all_reduce(w, entry("hsdp"), Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=0.5), 1.0)
     assert replica.calls == w.model.n_layer + 1
     assert replica.seconds == pytest.approx(replica.calls * 0.5 + replica.bytes / (10.0 / 2 * 1e9), rel=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# FSDP's measured collectives: the corners of the link, refused figures, --link_from, several machines
+
+
+def test_scaling_the_link_scales_every_bandwidth_between_devices_and_leaves_every_latency() -> None:
+    """The planner's link corners move every bandwidth between devices (the all-reduce's, the machines'
+    network, FSDP's measured all-gather and reduce-scatter) by the factor; no per-call cost moves."""
+    link = Link(
+        2.0,
+        inter_node_gb_s=3.0,
+        latency_s=1e-4,
+        gather_gb_s=1.0,
+        gather_latency_s=1e-3,
+        scatter_gb_s=0.5,
+        scatter_latency_s=2e-3,
+        kept_gather_latency_s=3e-3,
+        sharded_span=(2, 1),
+    )
+    assert link.scaled(0.5) == replace(link, gb_s=1.0, inter_node_gb_s=1.5, gather_gb_s=0.5, scatter_gb_s=0.25)
+    assert Link(2.0).scaled(0.5) == Link(1.0)  # unmeasured figures stay unmeasured
+
+
+def test_the_link_corners_price_fsdp_at_its_measured_bandwidths_scaled_by_the_links_spread() -> None:
+    """Where the link decides the step (FSDP's all-gathers at a measured 1 GB/s, not hidden: --overlap none),
+    the slow-link corners are slower than the fast-link ones at either MFU, each exactly the step over a link
+    whose every bandwidth is scaled by 1 -/+ the spread."""
+    from planner.plan import Hardware, speed_corners
+
+    w = workload(world_size=2, grad_accum_steps=2)
+    measured = dict(gather_gb_s=1.0, scatter_gb_s=0.5, gather_latency_s=1e-3, sharded_span=(2, 1))
+    hw = Hardware("T4", 16.0, 65e12, Link(6.0, latency_s=1e-4, **measured), "measured", 0.15)
+    corners = speed_corners(w, "fsdp", hw, 0.3, "none")
+    assert corners[0] < corners[1] and corners[2] < corners[3]  # (MFU low, high) x (link low, high)
+    tokens = 4 * 1024 * 2 * 2
+    for corner, mfu, factor in zip(corners, (0.225, 0.225, 0.375, 0.375), (0.85, 1.15, 0.85, 1.15), strict=True):
+        by_hand = Link(
+            6.0 * factor,
+            latency_s=1e-4,
+            gather_gb_s=1.0 * factor,
+            scatter_gb_s=0.5 * factor,
+            gather_latency_s=1e-3,
+            sharded_span=(2, 1),
+        )
+        assert corner == pytest.approx(tokens / step_time(w, "fsdp", 65e12, mfu, by_hand).step_s_without_prefetch)
+
+
+_MEASURED_SHARDING = {
+    **{"bus_gb_s": 1.0, "seconds_per_all_reduce": 0.010, "latency_s": 0.001, "world_size": 2},
+    **{"message_bytes": 10_000_000, "seconds_per_all_gather": 0.012, "all_gather_latency_s": 0.002},
+    **{"seconds_per_reduce_scatter": 0.030, "reduce_scatter_latency_s": 0.005},
+}
+
+
+@pytest.mark.parametrize(
+    "refused",
+    [
+        {"all_gather_latency_s": 0.012, "reduce_scatter_latency_s": 0.030},  # as long as the message's
+        {"all_gather_latency_s": 0.020, "reduce_scatter_latency_s": 0.050},  # longer: a negative difference
+        {"shard_group_size": 1},  # hybrid sharding with one process a machine: no all-gather to time
+    ],
+)
+def test_a_refused_fsdp_bandwidth_is_left_out_and_the_plan_still_prices_a_positive_step(refused: dict) -> None:
+    """A one-element call as long as the message's or longer (noise) or a shard group of one process gives no
+    bandwidth: the field is left out (not zero, not negative, no error), and FSDP's step is the one priced at
+    the all-reduce's bandwidth, above zero."""
+    from planner.plan import sharded_link
+
+    record = {**_MEASURED_SHARDING, **refused}
+    fields = sharded_link(record)
+    assert not {"gather_gb_s", "scatter_gb_s", "sharded_span"} & set(fields), fields
+    measured = measured_link({"launch": {"link": record}}, Path("run"))
+    assert measured.gather_gb_s is None and measured.scatter_gb_s is None
+    for micro_steps in (1, 4):
+        step = _cpu_step("fsdp", micro_steps, measured)
+        assert step > 0 and step == _cpu_step("fsdp", micro_steps, replace(measured, sharded_span=(2, 1)))
+
+
+def test_link_from_carries_the_reduce_scatters_measured_figures_as_well_as_the_all_gathers(
+    tmp_path: Path,
+) -> None:
+    """A GPU sharding run's record: the plan's FSDP steps are priced at every figure it measured (both kinds'
+    bandwidth and FSDP2 unit call), which the JSON and the text both give."""
+    record = {
+        **_MEASURED_SHARDING,
+        "backend": "nccl",
+        **{"fsdp_all_gather_call_s": 0.01, "fsdp_reduce_scatter_call_s": 0.02},
+    }
+    run = _run_with_link(tmp_path / "fsdp-run", record)
+    request = PlanRequest(preset="gpt2", gpu="T4", num_gpus=2, link_from=run)
+    result = plan(request)
+    gpu = result["gpu"]
+    # The reduce-scatter: half of 10 MB over the link in 30 ms, 5 ms of which is its one-element call.
+    assert gpu["scatter_gb_s"] == pytest.approx(0.2) and gpu["scatter_latency_s"] == 0.02
+    assert gpu["gather_gb_s"] == pytest.approx(0.5) and gpu["gather_latency_s"] == 0.01
+    text = plan_text(result)
+    assert "reduce-scatter 0.2 GB/s + 20,000 us per FSDP2 unit call" in text
+    assert "all-gather 0.5 GB/s + 10,000 us per FSDP2 unit call" in text
+    from planner.plan import workload_for
+
+    measured = measured_link({"launch": {"link": record}}, run)
+    for p in result["strategies"]:
+        if p["strategy"] in ("fsdp", "fsdp_zero2"):
+            t = step_time(workload_for(request, p["strategy"]), p["strategy"], 65e12, request.mfu, measured)
+            assert p["predicted_step_s"] == pytest.approx(t.step_s, rel=1e-12)
+
+
+def test_hsdps_replica_all_reduce_keeps_the_all_reduces_alpha_beta_whatever_fsdps_figures() -> None:
+    """Hybrid sharding's all-reduce between machines is an all-reduce: FSDP's measured all-gather and
+    reduce-scatter figures (which price its collectives inside a machine) leave it as the all-reduce's
+    latency and the machine's network make it."""
+    from planner.cost_model import _replica_all_reduce, entry
+
+    w = workload(world_size=4, num_nodes=2, grad_accum_steps=2)
+    plain = Link(gb_s=100.0, inter_node_gb_s=10.0, latency_s=1e-4)
+    fsdp_figures = replace(
+        plain,
+        gather_gb_s=0.5,
+        scatter_gb_s=0.25,
+        gather_latency_s=5e-2,
+        kept_gather_latency_s=6e-2,
+        scatter_latency_s=7e-2,
+        sharded_span=(2, 1),
+    )
+    for backward_s in (0.0, 0.05):
+        replica = _replica_all_reduce(w, entry("hsdp"), fsdp_figures, backward_s)
+        assert replica == _replica_all_reduce(w, entry("hsdp"), plain, backward_s)
+        assert replica.seconds == pytest.approx(replica.calls * 1e-4 + replica.bytes / (10.0 / 2 * 1e9), rel=1e-12)
+
+
+@pytest.mark.parametrize("gather_gb_s, priced_at", [(0.5, 0.5), (5.0, 2.0)])
+def test_fsdp_over_two_machines_gathers_at_the_slower_of_its_measured_bandwidth_and_the_network(
+    gather_gb_s: float, priced_at: float
+) -> None:
+    """FSDP sharded over both machines' 4 processes (measured over that span): its all-gathers run at the
+    slower of the measured all-gather bandwidth and the machines' 2 GB/s network."""
+    cfg = GPT2Config.from_preset("tiny")
+    root = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." not in k)
+    blocks = sum(math.prod(s) for k, s in parameter_shapes(cfg).items() if ".h." in k)
+    w = Workload(cfg, 8, 64, "fp32", 4, 2, device="cpu", num_nodes=2)
+    base = Link(gb_s=100.0, inter_node_gb_s=2.0, latency_s=1e-4, sharded_span=(4, 2))
+    moved = (
+        step_time(w, "fsdp", 150e9, 0.15, replace(base, gather_gb_s=gather_gb_s)).step_s
+        - step_time(w, "fsdp", 150e9, 0.15, base).step_s
+    )
+    gathered_bytes = 3 / 4 * 4 * 2 * (root + 2 * blocks)  # 2 micro-steps: the root once, each block twice
+    assert moved == pytest.approx(gathered_bytes * (1 / (priced_at * 1e9) - 1 / 2e9), abs=1e-12)

@@ -194,6 +194,31 @@ class LinkRecord(Record):
     # An all-reduce of one element: the per-call cost (latency) of a collective, whatever its size; None in
     # runs from before it was measured.
     latency_s: float | None = None
+    # A sharding run's own collectives (training/link.py `sharded_calls`), left out for DDP and in runs from
+    # before they were measured: the all-gather and reduce-scatter of `message_bytes` and of one element per
+    # rank, each the mean seconds per call as `seconds_per_all_reduce` is; FSDP2's all-gather and
+    # reduce-scatter of one unit per call (copy-in, copy-out, hooks and the call), None where noise hid it.
+    shard_group_size: int | None = None  # the processes they span: world_size, or one machine's (hybrid)
+    seconds_per_all_gather: float | None = None
+    all_gather_latency_s: float | None = None
+    seconds_per_reduce_scatter: float | None = None
+    reduce_scatter_latency_s: float | None = None
+    fsdp_all_gather_call_s: float | None = None
+    fsdp_kept_all_gather_call_s: float | None = None  # units kept gathered after forward (fsdp_zero2)
+    fsdp_reduce_scatter_call_s: float | None = None
+
+    _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
+        {
+            "shard_group_size",
+            "seconds_per_all_gather",
+            "all_gather_latency_s",
+            "seconds_per_reduce_scatter",
+            "reduce_scatter_latency_s",
+            "fsdp_all_gather_call_s",
+            "fsdp_kept_all_gather_call_s",
+            "fsdp_reduce_scatter_call_s",
+        }
+    )
 
 
 @dataclass(frozen=True)

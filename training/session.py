@@ -53,7 +53,7 @@ from training.faults import fresh_store_on_restart, restart_count
 from training.geometry import BatchGeometry, batch_geometry
 from training.hardware import PeakFlops, peak_flops
 from training.init_from import InitSource, can_read_weights, earlier_source, init_source, unreadable_error
-from training.link import measure_link
+from training.link import measure_model_link
 from training.memory import MemoryProbe
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
 from training.record import (
@@ -192,8 +192,9 @@ def set_up(cfg: TrainConfig) -> Session:
     # before a resume restores the RNG.
     peak = peak_flops(processes.accelerator.device, trainable.effective.precision, cfg.data.resolved_cache_dir())
     record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
-    # The link as this run found it, before any training traffic; with the repeat, part of the record.
-    link = measure_link(processes.accelerator.device, trainable.n_params, next(trainable.model.parameters()).dtype)
+    # The link as this run found it, before any training traffic; with the repeat, part of the record. A
+    # sharding run also prices its own all-gathers and reduce-scatters, and FSDP2's per-unit calls.
+    link = measure_model_link(processes.accelerator.device, trainable.model, trainable.n_params)
     # A resumed run keeps the source of the weights its first launch started from.
     initialised = (
         processes.init_from.record() if processes.init_from else (earlier_source(out) if resume_from else None)
