@@ -4,18 +4,25 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
+from analysis.permutation import exact_p
 from analysis.survival import (
     EXACT_LOG_RANK,
     LARGE_SAMPLE_LOG_RANK,
     LATER,
     SOONER,
     Observation,
+    _log_rank,
+    _log_rank_test,
     kaplan_meier,
     log_rank,
     median_time,
+    ranked,
 )
 
 
@@ -129,3 +136,37 @@ def test_a_relabelling_with_nothing_to_compare_counts_as_a_statistic_of_zero() -
     # left out of both tails they would lower it to 14/15.
     zero = log_rank([*not_before(1.0), *reached(3.0)], [*not_before(1.0), *reached(2.0, 2.0), *not_before(3.0)])
     assert zero.statistic == pytest.approx(0.0) and zero.p_value == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([0.5, 1.0, 1.25, 2.0, 7.5, 30.0]), st.booleans()), min_size=2, max_size=9),
+    st.integers(1, 8),
+)
+def test_the_log_rank_of_the_times_is_that_of_their_ranks(runs: list[tuple[float, bool]], cut: int) -> None:
+    # log_rank computes on ranks (and caches by them): it must be scipy's statistic and the exact p of the times
+    # themselves, ties and censoring included, which the uncached reference below recomputes.
+    cut = min(cut, len(runs) - 1)
+    a, b = [Observation(*r) for r in runs[:cut]], [Observation(*r) for r in runs[cut:]]
+    test = log_rank(a, b)
+    z, large_sample_p = _log_rank(a, b)
+    if not math.isfinite(z):
+        assert test.statistic in (None, 0.0)
+        return
+    assert test.statistic == z
+    if test.test == EXACT_LOG_RANK:
+        pooled = [*a, *b]
+
+        def statistic(x, y) -> float:
+            value = _log_rank([pooled[i] for i in x], [pooled[i] for i in y])[0]
+            return value if math.isfinite(value) else 0.0
+
+        assert test.p_value == exact_p(np.arange(len(a)), np.arange(len(a), len(pooled)), statistic, False)
+    assert ranked(a, b) == ranked(list(reversed(a)), list(reversed(b)))  # the order within a side is no key
+
+
+def test_runs_whose_times_order_alike_share_one_enumeration() -> None:
+    _log_rank_test.cache_clear()
+    first = log_rank(reached(1.0, 2.0, 3.0), reached(4.0, 5.0, 6.0))
+    again = log_rank(reached(10.0, 20.5, 30.0), reached(44.0, 51.0, 61.0))
+    assert first == again and _log_rank_test.cache_info().hits == 1
