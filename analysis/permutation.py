@@ -73,6 +73,32 @@ def exact_p(
     return float(result.pvalue)
 
 
+def exact_p_of_many(
+    x: np.ndarray, y: np.ndarray, statistic: Callable[..., np.ndarray], chunk: int = 2_000
+) -> np.ndarray:
+    """`exact_p` of many pairs of samples of the same sizes at once: row i of `x` (pairs, n1) against row i of
+    `y` (pairs, n2), two runs or more a side, `statistic` vectorized with an `axis` argument. The same scipy
+    test as exact_p, batched along the first axis (`chunk` pairs per call, which bounds the relabellings held
+    at once): an A/A calibration tests thousands of splits of one pool, and one call per split is most of
+    its time."""
+    if x.ndim != 2 or y.ndim != 2 or x.shape[0] != y.shape[0] or min(x.shape[1], y.shape[1]) < 2:
+        raise ValueError("exact_p_of_many takes (pairs, n1) and (pairs, n2) arrays with n1, n2 >= 2")
+    out = np.empty(x.shape[0])
+    for start in range(0, x.shape[0], chunk):
+        stop = start + chunk
+        result = stats.permutation_test(
+            (x[start:stop], y[start:stop]),
+            statistic,
+            permutation_type="independent",
+            vectorized=True,
+            n_resamples=np.inf,
+            alternative="two-sided",
+            axis=-1,
+        )
+        out[start:stop] = result.pvalue
+    return out
+
+
 def _one_against_many(x: np.ndarray, y: np.ndarray, statistic: Callable[[np.ndarray, np.ndarray], float]) -> float:
     """A side of one run, which scipy's permutation_test refuses: its n1 + n2 relabellings (which run is the
     lone one) enumerated here, the p-value counted as scipy counts it (twice the smaller tail, ties within

@@ -14,6 +14,7 @@ from analysis.permutation import (
     MAX_REPEATS,
     SIGNIFICANCE,
     exact_p,
+    exact_p_of_many,
     is_exact,
     mean_difference,
     repeats_for_a_verdict,
@@ -110,3 +111,27 @@ def test_one_run_against_many_counts_ties_as_scipy_does(table: dict[float, float
     # The lone run on the other side: the same relabellings, the statistic read the other way round.
     flipped = {float(k): v for k, v in table.items()}
     assert exact_p(y, x, lambda rest, one: flipped[float(one[0])], False) == pytest.approx(expected)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), min_size=8, max_size=8),  # small integers: ties between and within the sides
+    st.sampled_from([(2, 2), (2, 3), (3, 3), (4, 4), (3, 5)]),
+)
+def test_the_batched_exact_p_is_exact_p_split_for_split(levels: list[int], sizes: tuple[int, int]) -> None:
+    # Every split of these counts of a pool of 8, batched in chunks of 7 (a last chunk smaller), against exact_p.
+    logs = np.log1p(np.asarray(levels, dtype=float) / 10)
+    n1, n2 = sizes
+    chosen = [
+        (a, b)
+        for a in itertools.combinations(range(8), n1)
+        for b in itertools.combinations([i for i in range(8) if i not in a], n2)
+    ][:40]
+    x, y = logs[[list(a) for a, _ in chosen]], logs[[list(b) for _, b in chosen]]
+    batched = exact_p_of_many(x, y, mean_difference, chunk=7)
+    assert batched.tolist() == [exact_p(x[i], y[i], mean_difference, True) for i in range(len(chosen))]
+
+
+def test_the_batched_exact_p_refuses_a_side_of_one() -> None:
+    with pytest.raises(ValueError, match="n1, n2 >= 2"):
+        exact_p_of_many(np.ones((3, 1)), np.ones((3, 2)), mean_difference)
