@@ -15,20 +15,23 @@ does (docs/statistics.md).
 
 With --runs, the runs are real: OUT is an A/A experiment's folder (`python -m analysis.experiment --strategies ddp
 ddp --repeats 6`: 12 runs of one strategy), or any folder whose run folders all hold one strategy. Its runs are
-pooled and split into two groups of n (n = 2 to 5), every distinct split where there are at most --splits of
-them, else that many drawn without replacement from the seed; each split goes through the report's comparison
-of every figure and of the time to the target, and a `higher`/`lower`/`sooner`/`later` is a false verdict. The
-splits share runs, so they are not independent experiments: the rate they give is the machine's, measured on
-these runs, with more scatter than a binomial count of independent pairs would have.
+pooled and split into two groups of n (n = 2 to 5), every distinct split (or, with --splits N, N drawn without
+replacement from the seed); each split goes through the report's comparison of every figure and of the time to
+the target, and a `higher`/`lower`/`sooner`/`later` is a false verdict. Every split is one relabelling of the
+pooled runs, so this count checks the verdict's arithmetic on real figures (ties, points, margins), not the
+machine: an exact test's splits are exchangeable by construction. What the machine does shows in the two
+single trials printed after it: the arms as the experiment ran them (ddp#2 against ddp, interleaved), and the
+second half of the runs in launch order (runs/order.json) against the first (drift).
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import sys
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -37,21 +40,27 @@ import numpy as np
 from scipy import stats
 
 from analysis.compare import target_loss as target_loss_flag
+from analysis.permutation import SIGNIFICANCE, exact_p_of_many, is_exact, mean_difference
 from analysis.runs import Run, load_run, sort_runs
+from analysis.survival import LATER, SOONER, Observation, log_rank
 from analysis.uncertainty import (
     HIGHER,
     LOWER,
+    SAME,
     THROUGHPUT,
     Comparison,
     Figure,
+    TargetPoint,
     compare_figure,
+    group_by_strategy,
     run_figures,
     step_bootstrap_comparison,
     target_comparisons,
+    target_observations,
 )
 from training import run_schema as schema
 from training.cli import EXIT_BAD_INPUT, OneLineParser
-from training.record import EvalLine, RunTotals, TrainLine
+from training.record import EvalLine, RunSummary, RunTotals, TrainLine
 
 REPEATS = (1, 2, 3, 4, 5, 10, 18)  # one run each, the real A/A splits' 2 to 5, docs/statistics.md's repeat counts
 HEAVY_REPEATS = (4, 5, 10)
@@ -139,10 +148,11 @@ class Calibration:
     trials: int
     false_verdicts: int  # A/A pairs called higher or lower
     detected: int  # B/A pairs (B 10% faster) called higher, B over A
+    null_trials: int | None = None  # A/A comparisons where not `trials` pairs: every split of each A/A pool
 
     @property
     def false_rate(self) -> float:
-        return self.false_verdicts / self.trials
+        return self.false_verdicts / (self.trials if self.null_trials is None else self.null_trials)
 
     @property
     def power(self) -> float:
@@ -186,7 +196,7 @@ def binomial_upper_count(trials: int, rate: float, alpha: float) -> int:
 
 
 TARGET_REPEATS = (3, 4, 5)  # 3: no verdict is possible; 4: the fewest at which one pair can have one
-TARGET_TRIALS = 200  # the exact log-rank recomputes scipy's statistic per relabelling: 252 at 5 runs each
+TARGET_TRIALS = 400  # A/A pools (each split every way) and B/A pairs per row
 TARGET_LOSS, TARGET_STEP = 7.0, 15
 
 
@@ -196,8 +206,6 @@ def exact_target_rate(repeats: int, level: float = 0.05) -> tuple[int, int]:
     relabelling is equally likely, so this is the test's size, with no sampling error (0 of 20 at 3 each, 2 of 70
     at 4, 12 of 252 = 4.76% at 5). The report's verdict also needs the medians to differ by the margin, so its
     rate is at most this."""
-    from analysis.survival import Observation, log_rank
-
     total = hits = 0
     for a in itertools.combinations(range(2 * repeats), repeats):
         b = [i for i in range(2 * repeats) if i not in a]
@@ -221,13 +229,22 @@ def target_run(strategy: str, times: np.ndarray, tokens_per_step: int, index: in
 
 
 def calibrate_target(
-    repeats: int, trials: int = TARGET_TRIALS, seed: int = SEED, model: StepTimeModel = StepTimeModel()
+    repeats: int,
+    trials: int = TARGET_TRIALS,
+    seed: int = SEED,
+    model: StepTimeModel = StepTimeModel(),
+    every_split: bool = False,
 ) -> Calibration:
     """`trials` A/A and B/A pairs of `repeats` runs each through the report's time-to-target comparison
     (`target_comparisons`): a false verdict is `sooner` or `later` on the seconds or the tokens of an A/A
-    pair; the power, B (10% faster steps) called `sooner` than A on the seconds."""
+    pair; the power, B (10% faster steps) called `sooner` than A on the seconds.
+
+    `every_split`: each A/A pair's 2n runs are pooled and every split of them into n and n is compared, as the
+    count over real runs does: the false verdicts of a pool's splits are then counted exactly, and only the
+    draw of the `trials` pools scatters (an exact test decides at most 6 of the 126 splits of 10 runs)."""
     rng = np.random.default_rng([seed, repeats, 1])
     counts = []
+    chosen = list(splits(2 * repeats, repeats, None, rng)) if every_split else []
     for speed in (1.0, DIFFERENCE):
         times_a = model.step_times(rng, trials * repeats).reshape(trials, repeats, model.steps)
         times_b = model.step_times(rng, trials * repeats, speed).reshape(trials, repeats, model.steps)
@@ -238,30 +255,47 @@ def calibrate_target(
                 "b": [target_run("b", t, model.tokens_per_step, i) for i, t in enumerate(times_b[trial])],
                 "a": [target_run("a", t, model.tokens_per_step, i) for i, t in enumerate(times_a[trial])],
             }
+            if speed == 1.0 and every_split:
+                pool = [*runs["a"], *runs["b"]]
+                verdicts = _target_split_verdicts(pool, TARGET_LOSS, chosen)
+                hits += sum(any(said in FALSE for said in split.values()) for split in verdicts)
+                continue
             pairs = target_comparisons(runs, TARGET_LOSS)
             if speed == 1.0:
-                hits += any(p["verdict"] in ("sooner", "later") for p in pairs)
+                hits += any(p["verdict"] in FALSE for p in pairs)
             else:
-                hits += any(p["figure"] == "seconds" and p["verdict"] == "sooner" for p in pairs)
+                hits += any(p["figure"] == "seconds" and p["verdict"] == SOONER for p in pairs)
         counts.append(hits)
-    return Calibration(repeats, trials, counts[0], counts[1])
+    return Calibration(repeats, trials, counts[0], counts[1], trials * len(chosen) if every_split else None)
 
 
 # ---------------------------------------------------------------------------------------------
 # A/A splits of real runs
 
 REAL_REPEATS = (2, 3, 4, 5)
-REAL_SPLITS = 200  # per n: every split where there are fewer, else this many drawn from the seed
-FALSE = frozenset({HIGHER, LOWER, "sooner", "later"})
+FALSE = frozenset({HIGHER, LOWER, SOONER, LATER})
+# A verdict needs p below SIGNIFICANCE (`verdict`, `_target_verdict`): a split whose exact p is at least twice
+# that cannot give one, and only the others go through the report's comparison, which decides.
+SCREEN = 2 * SIGNIFICANCE
 
 
 class PoolError(ValueError):
     """A folder that is no A/A pool (no runs, or runs of several strategies); the message is one line."""
 
 
+class PooledRun(Run):
+    """A run read from its folder whose summary is read into its record once: Run reads it afresh at every
+    access (to follow edits), which would be most of the time of a count over every split of the pool."""
+
+    @cached_property
+    def record(self) -> RunSummary | None:  # type: ignore[override]
+        return super().record
+
+
 def pooled_runs(folder: Path) -> list[Run]:
     """The complete runs below `folder` (an experiment's OUT, or its runs/), which must all be one strategy."""
-    runs = [load_run(path.parent) for path in sorted(folder.glob("**/summary.json"))]
+    loaded = [load_run(path.parent) for path in sorted(folder.glob("**/summary.json"))]
+    runs: list[Run] = [PooledRun(**{f.name: getattr(run, f.name) for f in fields(Run)}) for run in loaded]
     runs = [run for run in runs if run.usable and run.complete]
     if len(runs) < 2 * REAL_REPEATS[0]:
         raise PoolError(f"{folder} holds {len(runs)} complete runs; an A/A split needs at least {2 * REAL_REPEATS[0]}")
@@ -301,21 +335,24 @@ def distinct_splits(pool: int, n: int) -> int:
     return math.comb(pool, n) * math.comb(pool - n, n) // 2
 
 
-def splits(pool: int, n: int, limit: int, rng: np.random.Generator) -> Iterator[tuple[tuple[int, ...], ...]]:
-    """Two groups of n run indices each: every distinct split when there are at most `limit`, else `limit`
-    distinct ones drawn at random."""
-    if distinct_splits(pool, n) <= limit:
+Split = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def splits(pool: int, n: int, limit: int | None, rng: np.random.Generator) -> Iterator[Split]:
+    """Two groups of n run indices each: every distinct split (each once, the smaller first) when `limit` is None
+    or at least their number, else `limit` distinct ones drawn at random."""
+    if limit is None or distinct_splits(pool, n) <= limit:
         for a in itertools.combinations(range(pool), n):
             rest = [i for i in range(pool) if i not in a]
             yield from ((a, b) for b in itertools.combinations(rest, n) if a < b)
         return
-    seen: set[tuple[tuple[int, ...], ...]] = set()
+    seen: set[Split] = set()
     while len(seen) < limit:
         order = rng.permutation(pool)
         split = tuple(sorted((tuple(sorted(order[:n].tolist())), tuple(sorted(order[n : 2 * n].tolist())))))
         if split not in seen:
             seen.add(split)
-            yield split
+            yield split  # type: ignore[misc]
 
 
 @dataclass(frozen=True)
@@ -343,39 +380,198 @@ def default_target(runs: Sequence[Run]) -> float | None:
     return None
 
 
-def calibrate_real(
-    runs: Sequence[Run], target: float | None, limit: int = REAL_SPLITS, seed: int = SEED
-) -> list[RealCount]:
-    """Per figure (the time and the tokens to `target` included, when given) and n, the false verdicts over
-    the splits of `runs` into two groups of n, through the report's own comparisons of one pair."""
-    figures = run_figures(runs)
-    counts: dict[tuple[str, int], list[int]] = {}
-    for n in (n for n in REAL_REPEATS if 2 * n <= len(runs)):
-        rng = np.random.default_rng([seed, n])
-        for a, b in splits(len(runs), n, limit, rng):
-            side_a, side_b = [runs[i] for i in a], [runs[i] for i in b]
-            verdicts = {
-                f.name: c.verdict for f in figures if (c := compare_figure(f, "b", side_b, "a", side_a)) is not None
-            }
-            if target is not None:
-                verdicts |= {
-                    f"{TO_TARGET}{p['figure']}": p["verdict"]
-                    for p in target_comparisons({"b": side_b, "a": side_a}, target)
-                }
-            for name, said in verdicts.items():
-                tally = counts.setdefault((name, n), [0, 0])
-                tally[0] += 1
-                tally[1] += said in FALSE
-    return [
-        RealCount(name, n, seen, distinct_splits(len(runs), n), false) for (name, n), (seen, false) in counts.items()
-    ]
+def _sides(runs: Sequence[Run], split: Split) -> tuple[list[Run], list[Run]]:
+    return [runs[i] for i in split[0]], [runs[i] for i in split[1]]
+
+
+def split_p_values(figure: Figure, runs: Sequence[Run], chosen: Sequence[Split]) -> np.ndarray | None:
+    """The exact p `compare_figure` tests each split with (the difference of mean logarithms over every
+    relabelling of its runs), for all of `chosen` in batched calls of the same scipy test (`exact_p_of_many`).
+    None where compare_figure would test something else: a run without the figure or with a value not positive,
+    groups of one run or beyond the exact test's limit."""
+    values = [figure.value(run) for run in runs]
+    if not chosen or any(v is None or not math.isfinite(v) or v <= 0 for v in values):
+        return None
+    n1, n2 = len(chosen[0][0]), len(chosen[0][1])
+    if min(n1, n2) < 2 or not is_exact(n1, n2) or any((len(a), len(b)) != (n1, n2) for a, b in chosen):
+        return None
+    logs = np.log(np.asarray(values, dtype=float))
+    return exact_p_of_many(logs[[list(a) for a, _ in chosen]], logs[[list(b) for _, b in chosen]], mean_difference)
+
+
+def _figure_count(figure: Figure, runs: Sequence[Run], chosen: Sequence[Split]) -> tuple[int, int]:
+    """(splits compared, false verdicts) of one figure: each split that can give a verdict, or every split
+    where its p cannot be batched, through `compare_figure`."""
+    if all(figure.value(run) is None for run in runs):
+        return 0, 0  # no run has it (a step peak on a CPU without the record): compare_figure has nothing
+    p = split_p_values(figure, runs, chosen)
+    compared = false = 0
+    for k, split in enumerate(chosen):
+        if p is not None and p[k] >= SCREEN:  # no verdict possible; compare_figure returns a comparison here
+            compared += 1
+            continue
+        side_a, side_b = _sides(runs, split)
+        result = compare_figure(figure, "b", side_b, "a", side_a)
+        compared += result is not None
+        false += result is not None and result.verdict in FALSE
+    return compared, false
 
 
 TO_TARGET = "to target: "
+TARGET_FIGURES = ("seconds", "tokens")
 
 
-def real_table(folder: Path, target: float | None, limit: int, seed: int) -> list[str]:
-    """The printed table of --runs: one line per figure, one column per n."""
+def _target_split_verdicts(runs: Sequence[Run], target: float, chosen: Sequence[Split]) -> Iterator[dict[str, str]]:
+    """Per split of `chosen`, the verdict on the time and on the tokens to `target`. Each run's point at the target
+    is taken once (`target_observations` is per run); a split whose log-rank p on either figure (the report's own
+    `log_rank`, exact and cached by the order of the times) is below SCREEN goes through `target_comparisons`,
+    which decides; the others are `no detectable difference`, which is all `_target_verdict` gives a p at least
+    0.05. Where a run has no evaluation, every split goes through target_comparisons."""
+    points = [target_observations([run], target, None) for run in runs]
+    screened = all(points)
+    for a, b in chosen:
+        if screened:
+            tests = [log_rank(_observations(points, a, key), _observations(points, b, key)) for key in TARGET_FIGURES]
+            if all(t.p_value is None or t.p_value >= SCREEN for t in tests):
+                yield dict.fromkeys(TARGET_FIGURES, SAME)
+                continue
+        side_a, side_b = _sides(runs, (a, b))
+        yield {pair["figure"]: pair["verdict"] for pair in target_comparisons({"b": side_b, "a": side_a}, target)}
+
+
+def _target_counts(runs: Sequence[Run], target: float, chosen: Sequence[Split]) -> dict[str, tuple[int, int]]:
+    """(splits compared, false verdicts) of the time and the tokens to `target`."""
+    tally = {key: [0, 0] for key in TARGET_FIGURES}
+    for verdicts in _target_split_verdicts(runs, target, chosen):
+        for key, said in verdicts.items():
+            tally[key][0] += 1
+            tally[key][1] += said in FALSE
+    return {key: (seen, false) for key, (seen, false) in tally.items()}
+
+
+def _observations(
+    points: Sequence[list[tuple[TargetPoint, bool]]], group: Sequence[int], key: str
+) -> list[Observation]:
+    """The group's runs as `target_comparisons` hands them to the log-rank test."""
+    return [Observation(getattr(p, key), reached) for i in group for p, reached in points[i]]
+
+
+def calibrate_real(
+    runs: Sequence[Run], target: float | None, limit: int | None = None, seed: int = SEED
+) -> list[RealCount]:
+    """Per figure (the time and the tokens to `target` included, when given) and n, the false verdicts over
+    the splits of `runs` into two groups of n, through the report's own comparisons of one pair: every split,
+    or `limit` drawn at random from the seed. A figure no split could compare has no count."""
+    figures = run_figures(runs)
+    counts = []
+    for n in (n for n in REAL_REPEATS if 2 * n <= len(runs)):
+        chosen = list(splits(len(runs), n, limit, np.random.default_rng([seed, n])))
+        distinct = distinct_splits(len(runs), n)
+        tallies = {f.name: _figure_count(f, runs, chosen) for f in figures}
+        if target is not None:
+            tallies |= {f"{TO_TARGET}{key}": c for key, c in _target_counts(runs, target, chosen).items()}
+        counts += [RealCount(name, n, seen, distinct, false) for name, (seen, false) in tallies.items() if seen]
+    return counts
+
+
+# ---------------------------------------------------------------------------------------------
+# What the splits cannot see: the arms as run, and drift over the launch order
+
+ORDER_FILE = "order.json"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """Two groups of a real A/A experiment's runs compared once, per figure: (verdict, p). One trial per
+    experiment, not a rate: many experiments make a rate."""
+
+    name: str
+    runs_a: int
+    runs_b: int
+    verdicts: dict[str, tuple[str, float | None]]
+
+    @property
+    def flagged(self) -> list[str]:
+        """The figures given a verdict: for two groups of one strategy, a false one."""
+        return [name for name, (said, _) in self.verdicts.items() if said in FALSE]
+
+
+def pair_verdicts(
+    runs_a: Sequence[Run], runs_b: Sequence[Run], target: float | None, names: tuple[str, str] = ("a", "b")
+) -> dict[str, tuple[str, float | None]]:
+    """a against b on every figure and, with `target`, the time and the tokens to it: the report's verdicts of
+    this one pair and their p."""
+    a, b = names
+    out = {}
+    for figure in run_figures([*runs_a, *runs_b]):
+        result = compare_figure(figure, a, runs_a, b, runs_b)
+        if result is not None:
+            out[figure.name] = (result.verdict, result.p_adjusted)
+    if target is not None:
+        for pair in target_comparisons({a: list(runs_a), b: list(runs_b)}, target):
+            out[f"{TO_TARGET}{pair['figure']}"] = (pair["verdict"], pair["p_adjusted"])
+    return out
+
+
+def arms_as_run(runs: Sequence[Run], target: float | None) -> Trial | None:
+    """The second arm against the first as the experiment ran them (ddp#2 against ddp, interleaved): the
+    experiment's own A/A comparison. None unless the runs hold exactly two arms."""
+    groups = group_by_strategy(runs)
+    if len(groups) != 2:
+        return None
+    (first, runs_1), (second, runs_2) = groups.items()
+    name = f"as run: {second} vs {first} ({len(runs_2)} vs {len(runs_1)})"
+    return Trial(name, len(runs_2), len(runs_1), pair_verdicts(runs_2, runs_1, target, (second, first)))
+
+
+def order_file(folder: Path) -> Path | None:
+    """The experiment's record of its launch order: OUT/runs/order.json, given OUT or OUT/runs."""
+    for path in (folder / "runs" / ORDER_FILE, folder / ORDER_FILE):
+        if path.is_file():
+            return path
+    return None
+
+
+def launch_order(folder: Path, runs: Sequence[Run]) -> list[Run] | None:
+    """`runs` in the order the experiment launched them (order.json's rows; a run launched again after an
+    interruption at its last launch). None when there is no order.json or it does not name every run."""
+    path = order_file(folder)
+    if path is None:
+        return None
+    try:
+        rows = json.loads(path.read_text(encoding="utf-8"))["runs"]
+        dirs = [Path(row["run_dir"]).parts for row in rows]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    base = path.parent.resolve()
+    position = {}
+    for run in runs:
+        try:
+            tail = run.path.resolve().relative_to(base).parts  # arm/rK below runs/, however OUT was spelt
+        except ValueError:
+            return None
+        at = [i for i, parts in enumerate(dirs) if parts[len(parts) - len(tail) :] == tail]
+        if not at:
+            return None
+        position[id(run)] = at[-1]
+    return sorted(runs, key=lambda run: position[id(run)])
+
+
+def drift(folder: Path, runs: Sequence[Run], target: float | None) -> Trial | None:
+    """The second half of the runs in launch order against the first (the middle one left out of an odd
+    pool): a machine that slows down over the experiment shows here, and in no split of the pooled runs.
+    None without a launch order naming every run."""
+    ordered = launch_order(folder, runs)
+    if ordered is None:
+        return None
+    half = len(ordered) // 2
+    first, second = ordered[:half], ordered[len(ordered) - half :]
+    name = f"drift: last {half} launched vs first {half}"
+    return Trial(name, half, half, pair_verdicts(second, first, target, ("second half", "first half")))
+
+
+def real_table(folder: Path, target: float | None, limit: int | None, seed: int) -> list[str]:
+    """The printed table of --runs: one line per figure, one column per n, then the two single trials."""
     runs = pooled_runs(folder)
     target = target if target is not None else default_target(runs)
     counts = calibrate_real(runs, target, limit, seed)
@@ -383,19 +579,41 @@ def real_table(folder: Path, target: float | None, limit: int, seed: int) -> lis
     ns = sorted(per_n)
     by = {(c.figure, c.repeats): c for c in counts}
     target_line = f"target loss {target:.4g}" if target is not None else "no target (the runs have no falling loss)"
+    how = "every split" if limit is None else f"at most {limit} splits per n drawn with seed {seed}"
     lines = [
-        f"{len(runs)} complete {runs[0].strategy} runs of {folder}, pooled; {target_line}; seed {seed}",
+        f"{len(runs)} complete {runs[0].strategy} runs of {folder}, pooled; {target_line}; {how}",
         "splits per n (of the distinct splits): "
-        + ", ".join(f"n={n}: {per_n[n]} (of {distinct_splits(len(runs), n):,})" for n in ns),
-        f"{'figure':<28}" + "".join(f"{f'n={n}':>16}" for n in ns),
+        + ", ".join(f"n={n}: {per_n[n]:,} (of {distinct_splits(len(runs), n):,})" for n in ns),
+        f"{'figure':<28}" + "".join(f"{f'n={n}':>22}" for n in ns),
     ]
-    for name in dict.fromkeys(f for f, _ in by):
+    names = list(dict.fromkeys(f for f, _ in by))
+    for name in names:
         cells = [by.get((name, n)) for n in ns]
         lines.append(
             f"{name:<28}"
-            + "".join(f"{f'{c.false_verdicts}/{c.splits} {c.false_rate:.1%}':>16}" if c else f"{'':>16}" for c in cells)
+            + "".join(
+                f"{f'{c.false_verdicts:,}/{c.splits:,} {c.false_rate:.2%}':>22}" if c else f"{'':>22}" for c in cells
+            )
         )
+    as_run, drifted = arms_as_run(runs, target), drift(folder, runs, target)
+    lines.append("single trials (one per experiment: a verdict is this experiment's outcome, not a rate):")
+    if as_run is None:
+        lines.append(f"as run: none (the runs hold {len(group_by_strategy(runs))} arms, not 2)")
+    if drifted is None:
+        lines.append(f"drift: none (no runs/{ORDER_FILE} naming every run)")
+    trials = [t for t in (as_run, drifted) if t is not None]
+    if trials:
+        lines.append(f"{'figure':<28}" + "".join(f"  {t.name:<44}" for t in trials))
+        for name in dict.fromkeys([*names, *(f for t in trials for f in t.verdicts)]):
+            lines.append(f"{name:<28}" + "".join(f"  {_verdict_cell(t.verdicts.get(name)):<44}" for t in trials))
     return lines
+
+
+def _verdict_cell(cell: tuple[str, float | None] | None) -> str:
+    if cell is None:
+        return ""
+    said, p = cell
+    return said if p is None else f"{said}, p = {p:.3g}"
 
 
 def table(trials: int, seed: int) -> list[str]:
@@ -409,15 +627,21 @@ def table(trials: int, seed: int) -> list[str]:
         f"{'method':<36} {'runs each':>9} {'false verdicts':>15} {'power':>7}",
     ]
     lines += [f"{name:<36} {c.repeats:>9} {c.false_rate:>15.1%} {c.power:>7.1%}" for name, c in rows]
+    pools = min(trials, TARGET_TRIALS)
     targets = [
-        (f"time to target{label}", calibrate_target(n, min(trials, TARGET_TRIALS), seed, model))
+        (f"time to target{label}", calibrate_target(n, pools, seed, model, every_split=True))
         for label, model in (("", StepTimeModel()), (", heavy tails", HEAVY_TAILS))
         for n in TARGET_REPEATS
     ]
     lines.append(
-        f"time to target: {min(trials, TARGET_TRIALS)} A/A and B/A pairs per row, loss reached at step {TARGET_STEP}"
+        f"time to target: false verdicts over every split of {pools} A/A pools of 2n runs, power over {pools} B/A "
+        f"pairs; loss reached at step {TARGET_STEP}"
     )
-    lines += [f"{name:<36} {c.repeats:>9} {c.false_rate:>15.1%} {c.power:>7.1%}" for name, c in targets]
+    lines += [
+        f"{name:<36} {c.repeats:>9} {c.false_rate:>15.2%} {c.power:>7.1%} "
+        f"({c.false_verdicts:,} of {c.null_trials:,} splits)"
+        for name, c in targets
+    ]
     lines.append("time to target, exact: the exact log-rank test's size over every relabelling (no sampling error)")
     for n in TARGET_REPEATS:
         hits, total = exact_target_rate(n)
@@ -444,13 +668,16 @@ def main(argv: list[str] | None = None) -> int:
         "run's first and last validation loss)",
     )
     parser.add_argument(
-        "--splits", type=int, default=REAL_SPLITS, help=f"with --runs: splits per n at most (default {REAL_SPLITS})"
+        "--splits",
+        type=int,
+        help="with --runs: draw this many splits per n at random from the seed instead of taking every split "
+        "(default: every split, no sampling error)",
     )
     args = parser.parse_args(argv)
     if args.trials < 1:
         print("error: --trials must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.splits < 1:
+    if args.splits is not None and args.splits < 1:
         print("error: --splits must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.runs is None:

@@ -116,3 +116,13 @@ def test_repeats_needed_follows_the_power_arithmetic(ratio: float, sigma: float,
 def test_bad_trials_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--trials", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --trials must be at least 1"
+
+
+@pytest.mark.parametrize("repeats, splits, most", [(4, 35, 1), (5, 126, 6)])
+def test_time_to_target_over_every_split_of_each_pool_is_exact_within_it(repeats: int, splits: int, most: int) -> None:
+    # Each A/A pool of 2n simulated runs is split every way: at most the exact test's share of a pool's splits
+    # (1 of 35 at 4 each, 6 of 126 at 5) is a verdict, so the rate never exceeds 2.86% or 4.76% by scatter.
+    result = calibrate_target(repeats, 4, every_split=True)
+    assert result.null_trials == 4 * splits and result.trials == 4
+    assert 0 < result.false_verdicts <= 4 * most
+    assert result.false_rate <= FALSE_RATE_BOUND
