@@ -126,3 +126,13 @@ def test_time_to_target_over_every_split_of_each_pool_is_exact_within_it(repeats
     assert result.null_trials == 4 * splits and result.trials == 4
     assert 0 < result.false_verdicts <= 4 * most
     assert result.false_rate <= FALSE_RATE_BOUND
+
+
+@pytest.mark.parametrize("repeats, splits, most", [(4, 35, 1), (5, 126, 6)])
+def test_throughput_over_every_split_of_each_pool_is_exact_within_it(repeats: int, splits: int, most: int) -> None:
+    # The same at the exact test's repeat counts for the throughput; the B/A pairs are those of the pairwise count.
+    result = calibrate(repeats, 10, every_split=True)
+    assert result.null_trials == 10 * splits and 0 < result.false_verdicts <= 10 * most
+    assert result.detected == calibrate(repeats, 10).detected
+    with pytest.raises(ValueError, match=r"\(compare_figure\) only"):
+        calibrate(repeats, 1, method=step_bootstrap_comparison, every_split=True)
