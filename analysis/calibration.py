@@ -370,10 +370,10 @@ def splits(pool: int, n: int, limit: int | None, rng: np.random.Generator) -> It
     seen: set[Split] = set()
     while len(seen) < limit:
         order = rng.permutation(pool)
-        split = tuple(sorted((tuple(sorted(order[:n].tolist())), tuple(sorted(order[n : 2 * n].tolist())))))
-        if split not in seen:
-            seen.add(split)
-            yield split  # type: ignore[misc]
+        first, second = sorted((tuple(sorted(order[:n].tolist())), tuple(sorted(order[n : 2 * n].tolist()))))
+        if (first, second) not in seen:
+            seen.add((first, second))
+            yield first, second
 
 
 @dataclass(frozen=True)
