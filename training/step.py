@@ -165,7 +165,11 @@ def evaluate(accelerator: Accelerator, model: nn.Module, loader: DataLoader) -> 
     losses = []
     for batch in loader:
         logits, _ = model(batch["input_ids"])
-        per_block = F.cross_entropy(logits.float().transpose(1, 2), batch["labels"], reduction="none").mean(dim=1)
+        blocks, length, vocab = logits.shape
+        # The log-softmax over the vocabulary on contiguous rows: over the (B, vocab, T) transpose it read
+        # strided memory and took three times as long (measured on CPU: 0.25 s against 0.075 s for 10 blocks).
+        per_token = F.cross_entropy(logits.float().reshape(-1, vocab), batch["labels"].reshape(-1), reduction="none")
+        per_block = per_token.view(blocks, length).mean(dim=1)
         # gather_for_metrics drops the samples accelerate repeats to even out the last batch.
         losses.append(accelerator.gather_for_metrics(per_block))
     model.train()

@@ -124,6 +124,9 @@ def _score(model: torch.nn.Module, windows: list[list[int]], batch_size: int, de
         for i in range(0, len(group), batch_size):
             batch = torch.tensor(group[i : i + batch_size], dtype=torch.long, device=device)
             logits = model(batch[:, :-1]).logits
-            losses = F.cross_entropy(logits.float().transpose(1, 2), batch[:, 1:], reduction="none")
+            # Over contiguous rows of the vocabulary, as training's evaluation takes it (training/step.py).
+            losses = F.cross_entropy(
+                logits.float().reshape(-1, logits.shape[-1]), batch[:, 1:].reshape(-1), reduction="none"
+            )
             out.append(losses.float().flatten().cpu())
     return out
