@@ -3,6 +3,7 @@ A/A splits of a real experiment's runs.
 
     python -m analysis.calibration [--trials N] [--seed S]
     python -m analysis.calibration --runs OUT [--target_loss L] [--splits N] [--seed S]
+    python -m analysis.calibration --beyond_exact PAIRS [--seed S]
 
 prints, for n = 1 to 5, 10 and 18 runs per strategy, the rate of false throughput verdicts (a `higher` or
 `lower` between two strategies that are the same) and the power (a true 10% difference called in the right
@@ -22,6 +23,10 @@ pooled runs, so this count checks the verdict's arithmetic on real figures (ties
 machine: an exact test's splits are exchangeable by construction. What the machine does shows in the two
 single trials printed after it: the arms as the experiment ran them (ddp#2 against ddp, interleaved), and the
 second half of the runs in launch order (runs/order.json) against the first (drift).
+
+With --beyond_exact, the tests past the exact enumeration limit, where the p is a Monte Carlo permutation p
+(analysis/permutation.py): the throughput verdict of PAIRS A/A pairs at 10 and 18 runs each, and the share of
+the orders of 2n distinct reaching times (all of them at 8 each, PAIRS drawn at 10) whose log-rank p is below 5%.
 """
 
 from __future__ import annotations
@@ -40,10 +45,19 @@ import numpy as np
 from scipy import stats
 
 from analysis.compare import target_loss as target_loss_flag
-from analysis.permutation import SIGNIFICANCE, exact_p_of_many, is_exact, mean_difference
+from analysis.permutation import (
+    SIGNIFICANCE,
+    exact_p_of_many,
+    is_exact,
+    mean_difference,
+    monte_carlo_p_of_many,
+    relabellings,
+    welch_t,
+)
 from analysis.runs import Run, load_run, sort_runs
-from analysis.survival import LATER, SOONER, Observation, log_rank
+from analysis.survival import LATER, SOONER, Observation, log_rank, log_rank_statistics
 from analysis.uncertainty import (
+    CONFIDENCE,
     HIGHER,
     LOWER,
     SAME,
@@ -57,6 +71,7 @@ from analysis.uncertainty import (
     step_bootstrap_comparison,
     target_comparisons,
     target_observations,
+    verdict,
 )
 from training import run_schema as schema
 from training.cli import EXIT_BAD_INPUT, OneLineParser
@@ -234,6 +249,75 @@ def exact_target_rate(repeats: int, level: float = 0.05) -> tuple[int, int]:
         total += 1
         hits += test.p_value is not None and test.p_value < level
     return hits, total
+
+
+FIGURE_BEYOND_EXACT = (10, 18)  # docs/statistics.md's repeat counts, both past the exact limit
+TARGET_BEYOND_EXACT = (8, 10)  # 8 each: the first count past it (12,870 relabellings)
+
+
+def figure_test_size(
+    repeats: int, pairs: int, seed: int = SEED, model: StepTimeModel = StepTimeModel()
+) -> tuple[int, int]:
+    """(false verdicts, pairs): `pairs` A/A pairs of `repeats` runs each given the report's throughput verdict
+    (`verdict` of Welch's interval, the Monte Carlo p of Welch's t and the 2% margin), the tests batched over
+    the pairs: compare_figure gives each pair the same (tests/test_calibration.py checks some)."""
+    rng = np.random.default_rng([seed, repeats, 2])
+    times = model.step_times(rng, 2 * pairs * repeats).reshape(2, pairs, repeats, model.steps)
+    times[0, :, 0] *= model.slow_machine
+    said = throughput_verdicts(times[1], times[0], model.tokens_per_step)
+    return sum(v in (HIGHER, LOWER) for v in said), pairs
+
+
+def throughput_verdicts(times_b: np.ndarray, times_a: np.ndarray, tokens_per_step: int) -> list[str]:
+    """The throughput verdict of B over A for each pair of (pairs, runs, steps) step times, as compare_figure
+    gives it to synthetic runs of these times, with the permutation tests batched over the pairs."""
+    logs_a, logs_b = (np.log(tokens_per_step * t.shape[-1] / t.sum(axis=-1)) for t in (times_a, times_b))
+    p = monte_carlo_p_of_many(logs_b, logs_a, welch_t)
+    interval = stats.ttest_ind(logs_b, logs_a, equal_var=False, axis=-1).confidence_interval(CONFIDENCE)
+    ratios = np.exp(logs_b.mean(axis=-1) - logs_a.mean(axis=-1))
+    margin = schema.THROUGHPUT.margin
+    return [
+        verdict((math.exp(lo), math.exp(hi)), float(r), float(q), margin)
+        for lo, hi, r, q in zip(interval.low, interval.high, ratios, p)
+    ]
+
+
+def target_test_size(repeats: int, draws: int, seed: int = SEED) -> tuple[int, int]:
+    """(orders with log-rank p below 5%, orders): over the orders of 2 x `repeats` distinct times all reaching
+    the target, every one where there are at most `draws`, else `draws` drawn. Under no difference each order is
+    equally likely, so the share is the test's size; the report's verdict also needs the medians apart by the
+    margin, so its rate is at most this. The p is `log_rank`'s for each order (batched over the orders)."""
+    runs = 2 * repeats
+    if relabellings(repeats, repeats) <= draws:
+        sides = np.array(list(itertools.combinations(range(runs), repeats)))
+    else:
+        rng = np.random.default_rng([seed, repeats, 3])
+        sides = np.sort(rng.permuted(np.tile(np.arange(runs), (draws, 1)), axis=1)[:, :repeats], axis=1)
+    p = order_p_values(sides, runs)
+    return int(np.count_nonzero(p < SIGNIFICANCE)), len(sides)
+
+
+def order_p_values(sides: np.ndarray, runs: int) -> np.ndarray:
+    """The log-rank p `log_rank` gives a's times at ranks `sides[k] + 1` of 1 to `runs` (all reached) against the
+    rest, past the exact limit, batched over the rows of `sides`."""
+    rest = np.array([np.setdiff1d(np.arange(runs), side) for side in sides])
+    pooled = [Observation(i + 1.0, True) for i in range(runs)]
+    return monte_carlo_p_of_many(sides, rest, log_rank_statistics(pooled))
+
+
+def beyond_exact_table(pairs: int, seed: int) -> list[str]:
+    """The printed rows of --beyond_exact, with the largest count a true 5% rate gives at 1 in 1,000."""
+    lines = [f"past the exact limit: Monte Carlo permutation p (analysis/permutation.py), seed {seed}"]
+    rows = [(f"throughput, {n} runs each", *figure_test_size(n, pairs, seed)) for n in FIGURE_BEYOND_EXACT]
+    rows += [(f"log-rank p < 5%, {n} runs each", *target_test_size(n, pairs, seed)) for n in TARGET_BEYOND_EXACT]
+    for name, hits, total in rows:
+        bound = binomial_upper_count(total, SIGNIFICANCE, 0.001)
+        low, high = stats.binomtest(hits, total).proportion_ci(0.95)
+        lines.append(
+            f"{name:<32} {hits:>6,} of {total:>7,} = {hits / total:6.2%} (95% CI {low:.2%}-{high:.2%}; "
+            f"a 5% rate exceeds {bound:,} 1 time in 1,000)"
+        )
+    return lines
 
 
 def target_run(strategy: str, times: np.ndarray, tokens_per_step: int, index: int) -> Run:
@@ -700,7 +784,20 @@ def main(argv: list[str] | None = None) -> int:
         help="with --runs: draw this many splits per n at random from the seed instead of taking every split "
         "(default: every split, no sampling error)",
     )
+    parser.add_argument(
+        "--beyond_exact",
+        type=int,
+        metavar="PAIRS",
+        help="print the false-verdict rates of the Monte Carlo permutation tests past the exact limit instead: "
+        "PAIRS A/A pairs per row",
+    )
     args = parser.parse_args(argv)
+    if args.beyond_exact is not None:
+        if args.beyond_exact < 1:
+            print("error: --beyond_exact must be at least 1", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        print("\n".join(beyond_exact_table(args.beyond_exact, args.seed)))
+        return 0
     if args.trials < 1:
         print("error: --trials must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT

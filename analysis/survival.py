@@ -149,7 +149,7 @@ def _log_rank_test(a: tuple[Observation, ...], b: tuple[Observation, ...]) -> Lo
 def log_rank_statistics(pooled: Sequence[Observation]) -> Callable[..., np.ndarray]:
     """The log-rank statistic of many relabellings at once, as a vectorized statistic of index arrays into
     `pooled`: (..., n1) indices of a's runs and (..., n2) of b's. At each reaching time the runs at risk and
-    reaching are sums over a side's runs of fixed 0/1 rows, so one gather and sum gives them for every
+    reaching are sums over a side's runs of fixed 0/1 rows, so one matrix product gives them for every
     relabelling; the statistic is scipy.stats.logrank's (O - E) / sqrt(V), 0 where V is 0 (nothing to compare,
     as in `_relabelled`)."""
     values = np.array([o.value for o in pooled])
@@ -162,8 +162,10 @@ def log_rank_statistics(pooled: Sequence[Observation]) -> Callable[..., np.ndarr
 
     def statistic(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
         side = np.moveaxis(np.asarray(x), axis, -1).astype(int)
-        share = at_risk[side].sum(axis=-2) / n  # a's share of those at risk at each time
-        observed = events[side].sum(axis=(-2, -1))
+        member = np.zeros((side.size // side.shape[-1], len(pooled)))
+        np.put_along_axis(member, side.reshape(member.shape[0], -1), 1.0, axis=-1)
+        share = (member @ at_risk).reshape(*side.shape[:-1], -1) / n  # a's share of those at risk at each time
+        observed = (member @ events).sum(axis=-1).reshape(side.shape[:-1])
         expected = (d * share).sum(axis=-1)
         variance = (d * share * (1 - share) * shrink).sum(axis=-1)
         with np.errstate(divide="ignore", invalid="ignore"):
