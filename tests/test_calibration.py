@@ -179,3 +179,12 @@ def test_past_the_exact_limit_the_orders_log_rank_p_is_log_ranks() -> None:
         b = [Observation(i + 1.0, True) for i in range(16) if i not in side]
         assert got == log_rank(a, b).p_value
     assert p[0] > SIGNIFICANCE > p[1]  # the chi-square's 0.0499 is no verdict; the full separation is one
+
+
+def test_a_slow_machine_is_counted_pairwise_not_pooled() -> None:
+    # Pooled and split every way, A's slow-machine run would land on B's side as often as on A's: the heavy-tail
+    # rows would test exchangeable runs again, which no exact test can fail.
+    with pytest.raises(ValueError, match="pairwise"):
+        calibrate(4, 2, model=HEAVY_TAILS, every_split=True)
+    with pytest.raises(ValueError, match="pairwise"):
+        calibrate_target(4, 2, model=HEAVY_TAILS, every_split=True)
