@@ -281,3 +281,15 @@ def test_the_launch_order_is_order_json_s_whichever_folder_is_given(tmp_path: Pa
         ordered = calibration.launch_order(folder, pooled_runs(folder))
         assert ordered is not None
         assert [(r.arm, r.path.name) for r in ordered] == [(arm, f"r{k}") for arm, k in LAUNCHED]
+
+
+def test_a_trials_verdict_is_its_primary_figures_the_throughput(tmp_path: Path, capsys) -> None:
+    # Throughput, training time and the seconds to the target are one clock read three ways: the drift row's
+    # verdict is the throughput's alone, one test, not the most striking of ten uncorrected ones.
+    out = launched_pool(tmp_path, slowdown=1.10)
+    assert calibration.main(["--runs", str(out), "--splits", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (drift,) = [line for line in lines if line.startswith("drift: last 6 launched vs first 6: primary figure")]
+    assert "tokens_per_s: lower, p = 0.00216 (one trial;" in drift
+    (as_run,) = [line for line in lines if line.startswith("as run: ddp#2 vs ddp (6 vs 6): primary figure")]
+    assert "tokens_per_s: no detectable difference" in as_run
