@@ -147,6 +147,7 @@ def test_throughput_over_every_split_of_each_pool_is_exact_within_it(repeats: in
     # The same at the exact test's repeat counts for the throughput; the B/A pairs are those of the pairwise count.
     result = calibrate(repeats, 10, every_split=True)
     assert result.null_trials == 10 * splits and 0 < result.false_verdicts <= 10 * most
+    assert result.false_rate == result.false_verdicts / result.null_trials  # a rate of splits, not of pools
     assert result.detected == calibrate(repeats, 10).detected
     with pytest.raises(ValueError, match=r"\(compare_figure\) only"):
         calibrate(repeats, 1, method=step_bootstrap_comparison, every_split=True)

@@ -222,12 +222,16 @@ LAUNCHED = [
 LEVELS = [1.00, 1.03, 1.01, 1.04, 1.02, 1.05]
 
 
-def launched_pool(root: Path, slowdown: float) -> Path:
+def launched_pool(root: Path, slowdown: float, slower_arm: tuple[str, float] = ("", 1.0)) -> Path:
     """LAUNCHED as an experiment writes it (arms in config.json, runs/order.json), the second half of the launches
-    `slowdown` times slower."""
+    `slowdown` times slower, and the runs of the arm `slower_arm[0]` `slower_arm[1]` times slower."""
     rows = []
     for position, (arm, k) in enumerate(LAUNCHED):
-        level = LEVELS[position % 6] / (slowdown if position >= 6 else 1.0)
+        level = (
+            LEVELS[position % 6]
+            / (slowdown if position >= 6 else 1.0)
+            / (slower_arm[1] if arm == slower_arm[0] else 1.0)
+        )
         run = write_run(root / "runs" / arm / f"r{k}", FakeRun("ddp", 2, tokens_per_s=40_000.0 * level))
         config = json.loads((run / "config.json").read_text())
         (run / "config.json").write_text(json.dumps({**config, "run": {**config["run"], "arm": arm}}))
@@ -293,3 +297,28 @@ def test_a_trials_verdict_is_its_primary_figures_the_throughput(tmp_path: Path, 
     assert "tokens_per_s: lower, p = 0.00216 (one trial;" in drift
     (as_run,) = [line for line in lines if line.startswith("as run: ddp#2 vs ddp (6 vs 6): primary figure")]
     assert "tokens_per_s: no detectable difference" in as_run
+
+
+def test_the_arms_as_run_compare_the_second_arm_against_the_first(tmp_path: Path) -> None:
+    # ddp#2 10% slower in every run: every ddp#2 run below every ddp run, so ddp#2 against ddp is `lower`.
+    out = launched_pool(tmp_path, slowdown=1.0, slower_arm=("ddp#2", 1.1))
+    runs = pooled_runs(out)
+    as_run = calibration.arms_as_run(runs, None)
+    assert as_run is not None and as_run.name == "as run: ddp#2 vs ddp (6 vs 6)"
+    assert as_run.verdicts["tokens_per_s"] == ("lower", pytest.approx(2 / 924))
+
+
+@pytest.mark.parametrize("text", ["{}", "[]", "not json", '{"runs": [{"arm": "ddp"}]}'])
+def test_a_malformed_launch_order_is_no_drift_row(tmp_path: Path, text: str, capsys) -> None:
+    out = launched_pool(tmp_path, slowdown=1.0)
+    (out / "runs" / "order.json").write_text(text)
+    runs = pooled_runs(out)
+    assert calibration.launch_order(out, runs) is None and calibration.drift(out, runs, None) is None
+    assert calibration.main(["--runs", str(out), "--splits", "3"]) == 0
+    assert "drift: none (no runs/order.json naming every run)" in capsys.readouterr().out.splitlines()
+
+
+def test_a_pool_of_one_arm_has_no_as_run_trial(tmp_path: Path, capsys) -> None:
+    two_mode_pool(tmp_path)  # no arm recorded: every run is ddp's
+    assert calibration.main(["--runs", str(tmp_path), "--splits", "3"]) == 0
+    assert "as run: none (the runs hold 1 arms, not 2)" in capsys.readouterr().out.splitlines()
