@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -222,13 +223,20 @@ LAUNCHED = [
 LEVELS = [1.00, 1.03, 1.01, 1.04, 1.02, 1.05]
 
 
-def launched_pool(root: Path, slowdown: float, slower_arm: tuple[str, float] = ("", 1.0)) -> Path:
-    """LAUNCHED as an experiment writes it (arms in config.json, runs/order.json), the second half of the launches
-    `slowdown` times slower, and the runs of the arm `slower_arm[0]` `slower_arm[1]` times slower."""
+def launched_pool(
+    root: Path,
+    slowdown: float,
+    slower_arm: tuple[str, float] = ("", 1.0),
+    launched: Sequence[tuple[str, int]] = LAUNCHED,
+    levels: Sequence[float] | None = None,
+) -> Path:
+    """`launched` (LAUNCHED) as an experiment writes it (arms in config.json, runs/order.json), the second half of
+    the launches `slowdown` times slower, and the runs of the arm `slower_arm[0]` `slower_arm[1]` times slower;
+    `levels`: each launch's level instead of LEVELS's."""
     rows = []
-    for position, (arm, k) in enumerate(LAUNCHED):
+    for position, (arm, k) in enumerate(launched):
         level = (
-            LEVELS[position % 6]
+            (LEVELS[position % 6] if levels is None else levels[position])
             / (slowdown if position >= 6 else 1.0)
             / (slower_arm[1] if arm == slower_arm[0] else 1.0)
         )
@@ -322,3 +330,14 @@ def test_a_pool_of_one_arm_has_no_as_run_trial(tmp_path: Path, capsys) -> None:
     two_mode_pool(tmp_path)  # no arm recorded: every run is ddp's
     assert calibration.main(["--runs", str(tmp_path), "--splits", "3"]) == 0
     assert "as run: none (the runs hold 1 arms, not 2)" in capsys.readouterr().out.splitlines()
+
+
+def test_an_odd_pool_leaves_the_middle_launch_out_of_both_halves(tmp_path: Path) -> None:
+    # 7 launches, the last 3 about 10% faster than the first 3: 3 against 3, p = 2/20. The middle launch is far
+    # slower; counted in either half it would make that half 4 runs and the p another.
+    levels = [1.00, 1.01, 1.02, 0.80, 1.10, 1.11, 1.12]
+    out = launched_pool(tmp_path, slowdown=1.0, launched=LAUNCHED[:7], levels=levels)
+    runs = pooled_runs(out)
+    trial = calibration.drift(out, runs, None)
+    assert trial is not None and trial.name == "drift: last 3 launched vs first 3"
+    assert trial.verdicts["tokens_per_s"][1] == pytest.approx(2 / 20)
