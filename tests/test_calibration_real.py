@@ -341,3 +341,13 @@ def test_an_odd_pool_leaves_the_middle_launch_out_of_both_halves(tmp_path: Path)
     trial = calibration.drift(out, runs, None)
     assert trial is not None and trial.name == "drift: last 3 launched vs first 3"
     assert trial.verdicts["tokens_per_s"][1] == pytest.approx(2 / 20)
+
+
+def test_a_run_launched_again_after_an_interruption_is_placed_at_its_last_launch(tmp_path: Path) -> None:
+    out = launched_pool(tmp_path, slowdown=1.0)
+    order = json.loads((out / "runs" / "order.json").read_text())
+    relaunched = order["runs"][0]
+    (out / "runs" / "order.json").write_text(json.dumps({"runs": [*order["runs"], relaunched]}))
+    ordered = calibration.launch_order(out, pooled_runs(out))
+    assert ordered is not None and ordered[-1].path.resolve() == Path(relaunched["run_dir"]).resolve()
+    assert ordered[0].path.resolve() == Path(order["runs"][1]["run_dir"]).resolve()
