@@ -9,8 +9,9 @@ train.py ...` (its registry entry's config file, whose num_processes is read, no
 OUT/runs/<strategy>, its output saved at OUT/runs/<strategy>.log; all runs share the seed (--seed), the batch and
 one W&B group (the experiment name). With --repeats N (the same seed again: timing noise) or --seeds (other seeds:
 training noise) each strategy runs several times, into OUT/runs/<strategy>/r<k>, s<seed> or s<seed>-r<k> (logs
-beside them, as <folder>.log), interleaved (single, ddp, fsdp, single, ddp, fsdp, ...) so that a shared machine's
-slow drift touches every strategy alike; OUT/runs/order.json records the order they ran in. A strategy named
+beside them, as <folder>.log), interleaved in rounds (every strategy's k-th run before any (k+1)-th), the order
+within each round shuffled from --seed, so that a shared machine's slow drift touches every strategy alike and
+no strategy always runs right after another; OUT/runs/order.json records the order they ran in. A strategy named
 twice is an A/A experiment: two arms, `--strategies ddp ddp` training ddp into OUT/runs/ddp and ddp#2 into
 OUT/runs/ddp#2 (the k-th mention is <strategy>#<k>, recorded by train.py --arm), compared as two strategies.
 
@@ -33,6 +34,7 @@ import datetime
 import json
 import math
 import os
+import random
 import shlex
 import shutil
 import subprocess
@@ -464,16 +466,35 @@ def build_launches(
     """The command of each run, in the order they run: same preset, data, batch and W&B group for all.
 
     Interleaved, every strategy's k-th run before any strategy's (k+1)-th, so that a shared machine's
-    slow drift (other jobs, heat, clocks) lands on every strategy alike instead of on whichever ran last.
+    slow drift (other jobs, heat, clocks) lands on every strategy alike instead of on whichever ran last;
+    within each round in `round_order`.
     """
     shared = _shared_args(spec, batch)
     launches = []
-    for slot in slots(spec):
-        for arm in spec.arms_here:
-            launches.append(
-                _launch(spec, arm, slot, sizes[arm.strategy], shared, launcher, cwd, config_dir, train_script)
-            )
+    here = set(spec.arms_here)
+    for k, slot in enumerate(slots(spec)):
+        for arm in round_order(spec, k):
+            if arm in here:
+                launches.append(
+                    _launch(spec, arm, slot, sizes[arm.strategy], shared, launcher, cwd, config_dir, train_script)
+                )
     return launches
+
+
+def round_order(spec: ExperimentSpec, round_index: int) -> list[Arm]:
+    """The arms in the order round `round_index` runs them. With one round, --strategies' order. With several,
+    shuffled per round from the experiment's seed: in a fixed order the k-th strategy would always run k slots
+    after the first, and a machine slowing down steadily would make it slower by k slots' drift in every round.
+    The same seed gives the same order, so an interrupted experiment run again continues in it, and every
+    machine of a spanning experiment shuffles all arms alike before keeping its own."""
+    arms = list(spec.arms)
+    if len(slots(spec)) > 1:
+        random.Random(f"{ORDER_SEED_TAG}:{spec.seed}:{round_index}").shuffle(arms)
+    return arms
+
+
+ORDER_SEED_TAG = "round order"  # the string the rounds' shuffles are seeded with, beside the seed and round
+WITHIN_ROUND = "shuffled within each round from the experiment's seed (analysis.experiment.round_order)"
 
 
 def _identity(arm: Arm, slot: Slot) -> tuple[str, list[str]]:
@@ -678,7 +699,14 @@ def write_run_order(spec: ExperimentSpec, outcomes: list[Outcome], earlier: Sequ
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps(
-            {"experiment": spec.experiment, "repeats": spec.repeats, "seeds": list(spec.run_seeds), "runs": rows},
+            {
+                "experiment": spec.experiment,
+                "repeats": spec.repeats,
+                "seeds": list(spec.run_seeds),
+                "order_seed": spec.seed,
+                "order": WITHIN_ROUND if len(slots(spec)) > 1 else "--strategies' order",
+                "runs": rows,
+            },
             indent=2,
         ),
         encoding="utf-8",

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from analysis.permutation import MONTE_CARLO_RESAMPLES
 from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
 from analysis.prediction import measured_lines
@@ -627,8 +628,8 @@ STATISTICS_METHOD = [
     "time after warm-up, placed around the recorded figure, "
     "and other figures have none, except the live-tensor step peak, a count that repeats exactly.",
     "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale, and a test of "
-    "no difference: exact over every relabelling of the runs where they are few (5,000 at most), Welch's t-test "
-    "otherwise, Holm-adjusted over the pairs of each figure. Verdict: higher (lower) when the adjusted p is below "
+    "no difference: exact over every relabelling of the runs where they are few (5,000 at most), otherwise a "
+    f"Monte Carlo permutation test of Welch's t over {MONTE_CARLO_RESAMPLES:,} relabellings drawn from a fixed seed, Holm-adjusted over the pairs of each figure. Verdict: higher (lower) when the adjusted p is below "
     "5%, the interval lies above (below) 1 and the ratio outside the figure's practical margin (2% for times and "
     "throughput, 1% for memory, 0.5% for losses); no meaningful difference when the whole interval lies inside "
     "the margin; otherwise no detectable difference; with "

@@ -26,9 +26,23 @@ from analysis.calibration import (
     calibrate,
     calibrate_target,
     main,
+    order_p_values,
     synthetic_run,
+    target_test_size,
+    throughput_verdicts,
 )
-from analysis.uncertainty import NO_VERDICT, build_statistics, repeats_needed, step_bootstrap_comparison
+from analysis.permutation import SIGNIFICANCE
+from analysis.survival import Observation, log_rank
+from analysis.uncertainty import (
+    HIGHER,
+    NO_VERDICT,
+    THROUGHPUT,
+    build_statistics,
+    compare_figure,
+    repeats_needed,
+    run_figures,
+    step_bootstrap_comparison,
+)
 
 TRIALS = 400
 # A method whose true false-verdict rate is 5% shows more than this many false verdicts in 400 A/A pairs
@@ -116,3 +130,62 @@ def test_repeats_needed_follows_the_power_arithmetic(ratio: float, sigma: float,
 def test_bad_trials_is_a_one_line_error(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--trials", "0"]) == 2
     assert capsys.readouterr().err.strip() == "error: --trials must be at least 1"
+
+
+@pytest.mark.parametrize("repeats, splits, most", [(4, 35, 1), (5, 126, 6)])
+def test_time_to_target_over_every_split_of_each_pool_is_exact_within_it(repeats: int, splits: int, most: int) -> None:
+    # Each A/A pool of 2n simulated runs is split every way: at most the exact test's share of a pool's splits
+    # (1 of 35 at 4 each, 6 of 126 at 5) is a verdict, so the rate never exceeds 2.86% or 4.76% by scatter.
+    result = calibrate_target(repeats, 4, every_split=True)
+    assert result.null_trials == 4 * splits and result.trials == 4
+    assert 0 < result.false_verdicts <= 4 * most
+    assert result.false_rate <= FALSE_RATE_BOUND
+
+
+@pytest.mark.parametrize("repeats, splits, most", [(4, 35, 1), (5, 126, 6)])
+def test_throughput_over_every_split_of_each_pool_is_exact_within_it(repeats: int, splits: int, most: int) -> None:
+    # The same at the exact test's repeat counts for the throughput; the B/A pairs are those of the pairwise count.
+    result = calibrate(repeats, 10, every_split=True)
+    assert result.null_trials == 10 * splits and 0 < result.false_verdicts <= 10 * most
+    assert result.false_rate == result.false_verdicts / result.null_trials  # a rate of splits, not of pools
+    assert result.detected == calibrate(repeats, 10).detected
+    with pytest.raises(ValueError, match=r"\(compare_figure\) only"):
+        calibrate(repeats, 1, method=step_bootstrap_comparison, every_split=True)
+
+
+def test_past_the_exact_limit_the_batched_verdicts_are_compare_figures() -> None:
+    # 10 runs each: Welch's interval and the Monte Carlo p of Welch's t, batched over the pairs, must give each
+    # pair the verdict the report gives it (the first pairs differ by 10%, so some are `higher`).
+    model = StepTimeModel()
+    rng = np.random.default_rng(5)
+    times_a = model.step_times(rng, 40).reshape(4, 10, model.steps)
+    times_b = model.step_times(rng, 40, 1.1).reshape(4, 10, model.steps)
+    times_b[2:] = model.step_times(rng, 20).reshape(2, 10, model.steps)
+    said = throughput_verdicts(times_b, times_a, model.tokens_per_step)
+    for k in range(4):
+        a = [synthetic_run("a", t, model.tokens_per_step, i) for i, t in enumerate(times_a[k])]
+        b = [synthetic_run("b", t, model.tokens_per_step, i) for i, t in enumerate(times_b[k])]
+        figure = next(f for f in run_figures(a) if f.name == THROUGHPUT)
+        assert said[k] == compare_figure(figure, "b", b, "a", a).verdict
+    assert HIGHER in said
+
+
+def test_past_the_exact_limit_the_orders_log_rank_p_is_log_ranks() -> None:
+    hits, total = target_test_size(8, 12)
+    assert total == 12 and 0 <= hits <= 12
+    sides = np.array([[0, 1, 2, 5, 6, 9, 10, 11], [0, 1, 2, 3, 4, 5, 6, 7]])
+    p = order_p_values(sides, 16)
+    for side, got in zip(sides, p):
+        a = [Observation(i + 1.0, True) for i in side]
+        b = [Observation(i + 1.0, True) for i in range(16) if i not in side]
+        assert got == log_rank(a, b).p_value
+    assert p[0] > SIGNIFICANCE > p[1]  # the chi-square's 0.0499 is no verdict; the full separation is one
+
+
+def test_a_slow_machine_is_counted_pairwise_not_pooled() -> None:
+    # Pooled and split every way, A's slow-machine run would land on B's side as often as on A's: the heavy-tail
+    # rows would test exchangeable runs again, which no exact test can fail.
+    with pytest.raises(ValueError, match="pairwise"):
+        calibrate(4, 2, model=HEAVY_TAILS, every_split=True)
+    with pytest.raises(ValueError, match="pairwise"):
+        calibrate_target(4, 2, model=HEAVY_TAILS, every_split=True)

@@ -4,6 +4,9 @@ two branches, the header and the small claims of the command line."""
 
 from __future__ import annotations
 
+import json
+import math
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +15,7 @@ import pytest
 from analysis import calibration
 from analysis.calibration import calibrate_real, default_target, distinct_splits, pooled_runs, splits
 from tests.analysis_fixtures import FakeRun, write_run
+from tests.test_statistics import make_run
 
 # Equal losses make scipy's moment-based statistics warn about nearly identical data; that is the point here.
 pytestmark = pytest.mark.filterwarnings("ignore:Precision loss occurred:RuntimeWarning")
@@ -148,3 +152,202 @@ def test_an_a_a_experiment_is_predicted_to_take_twice_one_arm(tmp_path: Path) ->
     # The step time on this CPU is a measurement that may differ between calls: compare the steps x runs it scales.
     assert two.runs == {"ddp": 2 * one.runs["ddp"]}
     assert two.seconds["ddp"] / two.step_s["ddp"] == pytest.approx(2 * one.seconds["ddp"] / one.step_s["ddp"])
+
+
+# ---------------------------------------------------------------------------------------------
+# Every split, counted exactly
+
+
+def test_by_default_every_split_is_counted_once(tmp_path: Path, monkeypatch) -> None:
+    runs = pooled_runs(two_mode_pool(tmp_path))
+    seen: list[tuple[tuple[int, ...], ...]] = []
+
+    def recording(pool: int, n: int, limit: int | None, rng: np.random.Generator):
+        for split in splits(pool, n, limit, rng):
+            seen.append(split)
+            yield split
+
+    monkeypatch.setattr(calibration, "splits", recording)
+    counts = calibrate_real(runs, default_target(runs))
+    for n, expected in ((2, 210), (3, 280), (4, 35)):
+        mine = [s for s in seen if len(s[0]) == n]
+        assert len(mine) == len(set(mine)) == expected == distinct_splits(POOL, n)
+        assert all(a < b and not set(a) & set(b) and len(b) == n for a, b in mine)
+        # Every figure is compared on every split: its count's denominator is the binomial coefficient.
+        assert {c.splits for c in counts if c.repeats == n} == {expected}
+    assert {c.figure for c in counts} >= {"tokens_per_s", "to target: seconds", "to target: tokens"}
+
+
+def test_the_splits_left_out_of_the_report_are_those_that_cannot_give_a_verdict(tmp_path: Path, monkeypatch) -> None:
+    # The screen (a batched exact p at least 0.10, a log-rank p at least 0.10) against every split through the
+    # report's functions: the same counts, on a pool whose splits do give verdicts (the one of 35 that puts the
+    # fast mode on one side) and on one of distinct levels.
+    monkeypatch.setattr(calibration, "REAL_REPEATS", (4,))
+    two_mode = pooled_runs(two_mode_pool(tmp_path / "modes"))
+    levels = [40_000.0 * math.exp(v) for v in (0.03, -0.05, 0.08, 0.0, -0.02, 0.11, -0.09, 0.05)]
+    for k, level in enumerate(levels):
+        write_run(tmp_path / "levels" / f"r{k}", FakeRun("ddp", 2, tokens_per_s=level))
+    distinct = pooled_runs(tmp_path / "levels")
+    for runs in (two_mode, distinct):
+        screened = calibrate_real(runs, default_target(runs))
+        monkeypatch.setattr(calibration, "SCREEN", math.inf)  # nothing left out
+        every = calibrate_real(runs, default_target(runs))
+        monkeypatch.setattr(calibration, "SCREEN", 2 * calibration.SIGNIFICANCE)
+        assert screened == every
+        assert sum(c.false_verdicts for c in every if c.figure in ("tokens_per_s", "to target: seconds")) >= 2
+
+
+def test_over_every_split_of_twelve_runs_an_exact_test_decides_at_most_twelve_of_252(monkeypatch) -> None:
+    # 12 distinct throughputs: each 10 of them split 126 ways, of which at most 6 (12 of 252 relabellings) have an
+    # exact p below 0.05, so at most 6 x 66 = 396 of the 8,316 splits, counted exactly, not sampled. (The resident
+    # set is equal in every run: a point, never a verdict.)
+    monkeypatch.setattr(calibration, "REAL_REPEATS", (5,))
+    levels = 40_000 * np.exp(np.random.default_rng(11).normal(0, 0.1, 12))
+    runs = [make_run("ddp", tokens_per_s=float(t), name=f"r{k}", world_size=2) for k, t in enumerate(levels)]
+    counts = {c.figure: c for c in calibrate_real(runs, None)}
+    assert set(counts) == {"tokens_per_s", "peak_rss_mib"} and counts["peak_rss_mib"].false_verdicts == 0
+    throughput = counts["tokens_per_s"]
+    assert throughput.splits == throughput.distinct == 8316
+    assert 0 < throughput.false_verdicts <= 396 and throughput.false_rate <= 12 / 252
+
+
+# ---------------------------------------------------------------------------------------------
+# What the splits cannot see: the arms as run and drift over the launch order
+
+# Launch order of a 12-run A/A experiment's folders, each half 3 of each arm (not the folders' order, nor a plain
+# interleaving), and the levels of the runs by launch position, the second half a repeat of the first.
+LAUNCHED = [
+    ("ddp#2", 3), ("ddp", 1), ("ddp", 5), ("ddp#2", 6), ("ddp", 2), ("ddp#2", 1),
+    ("ddp", 4), ("ddp#2", 2), ("ddp", 6), ("ddp#2", 5), ("ddp", 3), ("ddp#2", 4),
+]  # fmt: skip
+LEVELS = [1.00, 1.03, 1.01, 1.04, 1.02, 1.05]
+
+
+def launched_pool(
+    root: Path,
+    slowdown: float,
+    slower_arm: tuple[str, float] = ("", 1.0),
+    launched: Sequence[tuple[str, int]] = LAUNCHED,
+    levels: Sequence[float] | None = None,
+) -> Path:
+    """`launched` (LAUNCHED) as an experiment writes it (arms in config.json, runs/order.json), the second half of
+    the launches `slowdown` times slower, and the runs of the arm `slower_arm[0]` `slower_arm[1]` times slower;
+    `levels`: each launch's level instead of LEVELS's."""
+    rows = []
+    for position, (arm, k) in enumerate(launched):
+        level = (
+            (LEVELS[position % 6] if levels is None else levels[position])
+            / (slowdown if position >= 6 else 1.0)
+            / (slower_arm[1] if arm == slower_arm[0] else 1.0)
+        )
+        run = write_run(root / "runs" / arm / f"r{k}", FakeRun("ddp", 2, tokens_per_s=40_000.0 * level))
+        config = json.loads((run / "config.json").read_text())
+        (run / "config.json").write_text(json.dumps({**config, "run": {**config["run"], "arm": arm}}))
+        rows.append({"arm": arm, "run_dir": str(run), "returncode": 0})
+    (root / "runs" / "order.json").write_text(json.dumps({"runs": rows}))
+    return root
+
+
+def test_a_machine_ten_percent_slower_in_the_second_half_is_a_drift_verdict(tmp_path: Path) -> None:
+    out = launched_pool(tmp_path, slowdown=1.10)
+    runs = pooled_runs(out)
+    trial = calibration.drift(out, runs, default_target(runs))
+    assert trial is not None and trial.name == "drift: last 6 launched vs first 6"
+    # The second half's throughput is lower, its training longer and its time to the target later: the most
+    # extreme of C(12, 6) = 924 relabellings, p = 2/924; the tokens to the target do not move.
+    assert trial.verdicts["tokens_per_s"] == ("lower", pytest.approx(2 / 924))
+    assert trial.verdicts["train_time_s"][0] == "higher"
+    assert trial.verdicts["to target: seconds"] == ("later", pytest.approx(2 / 924))
+    assert sorted(trial.flagged) == ["to target: seconds", "tokens_per_s", "train_time_s"]
+    # Each arm has three runs of each half: the arms as run see nothing.
+    as_run = calibration.arms_as_run(runs, default_target(runs))
+    assert as_run is not None and as_run.name == "as run: ddp#2 vs ddp (6 vs 6)" and as_run.flagged == []
+
+
+def test_no_drift_is_no_verdict_and_both_trials_are_printed(tmp_path: Path, capsys) -> None:
+    out = launched_pool(tmp_path, slowdown=1.0)
+    runs = pooled_runs(out)
+    trial = calibration.drift(out, runs, default_target(runs))
+    assert trial is not None and trial.flagged == [] and trial.verdicts["tokens_per_s"][1] == 1.0
+    assert calibration.main(["--runs", str(out), "--splits", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("single trials (one per experiment: a verdict is this experiment's outcome, not a rate):")
+    assert "as run: ddp#2 vs ddp (6 vs 6)" in lines[at + 1] and "drift: last 6 launched vs first 6" in lines[at + 1]
+    (row,) = [line for line in lines[at:] if line.startswith("tokens_per_s")]
+    assert row.count("no detectable difference, p = ") == 2
+
+
+def test_without_an_order_naming_every_run_there_is_no_drift_row(tmp_path: Path, capsys) -> None:
+    out = launched_pool(tmp_path, slowdown=1.10)
+    order = json.loads((out / "runs" / "order.json").read_text())
+    (out / "runs" / "order.json").write_text(json.dumps({"runs": order["runs"][1:]}))  # one run not named
+    runs = pooled_runs(out)
+    assert calibration.launch_order(out, runs) is None and calibration.drift(out, runs, None) is None
+    assert calibration.main(["--runs", str(out), "--splits", "5"]) == 0
+    assert "drift: none (no runs/order.json naming every run)" in capsys.readouterr().out.splitlines()
+
+
+def test_the_launch_order_is_order_json_s_whichever_folder_is_given(tmp_path: Path) -> None:
+    out = launched_pool(tmp_path, slowdown=1.0)
+    for folder in (out, out / "runs"):
+        ordered = calibration.launch_order(folder, pooled_runs(folder))
+        assert ordered is not None
+        assert [(r.arm, r.path.name) for r in ordered] == [(arm, f"r{k}") for arm, k in LAUNCHED]
+
+
+def test_a_trials_verdict_is_its_primary_figures_the_throughput(tmp_path: Path, capsys) -> None:
+    # Throughput, training time and the seconds to the target are one clock read three ways: the drift row's
+    # verdict is the throughput's alone, one test, not the most striking of ten uncorrected ones.
+    out = launched_pool(tmp_path, slowdown=1.10)
+    assert calibration.main(["--runs", str(out), "--splits", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    (drift,) = [line for line in lines if line.startswith("drift: last 6 launched vs first 6: primary figure")]
+    assert "tokens_per_s: lower, p = 0.00216 (one trial;" in drift
+    (as_run,) = [line for line in lines if line.startswith("as run: ddp#2 vs ddp (6 vs 6): primary figure")]
+    assert "tokens_per_s: no detectable difference" in as_run
+
+
+def test_the_arms_as_run_compare_the_second_arm_against_the_first(tmp_path: Path) -> None:
+    # ddp#2 10% slower in every run: every ddp#2 run below every ddp run, so ddp#2 against ddp is `lower`.
+    out = launched_pool(tmp_path, slowdown=1.0, slower_arm=("ddp#2", 1.1))
+    runs = pooled_runs(out)
+    as_run = calibration.arms_as_run(runs, None)
+    assert as_run is not None and as_run.name == "as run: ddp#2 vs ddp (6 vs 6)"
+    assert as_run.verdicts["tokens_per_s"] == ("lower", pytest.approx(2 / 924))
+
+
+@pytest.mark.parametrize("text", ["{}", "[]", "not json", '{"runs": [{"arm": "ddp"}]}'])
+def test_a_malformed_launch_order_is_no_drift_row(tmp_path: Path, text: str, capsys) -> None:
+    out = launched_pool(tmp_path, slowdown=1.0)
+    (out / "runs" / "order.json").write_text(text)
+    runs = pooled_runs(out)
+    assert calibration.launch_order(out, runs) is None and calibration.drift(out, runs, None) is None
+    assert calibration.main(["--runs", str(out), "--splits", "3"]) == 0
+    assert "drift: none (no runs/order.json naming every run)" in capsys.readouterr().out.splitlines()
+
+
+def test_a_pool_of_one_arm_has_no_as_run_trial(tmp_path: Path, capsys) -> None:
+    two_mode_pool(tmp_path)  # no arm recorded: every run is ddp's
+    assert calibration.main(["--runs", str(tmp_path), "--splits", "3"]) == 0
+    assert "as run: none (the runs hold 1 arms, not 2)" in capsys.readouterr().out.splitlines()
+
+
+def test_an_odd_pool_leaves_the_middle_launch_out_of_both_halves(tmp_path: Path) -> None:
+    # 7 launches, the last 3 about 10% faster than the first 3: 3 against 3, p = 2/20. The middle launch is far
+    # slower; counted in either half it would make that half 4 runs and the p another.
+    levels = [1.00, 1.01, 1.02, 0.80, 1.10, 1.11, 1.12]
+    out = launched_pool(tmp_path, slowdown=1.0, launched=LAUNCHED[:7], levels=levels)
+    runs = pooled_runs(out)
+    trial = calibration.drift(out, runs, None)
+    assert trial is not None and trial.name == "drift: last 3 launched vs first 3"
+    assert trial.verdicts["tokens_per_s"][1] == pytest.approx(2 / 20)
+
+
+def test_a_run_launched_again_after_an_interruption_is_placed_at_its_last_launch(tmp_path: Path) -> None:
+    out = launched_pool(tmp_path, slowdown=1.0)
+    order = json.loads((out / "runs" / "order.json").read_text())
+    relaunched = order["runs"][0]
+    (out / "runs" / "order.json").write_text(json.dumps({"runs": [*order["runs"], relaunched]}))
+    ordered = calibration.launch_order(out, pooled_runs(out))
+    assert ordered is not None and ordered[-1].path.resolve() == Path(relaunched["run_dir"]).resolve()
+    assert ordered[0].path.resolve() == Path(order["runs"][1]["run_dir"]).resolve()

@@ -13,7 +13,16 @@ from pathlib import Path
 import pytest
 
 from analysis.continuation import RunProgress, continue_experiment, run_progress
-from analysis.experiment import Launch, default_launcher, main
+from analysis.experiment import (
+    Batch,
+    ExperimentSpec,
+    Launch,
+    Outcome,
+    build_launches,
+    default_launcher,
+    main,
+    write_run_order,
+)
 from tests.analysis_fixtures import FakeRun, write_launch_configs, write_run
 from tests.launch import SHARED_STEPS, copy_cut_at_checkpoint, train_lines
 
@@ -174,3 +183,18 @@ def test_the_notebook_continues_its_unfinished_experiment_instead_of_naming_a_ne
     assert experiment_name("tiny", tmp_path) == unfinished
     (tmp_path / unfinished / "table.md").write_text("| run |")  # its report is written: the next one is new
     assert experiment_name("tiny", tmp_path) not in (unfinished, "notebook-gpt2-20260101-000000")
+
+
+def test_a_continued_experiment_keeps_the_shuffled_order_it_recorded(tmp_path: Path) -> None:
+    # Interrupted in its second round: run again with the same seed, the launches left are the rest of the
+    # recorded order, not a new shuffle (the drift balance of each round holds across the interruption).
+    spec = ExperimentSpec(preset="tiny", out=tmp_path / "exp", max_steps=4, seed=7, experiment="e", repeats=4)
+    sizes, batch, launcher = {"single": 1, "ddp": 2, "fsdp": 2}, Batch(8, 64, 1024), ("accelerate", "launch")
+    first = build_launches(spec, sizes, batch, launcher, cwd=REPO)
+    for launch in first[:5]:
+        write_run(launch.run_dir, FakeRun(launch.strategy, sizes[launch.strategy]))
+    write_run_order(spec, [Outcome(launch, 0, 1.0) for launch in first[:5]])
+    left = continue_experiment(build_launches(spec, sizes, batch, launcher, cwd=REPO)).launches
+    recorded = json.loads((spec.out / "runs" / "order.json").read_text())
+    assert [Path(r["run_dir"]) for r in recorded["runs"]] + [l.run_dir for l in left] == [l.run_dir for l in first]
+    assert recorded["order_seed"] == 7 and recorded["order"].startswith("shuffled within each round")

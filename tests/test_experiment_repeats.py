@@ -33,9 +33,16 @@ def launches(tmp_path: Path, **changes):
     return build_launches(spec(tmp_path, **changes), SIZES, BATCH, LAUNCHER, cwd=REPO)
 
 
+def rounds(runs: list, size: int) -> list[list]:
+    return [runs[k : k + size] for k in range(0, len(runs), size)]
+
+
 def test_repeats_are_interleaved_and_each_has_its_folder_name_and_repeat(tmp_path: Path) -> None:
     runs = launches(tmp_path, repeats=3)
-    assert [(l.strategy, l.repeat) for l in runs] == [(s, k) for k in (1, 2, 3) for s in ("single", "ddp", "fsdp")]
+    # Round k holds every strategy's k-th run, in its own order.
+    assert [sorted((l.strategy, l.repeat) for l in r) for r in rounds(runs, 3)] == [
+        sorted((s, k) for s in SIZES) for k in (1, 2, 3)
+    ]
     out = tmp_path / "exp" / "runs"
     for l in runs:
         assert l.run_dir == out / l.strategy / f"r{l.repeat}" and l.log == out / l.strategy / f"r{l.repeat}.log"
@@ -46,21 +53,31 @@ def test_repeats_are_interleaved_and_each_has_its_folder_name_and_repeat(tmp_pat
 
 def test_seeds_are_kept_apart_from_repeats(tmp_path: Path) -> None:
     by_seed = launches(tmp_path, seeds=(1, 2))
-    assert [(l.strategy, l.seed, l.repeat, l.run_dir.name) for l in by_seed[:4]] == [
-        ("single", 1, 1, "s1"),
-        ("ddp", 1, 1, "s1"),
-        ("fsdp", 1, 1, "s1"),
-        ("single", 2, 1, "s2"),
+    assert [sorted((l.strategy, l.seed, l.repeat, l.run_dir.name) for l in r) for r in rounds(by_seed, 3)] == [
+        sorted((s, seed, 1, f"s{seed}") for s in SIZES) for seed in (1, 2)
     ]
     assert all(flag(l.argv, "--seed") == str(l.seed) and flag(l.argv, "--repeat") == "1" for l in by_seed)
     both = launches(tmp_path, seeds=(1, 2), repeats=2)
     assert len(both) == 12 and len({l.run_dir for l in both}) == 12
-    assert [l.run_dir.name for l in both[::3]] == ["s1-r1", "s1-r2", "s2-r1", "s2-r2"]
+    assert [{l.run_dir.name for l in r} for r in rounds(both, 3)] == [{"s1-r1"}, {"s1-r2"}, {"s2-r1"}, {"s2-r2"}]
     assert [s.name for s in slots(spec(tmp_path, seeds=(5,), repeats=2))] == ["r1", "r2"]  # one seed: not named
     with pytest.raises(SetupError, match="each seed once"):
         spec(tmp_path, seeds=(1, 1))
     with pytest.raises(SetupError, match="repeats must be > 0"):
         spec(tmp_path, repeats=0)
+
+
+def test_the_order_within_each_round_is_shuffled_from_the_seed_and_the_same_again(tmp_path: Path) -> None:
+    # In a fixed order the k-th strategy always runs k slots after the first: a machine slowing down steadily
+    # would make it slower in every round. Shuffled per round, every strategy runs right after every other.
+    runs = launches(tmp_path, repeats=12)
+    orders = [tuple(l.strategy for l in r) for r in rounds(runs, 3)]
+    assert len(set(orders)) > 1 and {o[0] for o in orders} == set(SIZES)
+    follows = {(a.strategy, b.strategy) for r in rounds(runs, 3) for a, b in zip(r, r[1:])}
+    assert follows == {(a, b) for a in SIZES for b in SIZES if a != b}
+    # The same seed, the same order (an interrupted experiment continues in it); another seed, another.
+    assert [l.label for l in launches(tmp_path, repeats=12)] == [l.label for l in runs]
+    assert [l.label for l in launches(tmp_path, repeats=12, seed=8)] != [l.label for l in runs]
 
 
 def test_one_run_each_keeps_the_folder_layout_and_names_of_before(tmp_path: Path) -> None:
@@ -135,8 +152,9 @@ def test_two_repeats_of_three_strategies_end_to_end(tmp_path: Path, shared_cache
     printed = capsys.readouterr()
     assert status == 0, printed.err[-3000:]
     started = [m.group(1) for m in re.finditer(r"^\[\d+/6\] (\S+) \(", printed.out, re.MULTILINE)]
-    assert started == [f"{s}-r{k}" for k in range(1, REPEATS + 1) for s in STRATEGIES]
+    assert [sorted(r) for r in rounds(started, 3)] == [sorted(f"{s}-r{k}" for s in STRATEGIES) for k in (1, 2)]
     order = json.loads((out / "runs" / "order.json").read_text())["runs"]
+    assert [r["run_name"] for r in order] == started
     assert [r["started_unix_s"] for r in order] == sorted(r["started_unix_s"] for r in order)
     for row in order:
         run = Path(row["run_dir"])
@@ -226,11 +244,9 @@ def test_a_failed_repeat_is_reported_and_the_other_repeats_still_run(tmp_path: P
     err = capsys.readouterr().err
     assert "ddp-r1: FAILED, exit code 3" in err and "error: ddp-r1: training failed with exit code 3" in err
     order = json.loads((out / "runs" / "order.json").read_text())["runs"]
-    assert [(r["run_name"], r["returncode"]) for r in order] == [
-        ("single-r1", 0),
-        ("ddp-r1", 3),
-        ("single-r2", 0),
-        ("ddp-r2", 0),
+    assert [sorted((r["run_name"], r["returncode"]) for r in pair) for pair in rounds(order, 2)] == [
+        [("ddp-r1", 3), ("single-r1", 0)],
+        [("ddp-r2", 0), ("single-r2", 0)],
     ]
     assert (out / "runs" / "ddp" / "r2" / "summary.json").exists() and (out / "report.md").exists()
     assert "ddp-r1: training failed with exit code 3" in (out / "report.md").read_text()

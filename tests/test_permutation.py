@@ -9,15 +9,22 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 from analysis.permutation import (
     MAX_REPEATS,
+    MONTE_CARLO_RESAMPLES,
     SIGNIFICANCE,
+    drawn_relabellings,
     exact_p,
+    exact_p_of_many,
     is_exact,
     mean_difference,
+    monte_carlo_p,
+    monte_carlo_p_of_many,
     repeats_for_a_verdict,
     smallest_p,
+    welch_t,
 )
 
 
@@ -110,3 +117,60 @@ def test_one_run_against_many_counts_ties_as_scipy_does(table: dict[float, float
     # The lone run on the other side: the same relabellings, the statistic read the other way round.
     flipped = {float(k): v for k, v in table.items()}
     assert exact_p(y, x, lambda rest, one: flipped[float(one[0])], False) == pytest.approx(expected)
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    st.lists(st.integers(0, 6), min_size=8, max_size=8),  # small integers: ties between and within the sides
+    st.sampled_from([(2, 2), (2, 3), (3, 3), (4, 4), (3, 5)]),
+)
+def test_the_batched_exact_p_is_exact_p_split_for_split(levels: list[int], sizes: tuple[int, int]) -> None:
+    # Every split of these counts of a pool of 8, batched in chunks of 7 (a last chunk smaller), against exact_p.
+    logs = np.log1p(np.asarray(levels, dtype=float) / 10)
+    n1, n2 = sizes
+    chosen = [
+        (a, b)
+        for a in itertools.combinations(range(8), n1)
+        for b in itertools.combinations([i for i in range(8) if i not in a], n2)
+    ][:40]
+    x, y = logs[[list(a) for a, _ in chosen]], logs[[list(b) for _, b in chosen]]
+    batched = exact_p_of_many(x, y, mean_difference, chunk=7)
+    assert batched.tolist() == [exact_p(x[i], y[i], mean_difference, True) for i in range(len(chosen))]
+
+
+def test_the_batched_exact_p_refuses_a_side_of_one() -> None:
+    with pytest.raises(ValueError, match="n1, n2 >= 2"):
+        exact_p_of_many(np.ones((3, 1)), np.ones((3, 2)), mean_difference)
+
+
+def test_welch_t_is_scipys_and_infinite_only_without_spread() -> None:
+    x, y = np.array([1.0, 2.5, 2.0, 4.0]), np.array([3.0, 7.0, 5.5])
+    assert welch_t(x, y) == pytest.approx(stats.ttest_ind(x, y, equal_var=False).statistic, rel=1e-12)
+    assert welch_t(np.array([1.0, 1.0]), np.array([2.0, 2.0])) == -np.inf
+    assert welch_t(np.array([1.0, 1.0]), np.array([1.0, 1.0])) == 0.0
+
+
+def test_a_drawn_p_counts_the_observed_split_and_repeats_from_its_seed() -> None:
+    # A full separation of 10 against 10 (184,756 relabellings): none of the R drawn is more extreme, so each
+    # tail is 1 / (R + 1) and p twice that; a p of 0, as an uncorrected share would give, is impossible.
+    x, y = np.arange(10.0), np.arange(10.0, 20.0)
+    assert monte_carlo_p(x, y, welch_t) == pytest.approx(2 / (MONTE_CARLO_RESAMPLES + 1))
+    noisy = np.random.default_rng(3).normal(size=(2, 10))
+    assert monte_carlo_p(noisy[0], noisy[1], welch_t) == monte_carlo_p(noisy[0], noisy[1], welch_t)
+    assert monte_carlo_p(noisy[0], noisy[1], welch_t, resamples=99) * 100 / 2 == pytest.approx(
+        round(monte_carlo_p(noisy[0], noisy[1], welch_t, resamples=99) * 50)
+    )
+
+
+def test_a_drawn_p_is_the_count_over_the_drawn_orders_and_a_row_gets_it_alone_or_batched() -> None:
+    rng = np.random.default_rng(11)
+    x, y = rng.normal(size=(4, 3)), rng.normal(1.0, 3.0, size=(4, 5))
+    order = drawn_relabellings(8, 99, 5)
+    for row in range(4):
+        pooled = np.concatenate([x[row], y[row]])
+        null = np.array([welch_t(pooled[o[:3]], pooled[o[3:]]) for o in order])
+        observed = welch_t(x[row], y[row])
+        tails = [(np.sum(null <= observed) + 1) / 100, (np.sum(null >= observed) + 1) / 100]
+        assert monte_carlo_p(x[row], y[row], welch_t, 99, 5) == pytest.approx(min(1.0, 2 * min(tails)))
+    alone = [monte_carlo_p(x[row], y[row], welch_t, 99, 5) for row in range(4)]
+    assert monte_carlo_p_of_many(x, y, welch_t, 99, 5, chunk=3).tolist() == alone

@@ -3,20 +3,31 @@
 from __future__ import annotations
 
 import math
+import warnings
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from scipy import stats
 
+from analysis.permutation import MONTE_CARLO_RESAMPLES, exact_p
 from analysis.survival import (
     EXACT_LOG_RANK,
-    LARGE_SAMPLE_LOG_RANK,
     LATER,
+    MONTE_CARLO_LOG_RANK,
     SOONER,
     Observation,
+    _censored,
+    _log_rank,
+    _log_rank_test,
     kaplan_meier,
     log_rank,
+    log_rank_statistics,
     median_time,
+    ranked,
 )
+from analysis.uncertainty import SAME, _target_verdict
 
 
 def reached(*values: float) -> list[Observation]:
@@ -83,10 +94,43 @@ def test_runs_reaching_it_together_are_no_evidence() -> None:
     assert result.p_value == 1.0 and result.direction is None
 
 
-def test_many_runs_use_the_large_sample_test() -> None:
-    # C(16, 8) = 12,870 relabellings: beyond the exact limit, scipy's chi-square p of the same statistic.
+def test_many_runs_draw_relabellings_with_the_observed_one_counted() -> None:
+    # C(16, 8) = 12,870 relabellings: beyond the exact limit, R drawn ones. Only the split itself and its
+    # mirror are as extreme as a full separation (about 1.6 of the R draws), and the observed one counts too:
+    # p is a whole count of 2 / (R + 1) at least one, never the chi-square's 3.9e-5.
     result = log_rank(reached(*range(1, 9)), reached(*range(9, 17)))
-    assert result.test == LARGE_SAMPLE_LOG_RANK and result.p_value < 1e-3 and result.direction == SOONER
+    assert result.test == MONTE_CARLO_LOG_RANK and result.direction == SOONER
+    counts = result.p_value * (MONTE_CARLO_RESAMPLES + 1) / 2
+    assert counts == pytest.approx(round(counts)) and 1 <= round(counts) <= 6
+
+
+def test_eight_against_eight_just_past_the_chi_square_cut_is_no_verdict() -> None:
+    # a at ranks {1, 2, 3, 6, 7, 10, 11, 12} of 16: the chi-square p is 0.0499, the exact p 0.067 (the share of
+    # the 12,870 relabellings at least as extreme); a verdict there would be the chi-square's liberal 6.7% size.
+    a = reached(1, 2, 3, 6, 7, 10, 11, 12)
+    b = reached(4, 5, 8, 9, 13, 14, 15, 16)
+    chi_square = stats.logrank(
+        stats.CensoredData(uncensored=[o.value for o in a]), stats.CensoredData(uncensored=[o.value for o in b])
+    )
+    assert chi_square.pvalue < 0.05
+    result = log_rank(a, b)
+    assert result.p_value == pytest.approx(0.067, abs=0.01) and result.p_value > 0.05
+    pair = {"direction": result.direction, "median_a": median_time(a), "median_b": median_time(b), "margin": 0.02}
+    assert _target_verdict(pair, result.p_value) == SAME
+
+
+def test_the_batched_log_rank_statistic_is_scipys() -> None:
+    # Ties, censoring and a time where both reach: the matrix form against scipy.stats.logrank split by split.
+    rng = np.random.default_rng(7)
+    for _ in range(200):
+        n1, n2 = rng.integers(2, 7, 2)
+        runs = [Observation(float(v), bool(r)) for v, r in zip(rng.integers(1, 6, n1 + n2), rng.random(n1 + n2) < 0.7)]
+        a, b = runs[:n1], runs[n1:]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            expected = stats.logrank(_censored(a), _censored(b)).statistic
+        got = log_rank_statistics(runs)(np.arange(n1)[None], np.arange(n1, n1 + n2)[None])[0]
+        assert got == pytest.approx(expected if np.isfinite(expected) else 0.0, abs=1e-9)
 
 
 def test_half_way_at_the_second_last_reaching_time_takes_the_midpoint_to_the_last() -> None:
@@ -105,7 +149,7 @@ def test_what_a_test_that_cannot_decide_says() -> None:
     assert nothing.test == EXACT_LOG_RANK
 
 
-def test_the_large_sample_test_reports_the_statistic_it_read() -> None:
+def test_many_runs_report_the_statistic_they_read() -> None:
     # Eight against eight fully separated: the same Z as scipy.stats.logrank's, positive (a sooner).
     a, b = reached(*range(1, 9)), reached(*range(9, 17))
     result = log_rank(a, b)
@@ -113,7 +157,6 @@ def test_the_large_sample_test_reports_the_statistic_it_read() -> None:
         stats.CensoredData(uncensored=list(range(1, 9))), stats.CensoredData(uncensored=list(range(9, 17)))
     )
     assert result.statistic == pytest.approx(expected.statistic) and result.statistic > 0
-    assert result.p_value == pytest.approx(expected.pvalue)
 
 
 def test_a_relabelling_with_nothing_to_compare_counts_as_a_statistic_of_zero() -> None:
@@ -129,3 +172,37 @@ def test_a_relabelling_with_nothing_to_compare_counts_as_a_statistic_of_zero() -
     # left out of both tails they would lower it to 14/15.
     zero = log_rank([*not_before(1.0), *reached(3.0)], [*not_before(1.0), *reached(2.0, 2.0), *not_before(3.0)])
     assert zero.statistic == pytest.approx(0.0) and zero.p_value == 1.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.sampled_from([0.5, 1.0, 1.25, 2.0, 7.5, 30.0]), st.booleans()), min_size=2, max_size=9),
+    st.integers(1, 8),
+)
+def test_the_log_rank_of_the_times_is_that_of_their_ranks(runs: list[tuple[float, bool]], cut: int) -> None:
+    # log_rank computes on ranks (and caches by them): it must be scipy's statistic and the exact p of the times
+    # themselves, ties and censoring included, which the uncached reference below recomputes.
+    cut = min(cut, len(runs) - 1)
+    a, b = [Observation(*r) for r in runs[:cut]], [Observation(*r) for r in runs[cut:]]
+    test = log_rank(a, b)
+    z, large_sample_p = _log_rank(a, b)
+    if not math.isfinite(z):
+        assert test.statistic in (None, 0.0)
+        return
+    assert test.statistic == z
+    if test.test == EXACT_LOG_RANK:
+        pooled = [*a, *b]
+
+        def statistic(x, y) -> float:
+            value = _log_rank([pooled[i] for i in x], [pooled[i] for i in y])[0]
+            return value if math.isfinite(value) else 0.0
+
+        assert test.p_value == exact_p(np.arange(len(a)), np.arange(len(a), len(pooled)), statistic, False)
+    assert ranked(a, b) == ranked(list(reversed(a)), list(reversed(b)))  # the order within a side is no key
+
+
+def test_runs_whose_times_order_alike_share_one_enumeration() -> None:
+    _log_rank_test.cache_clear()
+    first = log_rank(reached(1.0, 2.0, 3.0), reached(4.0, 5.0, 6.0))
+    again = log_rank(reached(10.0, 20.5, 30.0), reached(44.0, 51.0, 61.0))
+    assert first == again and _log_rank_test.cache_info().hits == 1

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from scipy.stats import t as t_dist
 from scipy.stats import ttest_ind
 
-from analysis.permutation import SIGNIFICANCE
+from analysis.permutation import MONTE_CARLO_RESAMPLES, SIGNIFICANCE
 from analysis.uncertainty import (
     BOOTSTRAP_RESAMPLES,
     BOOTSTRAP_SEED,
@@ -259,11 +259,14 @@ def test_the_ratio_interval_is_welchs_not_students() -> None:
         result = ratio_over_runs(x, y)
         assert result.ci95 == pytest.approx((math.exp(welch.low), math.exp(welch.high)))
         assert result.method == WELCH_LOG_RATIO
-    # Eight runs each: beyond the exact test's limit, Welch's p of the same logarithms.
+    # Eight runs each: beyond the exact test's limit, Welch's interval still, but the p is a permutation test's of
+    # Welch's t over drawn relabellings, (b + 1) / (R + 1) per tail: never the t distribution's.
     many_a, many_b = [1000.0 + 7 * k for k in range(8)], [950.0 + 31 * k for k in range(8)]
     result = ratio_over_runs(many_a, many_b)
     expected = ttest_ind(np.log(many_a), np.log(many_b), equal_var=False)
-    assert result.test == WELCH_TEST and result.p_value == pytest.approx(expected.pvalue)
+    assert result.test == WELCH_TEST and result.test.startswith("Monte Carlo permutation, R=9999")
+    tail_count = result.p_value * (MONTE_CARLO_RESAMPLES + 1) / 2
+    assert tail_count == pytest.approx(round(tail_count), abs=1e-6) and result.p_value != pytest.approx(expected.pvalue)
     assert result.smallest_p is None
 
 
