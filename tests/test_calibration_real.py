@@ -197,6 +197,27 @@ def test_the_splits_left_out_of_the_report_are_those_that_cannot_give_a_verdict(
         assert sum(c.false_verdicts for c in every if c.figure in ("tokens_per_s", "to target: seconds")) >= 2
 
 
+def test_at_five_runs_each_the_screen_leaves_out_only_splits_without_a_verdict(tmp_path: Path, monkeypatch) -> None:
+    # At 5 and 5 the exact p comes down to 2/252 and a verdict is possible at 4, 6, 8, 10 and 12 of 252: a screen
+    # below 0.10 that cut at any of them would count fewer. Runs with their own loss noise reach the target at
+    # different tokens, in an order other than their seconds', so the tokens' own screen is exercised too.
+    monkeypatch.setattr(calibration, "REAL_REPEATS", (5,))
+    rng = np.random.default_rng(5)
+    for k, level in enumerate(40_000.0 * np.exp(rng.normal(0.0, 0.1, 10))):
+        write_run(tmp_path / f"r{k}", FakeRun("ddp", 2, tokens_per_s=float(level), noise_seed=k, loss_noise=0.2))
+    runs = pooled_runs(tmp_path)
+    target = default_target(runs)
+    screened = calibrate_real(runs, target)
+    monkeypatch.setattr(calibration, "SCREEN", math.inf)  # nothing left out
+    every = calibrate_real(runs, target)
+    assert screened == every
+    counts = {c.figure: c for c in every}
+    assert all(c.splits == 126 for c in every)
+    # Both figures of the time to target decide some splits, and not the same ones: each screen is needed.
+    assert counts["to target: seconds"].false_verdicts > 0 and counts["to target: tokens"].false_verdicts > 0
+    assert counts["tokens_per_s"].false_verdicts > 0
+
+
 def test_over_every_split_of_twelve_runs_an_exact_test_decides_at_most_twelve_of_252(monkeypatch) -> None:
     # 12 distinct throughputs: each 10 of them split 126 ways, of which at most 6 (12 of 252 relabellings) have an
     # exact p below 0.05, so at most 6 x 66 = 396 of the 8,316 splits, counted exactly, not sampled. (The resident
