@@ -173,13 +173,17 @@ def test_past_the_exact_limit_the_batched_verdicts_are_compare_figures() -> None
 def test_past_the_exact_limit_the_orders_log_rank_p_is_log_ranks() -> None:
     hits, total = target_test_size(8, 12)
     assert total == 12 and 0 <= hits <= 12
-    sides = np.array([[0, 1, 2, 5, 6, 9, 10, 11], [0, 1, 2, 3, 4, 5, 6, 7]])
-    p = order_p_values(sides, 16)
-    for side, got in zip(sides, p):
-        a = [Observation(i + 1.0, True) for i in side]
-        b = [Observation(i + 1.0, True) for i in range(16) if i not in side]
-        assert got == log_rank(a, b).p_value
-    assert p[0] > SIGNIFICANCE > p[1]  # the chi-square's 0.0499 is no verdict; the full separation is one
+    eight = np.array([[0, 1, 2, 5, 6, 9, 10, 11], [0, 1, 2, 3, 4, 5, 6, 7]])
+    eleven = np.array([[0, 1, 2, 5, 6, 9, 10, 11, 14, 17, 20], list(range(11))])
+    # 16 runs: every relabelling enumerated once for both rows; 22: drawn ones (past the log-rank's limit).
+    for sides, runs in ((eight, 16), (eleven, 22)):
+        p = order_p_values(sides, runs)
+        for side, got in zip(sides, p):
+            a = [Observation(i + 1.0, True) for i in side]
+            b = [Observation(i + 1.0, True) for i in range(runs) if i not in side]
+            assert got == log_rank(a, b).p_value, (runs, side)
+        assert p[1] < SIGNIFICANCE  # the full separation is a verdict
+    assert order_p_values(eight[:1], 16)[0] > SIGNIFICANCE  # the chi-square's 0.0499 is none
 
 
 def test_a_slow_machine_is_counted_pairwise_not_pooled() -> None:

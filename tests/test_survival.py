@@ -94,11 +94,20 @@ def test_runs_reaching_it_together_are_no_evidence() -> None:
     assert result.p_value == 1.0 and result.direction is None
 
 
+@pytest.mark.parametrize("runs", [8, 10])
+def test_up_to_ten_runs_each_every_relabelling_is_enumerated(runs: int) -> None:
+    # Past the figures' limit of 5,000 but within the log-rank's C(20, 10): a full separation is the most
+    # extreme of all relabellings with its mirror, 2 of C(2n, n) exactly, not a count over drawn ones.
+    result = log_rank(reached(*range(1, runs + 1)), reached(*range(runs + 1, 2 * runs + 1)))
+    assert result.test == EXACT_LOG_RANK and result.direction == SOONER
+    assert result.p_value == pytest.approx(2 / math.comb(2 * runs, runs), rel=1e-12)
+
+
 def test_many_runs_draw_relabellings_with_the_observed_one_counted() -> None:
-    # C(16, 8) = 12,870 relabellings: beyond the exact limit, R drawn ones. Only the split itself and its
-    # mirror are as extreme as a full separation (about 1.6 of the R draws), and the observed one counts too:
-    # p is a whole count of 2 / (R + 1) at least one, never the chi-square's 3.9e-5.
-    result = log_rank(reached(*range(1, 9)), reached(*range(9, 17)))
+    # C(22, 11) = 705,432 relabellings: beyond the log-rank's exact limit, R drawn ones. Only the split itself and
+    # its mirror are as extreme as a full separation (about 0.03 of the R draws), and the observed one counts too:
+    # p is a whole count of 2 / (R + 1) at least one, never the chi-square's.
+    result = log_rank(reached(*range(1, 12)), reached(*range(12, 23)))
     assert result.test == MONTE_CARLO_LOG_RANK and result.direction == SOONER
     counts = result.p_value * (MONTE_CARLO_RESAMPLES + 1) / 2
     assert counts == pytest.approx(round(counts)) and 1 <= round(counts) <= 6
