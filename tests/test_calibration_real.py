@@ -178,6 +178,16 @@ def test_by_default_every_split_is_counted_once(tmp_path: Path, monkeypatch) -> 
     assert {c.figure for c in counts} >= {"tokens_per_s", "to target: seconds", "to target: tokens"}
 
 
+def _screened_and_every(runs: list, monkeypatch) -> tuple[list, list]:
+    """The real calibration's counts as the command takes them (splits screened by their batched p) and with
+    every split sent through the report's functions (nothing screened out)."""
+    screened = calibrate_real(runs, default_target(runs))
+    with monkeypatch.context() as patch:
+        patch.setattr(calibration, "SCREEN", math.inf)
+        every = calibrate_real(runs, default_target(runs))
+    return screened, every
+
+
 def test_the_splits_left_out_of_the_report_are_those_that_cannot_give_a_verdict(tmp_path: Path, monkeypatch) -> None:
     # The screen (a batched exact p at least 0.10, a log-rank p at least 0.10) against every split through the
     # report's functions: the same counts, on a pool whose splits do give verdicts (the one of 35 that puts the
@@ -189,10 +199,7 @@ def test_the_splits_left_out_of_the_report_are_those_that_cannot_give_a_verdict(
         write_run(tmp_path / "levels" / f"r{k}", FakeRun("ddp", 2, tokens_per_s=level))
     distinct = pooled_runs(tmp_path / "levels")
     for runs in (two_mode, distinct):
-        screened = calibrate_real(runs, default_target(runs))
-        monkeypatch.setattr(calibration, "SCREEN", math.inf)  # nothing left out
-        every = calibrate_real(runs, default_target(runs))
-        monkeypatch.setattr(calibration, "SCREEN", 2 * calibration.SIGNIFICANCE)
+        screened, every = _screened_and_every(runs, monkeypatch)
         assert screened == every
         assert sum(c.false_verdicts for c in every if c.figure in ("tokens_per_s", "to target: seconds")) >= 2
 
@@ -205,11 +212,7 @@ def test_at_five_runs_each_the_screen_leaves_out_only_splits_without_a_verdict(t
     rng = np.random.default_rng(5)
     for k, level in enumerate(40_000.0 * np.exp(rng.normal(0.0, 0.1, 10))):
         write_run(tmp_path / f"r{k}", FakeRun("ddp", 2, tokens_per_s=float(level), noise_seed=k, loss_noise=0.2))
-    runs = pooled_runs(tmp_path)
-    target = default_target(runs)
-    screened = calibrate_real(runs, target)
-    monkeypatch.setattr(calibration, "SCREEN", math.inf)  # nothing left out
-    every = calibrate_real(runs, target)
+    screened, every = _screened_and_every(pooled_runs(tmp_path), monkeypatch)
     assert screened == every
     counts = {c.figure: c for c in every}
     assert all(c.splits == 126 for c in every)
