@@ -8,8 +8,8 @@ computing at once as the runs have (1 for `single`, 2 for the others), each on o
 OMP_NUM_THREADS=1 gives each process): the MFU of the preset's forward and backward (one micro-batch, loss
 included, against the one-process peak the runs divide by, training/hardware.py) and one core's rate over
 AdamW's element-wise passes (benchmarks/offload_update.py, on the model's largest tensor), each the slowest
-process's. Two processes on this machine's 2 vCPUs each compute slower than one alone: a compute rate
-measured alone would predict every two-process step too fast. Then it launches each strategy (2 processes,
+process's. Two processes computing at once each compute slower than one alone whenever they share cores
+with other work: a compute rate measured alone would then predict every two-process step too fast. Then it launches each strategy (2 processes,
 one for `single`) for `--steps` steps at each accumulation, the preset's micro-batch throughout, and prints
 `python -m planner --run`'s predicted step (at that MFU, the run's measured peak and link) beside the
 steady-state mean of the steps after `--warmup`, then, per accumulation, the pairs of strategies the
