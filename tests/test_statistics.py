@@ -209,6 +209,15 @@ def test_one_run_each_rule() -> None:
     assert ratio_over_runs([100.0], [200.0], exact=True).verdict == LOWER
 
 
+def test_a_run_without_a_positive_value_is_left_out_and_a_side_with_none_gives_no_ratio() -> None:
+    # A zero (a run that measured nothing) has no logarithm: kept, it would make the geometric mean 0 or infinite.
+    assert ratio_over_runs([0.0, 2.0, 2.0], [1.0, 1.0]).ratio == 2.0
+    assert ratio_over_runs([1.0, 1.0], [0.0, 2.0, 2.0]).ratio == 0.5
+    for empty_side in ([0.0, -1.0], [], [math.nan]):
+        assert ratio_over_runs(empty_side, [1.0, 2.0]) is None
+        assert ratio_over_runs([1.0, 2.0], empty_side) is None
+
+
 def test_step_times_of_one_run_each_give_a_verdict_both_ways() -> None:
     rng = np.random.default_rng(5)
     fast, slow = 1000 / rng.normal(0.50, 0.02, 80), 1000 / rng.normal(0.60, 0.02, 80)
