@@ -53,6 +53,7 @@ from analysis.permutation import (
     mean_difference,
     monte_carlo_p_of_many,
     relabellings,
+    tie_margin,
     welch_t,
 )
 from analysis.runs import Run, load_run, sort_runs
@@ -322,9 +323,9 @@ def order_p_values(sides: np.ndarray, runs: int) -> np.ndarray:
     every = np.array(list(itertools.combinations(range(runs), sides.shape[1])))
     null = np.sort(statistic(every, _complements(every, runs)))
     observed = statistic(sides, rest)
-    gamma = np.abs(np.finfo(float).eps * 100 * observed)  # scipy.stats.permutation_test's ties
-    less = np.searchsorted(null, observed + gamma, side="right") / len(null)
-    greater = (len(null) - np.searchsorted(null, observed - gamma, side="left")) / len(null)
+    margin = tie_margin(observed)
+    less = np.searchsorted(null, observed + margin, side="right") / len(null)
+    greater = (len(null) - np.searchsorted(null, observed - margin, side="left")) / len(null)
     return np.clip(np.minimum(less, greater) * 2, 0.0, 1.0)
 
 

@@ -113,8 +113,8 @@ def monte_carlo_p_of_many(
     same drawn permutations (`drawn_relabellings`), so a row's p is the one `monte_carlo_p` gives it alone.
 
     Not scipy.stats.permutation_test itself: it draws each relabelling with a call of its own (50 ms at R =
-    9,999), which a calibration over tens of thousands of pairs cannot afford; the count and the ties within
-    a relative 1e-14 are its."""
+    9,999), which a calibration over tens of thousands of pairs cannot afford; the count and the ties
+    (`tie_margin`) are its."""
     n1 = x.shape[-1]
     order = drawn_relabellings(n1 + y.shape[-1], resamples, seed)
     out = np.empty(x.shape[0])
@@ -123,9 +123,9 @@ def monte_carlo_p_of_many(
         observed = np.asarray(statistic(x[start:stop], y[start:stop], axis=-1), dtype=float)[:, None]
         shuffled = np.concatenate([x[start:stop], y[start:stop]], axis=-1)[:, order]  # (rows, R, n)
         null = statistic(shuffled[..., :n1], shuffled[..., n1:], axis=-1)
-        tolerance = np.where(np.isfinite(observed), 1e-14 * np.maximum(1.0, np.abs(observed)), 0.0)
-        less = (np.count_nonzero(null <= observed + tolerance, axis=-1) + 1) / (resamples + 1)
-        greater = (np.count_nonzero(null >= observed - tolerance, axis=-1) + 1) / (resamples + 1)
+        margin = tie_margin(observed)
+        less = (np.count_nonzero(null <= observed + margin, axis=-1) + 1) / (resamples + 1)
+        greater = (np.count_nonzero(null >= observed - margin, axis=-1) + 1) / (resamples + 1)
         out[start:stop] = np.minimum(1.0, 2 * np.minimum(less, greater))
     return out
 
@@ -165,10 +165,19 @@ def exact_p_of_many(
     return out
 
 
+def tie_margin(observed: np.ndarray | float) -> np.ndarray:
+    """How far a relabelling's statistic may lie past the observed one and still count as extreme: scipy.stats.
+    permutation_test's 100 machine epsilons of the observed value (2.2e-14 of it, nothing at 0), so a p counted
+    here is the one scipy would count. 0 where the observed value is infinite (Welch's t of sides with no
+    spread), where only an equal infinity ties and scipy's product would be infinite."""
+    observed = np.asarray(observed, dtype=float)
+    return np.where(np.isfinite(observed), np.abs(np.finfo(float).eps * 100 * observed), 0.0)
+
+
 def _one_against_many(x: np.ndarray, y: np.ndarray, statistic: Callable[[np.ndarray, np.ndarray], float]) -> float:
     """A side of one run, which scipy's permutation_test refuses: its n1 + n2 relabellings (which run is the
     lone one) enumerated here, the p-value counted as scipy counts it (twice the smaller tail, ties within
-    a relative 1e-14 counted as extreme)."""
+    `tie_margin` counted as extreme)."""
     pooled = np.concatenate([x, y])
     lone = len(x) == 1
     observed = statistic(x, y)
@@ -177,9 +186,9 @@ def _one_against_many(x: np.ndarray, y: np.ndarray, statistic: Callable[[np.ndar
         one, rest = pooled[i : i + 1], np.delete(pooled, i)
         null.append(statistic(one, rest) if lone else statistic(rest, one))
     values = np.asarray(null, dtype=float)
-    tolerance = 1e-14 * max(1.0, abs(observed))
-    less = np.mean(values <= observed + tolerance)
-    greater = np.mean(values >= observed - tolerance)
+    margin = float(tie_margin(observed))
+    less = np.mean(values <= observed + margin)
+    greater = np.mean(values >= observed - margin)
     return float(min(1.0, 2 * min(less, greater)))
 
 
@@ -188,7 +197,7 @@ def mean_difference(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
 
     Each side is summed in sorted order: two relabellings that hold the same values (a value both sides
     share, moved across) must give the same statistic to the last bit, and a sum in another order differs
-    there by more than the relative 1e-14 scipy allows for ties; a p-value would then depend on which side
+    there by more than the `tie_margin` scipy allows for ties; a p-value would then depend on which side
     is called a."""
     return np.sort(x, axis=axis).mean(axis=axis) - np.sort(y, axis=axis).mean(axis=axis)
 

@@ -102,13 +102,15 @@ def _by_lone_value(table: dict[float, float]):
         # Statistic of the observed relabelling first (lone value 1.0), then the others'.
         ({1: 8.0, 2: -4.0, 3: -1.0, 4: 0.5}, 2 / 4),  # the largest: twice the upper tail
         ({1: 3.0, 2: 3.0, 3: 3.0}, 1.0),  # every relabelling tied: both tails whole, p capped at 1
-        # Ties within a relative 1e-14 of the observed count as extreme, however large it is...
-        ({1: 1e6 * (1 + 5e-15), 2: 1e6, 3: -1e6, 4: -2e6}, 1.0),
-        # ...and never beyond: 1.5e-14 below an observed 1 is not a tie, nor is anything 0.5 away.
-        ({1: 1.0, 2: 1.0 - 1.5e-14, 3: 0.5, 4: -3.0, 5: -4.0, 6: -5.0}, 2 / 6),
-        # The band's edge is inside it: 1e-14 from an observed 0 ties, above and below.
-        ({1: 0.0, 2: 1e-14, 3: 5.0, 4: 6.0, 5: 7.0, 6: 8.0}, 4 / 6),
-        ({1: 0.0, 2: -1e-14, 3: -5.0, 4: -6.0, 5: -7.0, 6: -8.0}, 4 / 6),
+        # Ties within 100 machine epsilons (2.2e-14) of the observed, relative to it, count as extreme,
+        # however large it is...
+        ({1: 1e6 * (1 + 2e-14), 2: 1e6, 3: -1e6, 4: -2e6}, 1.0),
+        ({1: 1.0, 2: 1.0 - 2e-14, 3: 0.5, 4: -3.0, 5: -4.0, 6: -5.0}, 4 / 6),
+        # ...and never beyond: 3e-14 below an observed 1 is not a tie, nor is anything 0.5 away.
+        ({1: 1.0, 2: 1.0 - 3e-14, 3: 0.5, 4: -3.0, 5: -4.0, 6: -5.0}, 2 / 6),
+        # An observed 0 has no band: 1e-300 either side of it is not a tie.
+        ({1: 0.0, 2: 1e-300, 3: 5.0, 4: 6.0, 5: 7.0, 6: 8.0}, 2 / 6),
+        ({1: 0.0, 2: -1e-300, 3: -5.0, 4: -6.0, 5: -7.0, 6: -8.0}, 2 / 6),
     ],
 )
 def test_one_run_against_many_counts_ties_as_scipy_does(table: dict[float, float], expected: float) -> None:
