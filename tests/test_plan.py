@@ -28,6 +28,7 @@ from planner.cost_model import (
     Workload,
     activations,
     ddp_buckets,
+    host_update_bytes,
     logits_bytes,
     max_micro_batch_size,
     model_state,
@@ -589,6 +590,31 @@ def test_a_measured_link_is_the_latency_and_the_bandwidth_net_of_one_call() -> N
     assert measured.latency_s == 0.001 and measured.gb_s == pytest.approx(1.0 * 0.010 / 0.009)
     before = measured_link({"launch": {"link": {"bus_gb_s": 1.0}}}, Path("run"))  # no latency recorded yet
     assert before.gb_s == 1.0 and before.latency_s == Link(1.0).latency_s
+
+
+def test_a_cpu_step_adds_the_update_on_its_own_core_unless_it_is_offloaded() -> None:
+    """On a CPU the AdamW update runs on the core that computes, after the backward: its bytes over one core's
+    rate, exactly, added to the step and hidden by nothing; an offloading strategy prices it with the host's
+    copies instead, and a GPU's update is in its compute."""
+    link = Link(gb_s=2.0, host_update_gb_s=7.0, latency_s=1e-4)
+    cpu = Workload(GPT2Config.from_preset("tiny"), 8, 64, "fp32", 2, 2, device="cpu")
+    for name in ("single", "ddp", "fsdp"):
+        w = replace(cpu, world_size=1) if name == "single" else cpu
+        t = step_time(w, name, 150e9, 0.15, link)
+        assert t.update_s == host_update_bytes(w, name) / 7e9 > 0
+        assert t.step_s == t.compute_s + t.exposed_s + t.update_s
+        assert t.step_s_no_overlap == t.compute_s + t.communication_s + t.update_s
+    offloaded = step_time(cpu, "fsdp_offload", 150e9, 0.15, link)
+    assert offloaded.update_s == 0 and offloaded.communication_s >= host_update_bytes(cpu, "fsdp_offload") / 7e9
+    assert step_time(replace(cpu, device="cuda"), "ddp", 150e9, 0.15, link).update_s == 0
+
+
+def test_hybrid_sharding_counts_the_calls_inside_a_machine_and_across_machines() -> None:
+    link = Link(gb_s=6.0, inter_node_gb_s=2.0, latency_s=1e-4)
+    one_machine = step_time(workload(world_size=2, grad_accum_steps=3), "fsdp", 1e12, 0.3, link)
+    two_machines = step_time(workload(world_size=4, num_nodes=2, grad_accum_steps=3), "hsdp", 1e12, 0.3, link)
+    # Inside each machine FSDP's calls as on one machine; across, one all-reduce per block and the root's.
+    assert two_machines.collective_calls == one_machine.collective_calls + GPT2_124M.n_layer + 1
 
 
 def _cpu_step(name: str, micro_steps: int, link: Link) -> float:
