@@ -121,6 +121,18 @@ def test_one_run_against_many_counts_ties_as_scipy_does(table: dict[float, float
     assert exact_p(y, x, lambda rest, one: flipped[float(one[0])], False) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize(("inside", "outside"), [(1.0, 1.0 - 1.5e-14), (0.0, 1e-15)])
+def test_a_drawn_p_counts_ties_within_scipys_margin_only(inside: float, outside: float) -> None:
+    # The statistic is `inside` whenever the lone run stays on its side, `outside` otherwise: 1.5e-14 below an
+    # observed 1 is within scipy's 100 epsilons (a tie, p = 1); 1e-15 above an observed 0 is not (no margin at 0).
+    def statistic(x: np.ndarray, y: np.ndarray, axis: int = -1) -> np.ndarray:
+        return np.where(x.max(axis=axis) > 0.5, inside, outside)
+
+    p = monte_carlo_p_of_many(np.array([[1.0]]), np.zeros((1, 5)), statistic, resamples=99, seed=5)[0]
+    stays = np.count_nonzero(drawn_relabellings(6, 99, 5)[:, 0] == 0)  # relabellings that keep it on its side
+    assert p == (1.0 if inside == 1.0 else min(1.0, 2 * (stays + 1) / 100)) and stays < 50
+
+
 @settings(max_examples=25, deadline=None)
 @given(
     st.lists(st.integers(0, 6), min_size=8, max_size=8),  # small integers: ties between and within the sides

@@ -22,7 +22,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from model import GPT2, GPT2Config
-from model.shapes import flops_per_token, parameter_shapes
+from model.shapes import flops_per_token, parameter_shapes, total_parameters
 from planner.cost_model import (
     Link,
     Workload,
@@ -605,7 +605,11 @@ def test_a_cpu_step_adds_the_update_on_its_own_core_unless_it_is_offloaded() -> 
         assert t.step_s == t.compute_s + t.exposed_s + t.update_s
         assert t.step_s_no_overlap == t.compute_s + t.communication_s + t.update_s
     offloaded = step_time(cpu, "fsdp_offload", 150e9, 0.15, link)
-    assert offloaded.update_s == 0 and offloaded.communication_s >= host_update_bytes(cpu, "fsdp_offload") / 7e9
+    sharded = step_time(cpu, "fsdp", 150e9, 0.15, link)  # the same collectives, no copies on a CPU
+    assert offloaded.update_s == 0
+    assert offloaded.communication_s == pytest.approx(
+        sharded.communication_s + host_update_bytes(cpu, "fsdp_offload") / 7e9, rel=1e-12
+    )
     assert step_time(replace(cpu, device="cuda"), "ddp", 150e9, 0.15, link).update_s == 0
 
 
@@ -615,6 +619,9 @@ def test_hybrid_sharding_counts_the_calls_inside_a_machine_and_across_machines()
     two_machines = step_time(workload(world_size=4, num_nodes=2, grad_accum_steps=3), "hsdp", 1e12, 0.3, link)
     # Inside each machine FSDP's calls as on one machine; across, one all-reduce per block and the root's.
     assert two_machines.collective_calls == one_machine.collective_calls + GPT2_124M.n_layer + 1
+    # Across, each device all-reduces its fp16 shard (half the model) with one replica: 2 (2 - 1) / 2 of it.
+    across = two_machines.communication_bytes - one_machine.communication_bytes
+    assert across == pytest.approx(2 * (2 - 1) / 2 * total_parameters(GPT2_124M) / 2 * 2, rel=1e-12)
 
 
 def _cpu_step(name: str, micro_steps: int, link: Link) -> float:
