@@ -17,6 +17,7 @@ from analysis.uncertainty import (
     HIGHER,
     LOG_T_INTERVAL,
     LOWER,
+    NEGLIGIBLE,
     NO_VERDICT,
     RESIDENT,
     SAME,
@@ -207,6 +208,23 @@ def test_one_run_each_rule() -> None:
     assert ratio_over_runs([6.1], [6.2, 6.3, 6.25]).verdict == TOO_FEW  # one run on one side is still one run
     # A count repeats exactly: one run each is enough.
     assert ratio_over_runs([100.0], [200.0], exact=True).verdict == LOWER
+
+
+def test_the_ratio_is_of_geometric_means_and_equal_repeats_give_the_plain_quotient() -> None:
+    # Runs that disagree on either side: the geometric means' ratio (2 / 2 here), never the first runs' quotient.
+    assert ratio_over_runs([1.0, 4.0], [2.0, 2.0]).ratio == pytest.approx(1.0, rel=1e-12)
+    assert ratio_over_runs([2.0, 2.0], [1.0, 4.0]).ratio == pytest.approx(1.0, rel=1e-12)
+    # Equal repeats on both sides: a / b to the bit (through logarithms 3 / 7 comes out 1.1e-16 off).
+    assert ratio_over_runs([3.0, 3.0], [7.0, 7.0]).ratio == 3.0 / 7.0
+
+
+def test_an_exact_count_of_one_run_is_judged_against_equal_repeats_but_not_against_runs_that_disagree() -> None:
+    point = ratio_over_runs([100.0], [200.0, 200.0], exact=True)
+    assert (point.verdict, point.ci95, point.ratio) == (LOWER, (0.5, 0.5), 0.5)
+    assert ratio_over_runs([2.0], [1.0, 3.0], exact=True).verdict == TOO_FEW
+    # The margin is the pair's: an exact 0.5% apart is no meaningful difference at 1%, lower at 0.
+    assert ratio_over_runs([100.0], [100.5], exact=True, margin=0.01).verdict == NEGLIGIBLE
+    assert ratio_over_runs([100.0], [100.5], exact=True, margin=0.0).verdict == LOWER
 
 
 def test_a_run_without_a_positive_value_is_left_out_and_a_side_with_none_gives_no_ratio() -> None:
