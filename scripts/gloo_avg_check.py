@@ -8,8 +8,8 @@ the CPU (the suite's strategy tests catch it). docs/compat.md holds what each re
 
 from __future__ import annotations
 
-import os
-import socket
+import tempfile
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -24,9 +24,8 @@ def outcome(collective, *args) -> str:
     return ""
 
 
-def work(rank: int, port: int) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+def work(rank: int, rendezvous: str) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=2)
     out, values = torch.empty(1), torch.full((2,), float(rank + 1))
     scattered = outcome(dist.reduce_scatter_tensor, out, values) or f"{out.item():g}"
     total = torch.tensor([float(rank + 1)])
@@ -39,7 +38,6 @@ def work(rank: int, port: int) -> None:
 
 
 if __name__ == "__main__":
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        free = probe.getsockname()[1]
-    mp.spawn(work, args=(free,), nprocs=2)
+    # A file rendezvous: no port to find free and lose to another program before the processes bind it.
+    with tempfile.TemporaryDirectory() as folder:
+        mp.spawn(work, args=(str(Path(folder) / "rendezvous"),), nprocs=2)
