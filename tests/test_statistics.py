@@ -28,6 +28,9 @@ from analysis.uncertainty import (
     THROUGHPUT,
     TOO_CORRELATED,
     TOO_FEW,
+    WELCH_LOG_RATIO,
+    Comparison,
+    Ratio,
     block_length,
     bootstrap_median_interval,
     build_statistics,
@@ -225,6 +228,43 @@ def test_an_exact_count_of_one_run_is_judged_against_equal_repeats_but_not_again
     # The margin is the pair's: an exact 0.5% apart is no meaningful difference at 1%, lower at 0.
     assert ratio_over_runs([100.0], [100.5], exact=True, margin=0.01).verdict == NEGLIGIBLE
     assert ratio_over_runs([100.0], [100.5], exact=True, margin=0.0).verdict == LOWER
+
+
+def test_sides_that_each_repeat_one_value_give_a_point_and_the_exact_tests_p() -> None:
+    assert ratio_over_runs([5.0, 5.0], [5.0, 5.0]) == Ratio(1.0, (1.0, 1.0), NEGLIGIBLE, WELCH_LOG_RATIO)
+    # Two runs each that agree: still a split the test must judge, 1/3 at 2 each (the smallest it can give).
+    two = ratio_over_runs([6.0, 6.0], [3.0, 3.0])
+    assert (two.ratio, two.ci95, two.verdict, two.method, two.test) == (
+        2.0,
+        (2.0, 2.0),
+        SAME,
+        WELCH_LOG_RATIO,
+        EXACT_PERMUTATION,
+    )
+    assert two.p_value == pytest.approx(1 / 3) and two.smallest_p == pytest.approx(1 / 3)
+    # Past the enumeration limit the observed split is still the most extreme: its p is the floor, uncounted.
+    eight = ratio_over_runs([6.0] * 8, [3.0] * 8)
+    assert (eight.verdict, eight.test, eight.ci95) == (HIGHER, EXACT_PERMUTATION, (2.0, 2.0))
+    assert eight.p_value == eight.smallest_p == pytest.approx(2 / 12_870)
+    # The pair's margin holds here too: 0.5% apart is no meaningful difference at 1%.
+    assert ratio_over_runs([100.0] * 8, [100.5] * 8, margin=0.01).verdict == NEGLIGIBLE
+    assert ratio_over_runs([100.0] * 8, [100.5] * 8, margin=0.0).verdict == LOWER
+
+
+def test_one_run_each_gives_the_whole_ratio_of_its_rule() -> None:
+    assert ratio_over_runs([6.1], [6.1]) == Ratio(1.0, (1.0, 1.0), SAME, SINGLE)
+    assert ratio_over_runs([6.1], [6.2]) == Ratio(6.1 / 6.2, None, TOO_FEW, SINGLE)
+
+
+def test_welchs_interval_inside_the_pairs_margin_is_no_meaningful_difference() -> None:
+    a, b = [100.0, 101.0, 99.0], [100.5, 101.5, 99.5]
+    assert ratio_over_runs(a, b, margin=0.05).verdict == NEGLIGIBLE
+    assert ratio_over_runs(a, b, margin=0.0).verdict == SAME
+
+
+def test_a_comparison_without_an_interval_is_written_with_none() -> None:
+    written = Comparison("throughput", "ddp", "fsdp", 1.02, None, TOO_FEW, SINGLE).to_dict()
+    assert written["ci95"] is None and written["ratio"] == 1.02 and written["verdict"] == TOO_FEW
 
 
 def test_a_run_without_a_positive_value_is_left_out_and_a_side_with_none_gives_no_ratio() -> None:
