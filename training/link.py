@@ -275,19 +275,14 @@ def _median_seconds(call: Callable[[], Any], iterations: int, device: torch.devi
     """The median time of one `call` after the warm-up, the slowest rank's. The toy steps' differences are a
     few milliseconds on a shared machine: a median leaves out the steps another job slowed, which a mean of
     so few would carry into every per-call figure."""
-    for _ in range(WARMUP_ALL_REDUCES):
-        call()
-    _synchronize(device)
-    dist.barrier()
+    _warm_up(call, device)
     times = []
     for _ in range(iterations):
         start = time.perf_counter()
         call()
         _synchronize(device)
         times.append(time.perf_counter() - start)
-    slowest = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return float(slowest.item())
+    return _slowest_rank(statistics.median(times), device)
 
 
 def _seconds_per_all_reduce(buffer: torch.Tensor, iterations: int) -> float:
@@ -298,15 +293,25 @@ def _seconds_per_all_reduce(buffer: torch.Tensor, iterations: int) -> float:
 
 def _seconds_per_call(call: Callable[[], Any], iterations: int, device: torch.device) -> float:
     """The mean time of `call` after the warm-up, the slowest rank's (every rank records the same figure)."""
-    for _ in range(WARMUP_ALL_REDUCES):
-        call()
-    _synchronize(device)
-    dist.barrier()  # every rank starts its clock together, so no rank times another's late arrival
+    _warm_up(call, device)
     start = time.perf_counter()
     for _ in range(iterations):
         call()
     _synchronize(device)
-    seconds = (time.perf_counter() - start) / iterations
+    return _slowest_rank((time.perf_counter() - start) / iterations, device)
+
+
+def _warm_up(call: Callable[[], Any], device: torch.device) -> None:
+    """WARMUP_ALL_REDUCES untimed calls, then every rank waits for the others, so each starts its clock
+    together and no rank times another's late arrival."""
+    for _ in range(WARMUP_ALL_REDUCES):
+        call()
+    _synchronize(device)
+    dist.barrier()
+
+
+def _slowest_rank(seconds: float, device: torch.device) -> float:
+    """The largest of every rank's `seconds`: a collective ends when its slowest rank does."""
     slowest = torch.tensor([seconds], dtype=torch.float64, device=device)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     return float(slowest.item())
