@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 
 from analysis.prediction import experiment_wall_s, read_prediction
-from analysis.report import build_report, write_report
+from analysis.report import build_report, units_line, write_report
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from analysis.scaling import gpu_hour_price
 from analysis.wandb_fetch import APPROXIMATION_NOTE, FetchError, fetch_wandb_runs
@@ -103,6 +103,8 @@ def compare(
     prediction, wall_s = read_prediction(out_dir), experiment_wall_s(out_dir)
     report = build_report(usable, excluded, command, notes, gpu_hour_price, target_loss, mlperf, prediction, wall_s)
     written = write_report(report, out_dir)
+    # The answer first, where the user is looking: the experiment driver and the notebook print this too.
+    print("\n".join(line.replace("**", "") for line in [*report.reading.answer, *units_line(usable)]))
     print(f"wrote {len(written)} files to {out_dir} (open {out_dir / 'report.html'})")
     return EXIT_OK
 

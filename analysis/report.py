@@ -17,43 +17,27 @@ from typing import Any
 
 import numpy as np
 
-from analysis.permutation import MONTE_CARLO_RESAMPLES
+from analysis.answer import answer_lines, answer_table, figure_line
 from analysis.plan_report import FLAG_PCT, PlanSection, plan_section
 from analysis.plots import FigureFile, make_figures
 from analysis.prediction import measured_lines
 from analysis.runs import Run, number, recorded
 from analysis.scaling import (
     SCALING_FACTS,
-    ranked_throughput,
-    scaling_efficiency,
     scaling_lines,
     table_columns,
-    throughput_name,
 )
 from analysis.table import Table, build_table, to_csv, to_html, to_markdown
 from analysis.uncertainty import (
     AVG_LOSS,
     FINAL_VAL_LOSS,
-    HIGHER,
-    LOWER,
-    MIB,
-    NEGLIGIBLE,
-    NO_VERDICT,
     RESERVED,
     RESIDENT,
-    SAME,
-    SINGLE,
-    STEP_BOOTSTRAP,
-    STEP_PEAK,
+    TARGET_SECONDS,
     THROUGHPUT,
-    TOO_CORRELATED,
-    TOO_FEW,
-    TRAIN_TIME,
-    Comparison,
     Statistics,
-    Summary,
-    best_first,
     build_statistics,
+    group_by_strategy,
 )
 from training import run_schema as schema
 from training.durable import write_atomic
@@ -81,196 +65,56 @@ MIN_CURVE_POINTS = 3
 
 
 # ---------------------------------------------------------------------------------------------
-# The reading
+# Notes below the answer
 
 
-def fastest_reading(runs: list[Run], stats: Statistics | None = None) -> list[str]:
-    """Throughput: the leader and every other strategy's ratio to it, with the verdict its interval allows."""
-    stats = stats if stats is not None else build_statistics(runs)
-    summaries = stats.figures.get(THROUGHPUT, {})
-    if len(summaries) < 2:
-        return ["Throughput: fewer than two strategies with a throughput; nothing to rank."]
-    which = throughput_name(ranked_throughput(runs))
-    order = best_first(summaries, schema.THROUGHPUT.better)
-    best, rest = order[0], order[1:]
-    against = {name: stats.comparison(THROUGHPUT, best, name) for name in rest}
-    verdicts = {name: c.verdict if c is not None else TOO_FEW for name, c in against.items()}
-    shown = f"{summaries[best].median:,.0f} tokens/s ({which}; {_interval_text(summaries[best], ',.0f')})"
-    tied = [name for name in rest if verdicts[name] in (SAME, NEGLIGIBLE)]
-    if all(v == HIGHER for v in verdicts.values()):
-        lead = f"Throughput: **{best}** is fastest with {shown}"
-    elif tied:
-        lead = (
-            f"Throughput: **{best}** and {_and([f'**{name}**' for name in tied])} are practically tied "
-            f"(no detectable difference): {best} {shown}"
-        )
-    else:
-        lead = f"Throughput: **{best}** has the highest figure, {shown}, but it cannot be ranked"
-    parts = ", ".join(
-        _ratio_text(against[name], name, f"{summaries[name].median:,.0f} tokens/s")
-        for name in rest
-        if against[name] is not None
-    )
-    lines = [f"{lead}: {parts}." if parts else f"{lead}."]
-    if any(verdict == NO_VERDICT for verdict in verdicts.values()):
-        lines.append(ONE_RUN_NOTE)
-    elif any(summary.method in (STEP_BOOTSTRAP, TOO_CORRELATED) for summary in summaries.values()):
-        blocks = ", ".join(
-            f"{name} {'blocks of ' + str(s.block) + ' steps' if s.method == STEP_BOOTSTRAP else 'none: ' + s.method}"
-            for name, s in summaries.items()
-        )
-        lines.append(f"{STEP_NOTE} Bootstrap per strategy: {blocks}.")
-    lines += _per_device_line(runs, ranked_throughput(runs))
-    return lines
+def units_line(runs: list[Run]) -> list[str]:
+    """What a repeat is here: runs of one seed measure time and memory; only other seeds decide losses."""
+    groups = group_by_strategy(runs)
+    counts = ", ".join(f"{name} {len(members)}" for name, members in groups.items())
+    seeds = {name: len({run.fact("seed") for run in members}) for name, members in groups.items()}
+    seeded = ", ".join(f"{name} {n}" for name, n in seeds.items())
+    return [
+        f"Runs per strategy: {counts}; seeds per strategy: {seeded}. Repeats of a seed measure time and memory; "
+        "losses are compared over seeds, each seed's repeats averaged first (`--seeds` adds seeds)."
+    ]
 
 
-STEP_NOTE = (
-    "One run per strategy: the throughput intervals come from each run's own step times (warm-up steps "
-    "excluded), a moving-block bootstrap whose blocks span the steps' measured autocorrelation (no interval "
-    "where it spans a quarter of the run), so they see step-to-step noise but not drift between runs (another "
-    "job on the machine, clocks, a different node); repeated runs (`--repeats`) see that too."
-)
-ONE_RUN_NOTE = (
-    "One run per strategy: no throughput verdict. A run's step times see step-to-step noise, not drift between "
-    "runs (another job on the machine, clocks, a different node), and an interval built from them calls "
-    "identical strategies different far more often than 5% of the time (`python -m analysis.calibration`, "
-    "docs/statistics.md); the repeats named above, at 5% run-to-run noise, would decide (`--repeats`)."
-)
+def loss_lines(report: dict[str, Any]) -> list[str]:
+    """The final validation and mean training loss, lowest first, with the status of each gap."""
+    lines = [
+        figure_line(report, figure, head, lambda v, _: f"{v:.4f} nats", ("**{}** lowest", "**{}** lowest"))
+        for figure, head in ((FINAL_VAL_LOSS, "Final validation loss"), (AVG_LOSS, "Mean training loss"))
+    ]
+    return [line for line in lines if line]
 
 
-def _ratio_text(comparison: Comparison, name: str, value: str) -> str:
-    """'1.20x fsdp (60,600 tokens/s; 95% interval 1.17-1.23x: higher)'."""
-    if comparison.verdict == NO_VERDICT:
-        needed = comparison.repeats_needed
-        decide = f"{needed} runs per strategy would decide" if needed else "no practical number of runs decides"
-        return f"{comparison.ratio:.2f}x {name} ({value}; {NO_VERDICT}: {decide})"
-    if comparison.ci95 is None:
-        return f"{comparison.ratio:.2f}x {name} ({value}; no interval: {comparison.verdict})"
-    low, high = comparison.ci95
-    return (
-        f"{comparison.ratio:.2f}x {name} ({value}; 95% interval {low:.2f}-{high:.2f}x{_test_text(comparison)}: "
-        f"{comparison.verdict})"
-    )
+def memory_beside_line(report: dict[str, Any], cpu: bool) -> list[str]:
+    """The memory figure beside the step peak: the resident set on a CPU, the reserved peak on a GPU."""
+    figure, head = (RESIDENT, "Resident set (per process)") if cpu else (RESERVED, "Reserved memory (per device)")
+    line = figure_line(report, figure, head, lambda v, _: f"{v:,.0f} MiB", ("**{}** least", "**{}** least"))
+    return [line] if line else []
 
 
-def _test_text(comparison: Comparison) -> str:
-    """'; p = 0.100, Holm-adjusted 0.300 (the smallest 3 and 3 runs allow: 4 runs each would decide)'."""
-    if comparison.p_value is None or comparison.p_adjusted is None:
-        return ""
-    text = f", p = {comparison.p_value:.3f}"
-    if comparison.p_adjusted != comparison.p_value:
-        text += f", Holm-adjusted {comparison.p_adjusted:.3f}"
-    if comparison.repeats_needed is not None and comparison.smallest_p is not None:
-        text += (
-            f" (no exact test can reach 5% at these runs: {comparison.repeats_needed} runs per strategy would allow a "
-            "verdict)"
-        )
-    return text
-
-
-def _interval_text(summary: Summary, spec: str) -> str:
-    """'n = 3 runs, 95% interval 1-2' or 'n = 1 run, no interval'."""
-    runs = f"n = {summary.n} run{'s' if summary.n != 1 else ''}"
-    if summary.ci95 is None:
-        return f"{runs}, no interval"
-    low, high = summary.ci95
-    return f"{runs}, 95% interval {low:{spec}}-{high:{spec}}" if low != high else f"{runs}, exact"
+def not_reached_line(report: dict[str, Any]) -> list[str]:
+    """Strategies none of whose runs reached the target have no time to it; say so once."""
+    if "target_loss" not in report:
+        return []
+    reached = report["figures"].get(TARGET_SECONDS, {}).get("strategies", {})
+    never = [name for name in report["figures"].get(THROUGHPUT, {}).get("strategies", {}) if name not in reached]
+    partly = [f"{name} ({s['missing']} of {s['runs']} runs)" for name, s in reached.items() if s["missing"]]
+    said = [f"{_and(never)} never reached validation loss {report['target_loss']:g}"] if never else []
+    said += [f"some runs never reached it: {_and(partly)}"] if partly else []
+    return [f"Target: {'; '.join(said)}."] if said else []
 
 
 def _and(items: list[str]) -> str:
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
 
 
-def _per_device_line(runs: list[Run], key: schema.Metric) -> list[str]:
-    """Per-device throughput of each run against its comparable single run's (its scaling efficiency), from
-    the same whole-job figure (`key`) that ranked the runs, so the two lines never mix warm-up in and out."""
-    parts, baselines = [], {}
-    for run in runs:
-        result = scaling_efficiency(run, runs, key)
-        if result.efficiency is not None and result.baseline is not None:
-            parts.append(
-                f"{run.label} {result.tokens_per_s / result.devices:,.0f} tokens/s per device = "
-                f"{result.efficiency:.0%} of {result.baseline.label}"
-            )
-            baselines[result.baseline.label] = result.baseline_tokens_per_s
-    shown = ", ".join(f"{label}: {value:,.0f} tokens/s" for label, value in baselines.items())
-    return [f"Per device: {'; '.join(parts)} ({shown})."] if parts else []
-
-
 def on_cpu(runs: list[Run]) -> bool:
     """On CPU both memory keys hold the process's peak resident set size (see training/hardware.py)."""
     return bool(runs) and all(run.fact("device_type") == "cpu" for run in runs)
-
-
-def memory_reading(runs: list[Run], stats: Statistics | None = None) -> list[str]:
-    """The live-tensor step peak is ranked by its comparisons; the figure beside it (resident set size on
-    CPU, reserved on a GPU) is shown, and ranked only where repeats put a difference outside its noise."""
-    stats = stats if stats is not None else build_statistics(runs)
-    cpu = on_cpu(runs)
-    lines = []
-    peaks = stats.figures.get(STEP_PEAK, {})
-    if len(peaks) >= 2:
-        title = (
-            "Peak memory (live tensors at the step peak, per process, max over processes)"
-            if cpu
-            else "Peak memory (allocated, per device, max over devices)"
-        )
-        lines.append(_least_memory(stats, peaks, title))
-    beside = RESIDENT if cpu else RESERVED
-    if len(stats.figures.get(beside, {})) >= 2:
-        title = (
-            "Peak memory (resident set size, per process, max over processes)"
-            if cpu
-            else "Peak memory (reserved, per device, max over devices)"
-        )
-        lines.append(_memory_beside(stats, beside, title))
-    return lines or ["Peak memory: fewer than two strategies with memory figures; nothing to rank."]
-
-
-def _least_memory(stats: Statistics, peaks: dict[str, Summary], title: str) -> str:
-    order = best_first(peaks, schema.PEAK_ALLOCATED.better)  # the step peak is one step's allocated peak
-    best, rest = order[0], order[1:]
-    against = {name: stats.comparison(STEP_PEAK, best, name) for name in rest}
-    verdicts = [c.verdict if c is not None else TOO_FEW for c in against.values()]
-    value = f"{peaks[best].median / MIB:,.0f} MiB"
-    if all(v == LOWER for v in verdicts):
-        lead = f"{title}: **{best}** uses least, {value}"
-    else:
-        lead = f"{title}: **{best}** has the lowest figure, {value}, but it cannot be ranked"
-    parts = ", ".join(
-        f"{1 - c.ratio:.0%} less than {name} ({peaks[name].median / MIB:,.0f} MiB; {_verdict_text(c)})"
-        for name, c in against.items()
-        if c is not None
-    )
-    return f"{lead}: {parts}." if parts else f"{lead}."
-
-
-def _memory_beside(stats: Statistics, figure: str, title: str) -> str:
-    summaries = stats.figures[figure]
-    values = ", ".join(
-        f"{name} {s.median:,.0f} MiB" + (f" (n = {s.n})" if s.n > 1 else "") for name, s in summaries.items()
-    )
-    ranked = [c for c in stats.comparisons if c.figure == figure and c.verdict in (HIGHER, LOWER)]
-    if ranked:
-        outside = "; ".join(f"{c.a} / {c.b} = {c.ratio:.2f} ({_verdict_text(c)})" for c in ranked)
-        return f"{title}, shown beside: {values}; outside its noise: {outside}."
-    why = (
-        "one run per strategy gives it no interval"
-        if all(s.n == 1 for s in summaries.values())
-        else "no pair's 95% interval excludes 1"
-    )
-    return f"{title}, shown beside and not ranked ({why}): {values}."
-
-
-def _verdict_text(comparison: Comparison) -> str:
-    if comparison.ci95 is None:
-        return comparison.verdict
-    low, high = comparison.ci95
-    if low != high:
-        return f"95% interval {low:.3f}-{high:.3f}{_test_text(comparison)}: {comparison.verdict}"
-    # A point interval: identical single runs, a count, or repeats without spread.
-    how = "identical values" if comparison.method == SINGLE else f"ratio {comparison.ratio:.3f}, exact"
-    return f"{how}: {comparison.verdict}"
 
 
 @dataclass
@@ -421,124 +265,31 @@ def loss_agreement(runs: list[Run], factor: float = AGREEMENT_FACTOR) -> LossAgr
 
 
 def agreement_lines(result: LossAgreement, check: Fairness) -> list[str]:
+    """One line: the largest gap from the reference when every curve agrees, each run beyond noise otherwise."""
     if result.verdict == "undetermined":
         return [f"Loss curves: cannot judge agreement ({result.reason})."]
-    details = "; ".join(
-        f"{label}: RMS difference {rms:.4f} nats = {rms / result.sigma:.1f} sigma, max relative {result.max_relative[label]:.2%}"
-        if result.sigma > 0
-        else f"{label}: RMS difference {rms:.4f} nats"
-        for label, rms in result.rms.items()
-    )
-    verdict = (
-        "agree within noise"
-        if result.verdict == "agree"
-        else f"**differ by more than noise** (more than {AGREEMENT_FACTOR:g} sigma)"
-    )
-    line = (
-        f"Loss curves {verdict} against {result.reference} at equal tokens "
-        f"(sigma = {result.sigma:.4f} nats): {details}."
-    )
+
+    def gap(label: str) -> str:
+        rms = result.rms[label]
+        sigmas = f" = {rms / result.sigma:.1f} sigma" if result.sigma > 0 else ""
+        return f"{label} {rms:.4f} nats{sigmas}, max relative {result.max_relative[label]:.2%}"
+
+    if result.verdict == "agree":
+        widest = max(result.rms, key=result.rms.__getitem__)
+        line = (
+            f"Loss curves agree within noise against {result.reference} at equal tokens (sigma = {result.sigma:.4f} "
+            f"nats); the largest RMS difference: {gap(widest)}."
+        )
+    else:
+        beyond = [label for label, rms in result.rms.items() if rms > AGREEMENT_FACTOR * result.sigma]
+        line = (
+            f"Loss curves **differ by more than noise** (more than {AGREEMENT_FACTOR:g} sigma) against "
+            f"{result.reference} at equal tokens (sigma = {result.sigma:.4f} nats): {'; '.join(gap(x) for x in beyond)}."
+        )
     lines = [line]
     if "global_batch_tokens" in check.differing:
         lines.append("The global batches differ, so agreement or not says little about the strategies themselves.")
     return lines
-
-
-def final_loss_line(runs: list[Run]) -> list[str]:
-    parts = []
-    for run in runs:
-        train, val = recorded(run.total, schema.FINAL_LOSS), recorded(run.total, schema.FINAL_VAL_LOSS)
-        if train is not None:
-            parts.append(f"{run.label} {train:.4f}" + (f" (validation {val:.4f})" if val is not None else ""))
-    return [f"Final training loss (nats): {', '.join(parts)}."] if len(parts) > 1 else []
-
-
-LOSS_FIGURES = (FINAL_VAL_LOSS, AVG_LOSS)
-
-
-def loss_verdict_lines(stats: Statistics) -> list[str]:
-    """Each loss figure of every strategy against the first: a verdict only outside the noise between runs."""
-    lines = []
-    for figure in LOSS_FIGURES:
-        summaries = stats.figures.get(figure, {})
-        if len(summaries) < 2:
-            continue
-        first, *others = summaries
-        values = ", ".join(f"{name} {s.median:.4f} ({_interval_text(s, '.4f')})" for name, s in summaries.items())
-        verdicts = "; ".join(
-            f"{name}: {_verdict_text(c)}" for name in others if (c := stats.comparison(figure, name, first)) is not None
-        )
-        lines.append(f"{stats.titles[figure].capitalize()} (nats): {values}. Against {first}: {verdicts}.")
-    return lines
-
-
-def repeats_line(stats: Statistics) -> list[str]:
-    """How many runs each strategy has: the runs of one strategy are its repeats."""
-    counts = {name: s.n for name, s in next(iter(stats.figures.values()), {}).items()}
-    if not counts:
-        return []
-    shown = ", ".join(f"{name} {n}" for name, n in counts.items())
-    return [
-        f"Runs per strategy (repeats, grouped by strategy): {shown}. A verdict (higher, lower) is stated "
-        "only where the ratio's 95% interval excludes 1, the test's p-value, Holm-adjusted over the pairs of the "
-        "figure, is below 5%, and the ratio lies outside the figure's practical margin."
-    ]
-
-
-def target_lines(stats: Statistics) -> list[str]:
-    """Time, tokens and cost to the first validation loss at or below --target_loss, per strategy, as
-    Kaplan-Meier medians (runs that never reached it count as not before their last evaluation), and the
-    log-rank verdict of each pair."""
-    if not stats.time_to_target:
-        return []
-    target = next(iter(stats.time_to_target.values()))["target_loss"]
-    parts = [_target_text(name, entry) for name, entry in stats.time_to_target.items()]
-    lines = [
-        f"Time to validation loss {target:g} (training time, linear between evaluations; Kaplan-Meier median, "
-        f"a run that never reached it counted as not before its last evaluation): {'; '.join(parts)}."
-    ]
-    verdicts = [
-        f"{c['a']} against {c['b']} in {c['figure']}: {c['verdict']}{_target_test_text(c)}"
-        for c in stats.target_comparisons
-    ]
-    if verdicts:
-        lines.append(
-            f"Time to validation loss {target:g}, log-rank statistic, exact over every relabelling of the runs where "
-            f"they are few, Holm-adjusted over the pairs, at 5%: {'; '.join(verdicts)}."
-        )
-    return lines
-
-
-def _target_test_text(pair: dict[str, Any]) -> str:
-    """' (p = 0.100, Holm-adjusted 0.300; 3 and 3 runs cannot reach 5%: 5 runs each would allow a verdict)'."""
-    if pair["p_value"] is None:
-        return " (nothing to test: no run reached it)"
-    text = f" (p = {pair['p_value']:.3f}"
-    if pair["p_adjusted"] != pair["p_value"]:
-        text += f", Holm-adjusted {pair['p_adjusted']:.3f}"
-    if pair.get("repeats_needed") is not None:
-        text += (
-            f"; no exact test of {pair['runs_a']} and {pair['runs_b']} runs can reach 5% (the smallest p they allow "
-            f"is {pair['smallest_p']:.3f}): {pair['repeats_needed']} runs each would allow a verdict"
-        )
-    return text + ")"
-
-
-def _target_text(name: str, entry: dict[str, Any]) -> str:
-    """'ddp 12.3 s, 8,000 tokens, cost 0.0100 (reached in 2 of 3 runs; not before 20.0 s in the other)'."""
-    reached = f"reached in {entry['reached']} of {entry['runs']} run{'s' if entry['runs'] != 1 else ''}"
-    censored = entry.get("not_reached_before") or []
-    if censored:
-        reached += "; not before " + ", ".join(f"{c['seconds']:,.1f} s" for c in censored) + " in the others"
-    if entry["seconds"] is None:
-        return f"{name} not reached (fewer than half of its runs; {reached})"
-    spread = entry["spread"]["seconds"]
-    seconds = f"{entry['seconds']:,.1f} s" + (
-        f" (reached min-max {spread['min']:,.1f}-{spread['max']:,.1f} s)" if spread and spread["n"] > 1 else ""
-    )
-    tokens = f"{entry['tokens']:,.0f} tokens" if entry["tokens"] is not None else "tokens not reached"
-    cost = f", cost {entry['cost']:,.4f}" if entry["cost"] is not None else ""
-    return f"{name} {seconds}, {tokens}{cost} ({reached})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -550,7 +301,9 @@ class Reading:
     """What the report says in words: the local report and the W&B report both show this."""
 
     warnings: list[str]  # shown first: unfair comparison, runs left out
-    lines: list[str]
+    answer: list[str]  # at most three lines: the strategy for speed, memory and the target
+    table: Table  # the compact table under the answer
+    notes: list[str]  # every caveat, once
     problems: list[str]  # "run: sentence", one per line
     method: list[str]  # how the figures and the reading are computed
 
@@ -561,24 +314,24 @@ class Report:
 
     title: str
     command: str
-    warnings: list[str]  # shown first: unfair comparison, runs left out
-    reading: list[str]
-    problems: list[str]  # "run: sentence", one per line
+    reading: Reading
     table: Table
     scaling: list[str]  # scaling efficiency and cost: how each figure was computed, or why it is n/a
     plan: PlanSection
     figures: list[FigureFile]
-    method: list[str]
     statistics: Statistics | None = None  # written as report.json beside the report
 
 
-def build_reading(runs: list[Run], excluded: list[Run], stats: Statistics | None = None) -> Reading:
+def build_reading(
+    runs: list[Run], excluded: list[Run], stats: Statistics | None = None, extra: list[str] | None = None
+) -> Reading:
     """The reading of the usable `runs`; `excluded` are listed with their problems only; `stats` (default:
-    computed here, without a target) holds the intervals and verdicts."""
+    computed here, without a target) holds every figure and verdict; `extra` notes go after the others."""
     stats = stats if stats is not None else build_statistics(runs)
+    report = stats.to_dict()
     check = fairness(runs)
     fair = fairness_lines(check, runs)
-    agreed = fair[:1] if check.fair else []  # the "Fair comparison" line is a reading, the rest are warnings
+    agreed = fair[:1] if check.fair else []  # the "Fair comparison" line is a note, the rest are warnings
     warnings = fair[len(agreed) :]
     if excluded:
         warnings.append(
@@ -586,59 +339,46 @@ def build_reading(runs: list[Run], excluded: list[Run], stats: Statistics | None
             + ", ".join(str(run.path) for run in excluded)
             + " (see Problems)."
         )
-    lines = [
-        *repeats_line(stats),
-        *fastest_reading(runs, stats),
-        *memory_reading(runs, stats),
-        *target_lines(stats),
+    notes = [
+        *units_line(runs),
+        *not_reached_line(report),
+        *memory_beside_line(report, on_cpu(runs)),
+        *loss_lines(report),
         *agreement_lines(loss_agreement(runs), check),
-        *final_loss_line(runs),
-        *loss_verdict_lines(stats),
+        *agreed,
+        *(extra or []),
     ]
-    lines += agreed
     problems = [f"{run.path}: {problem}" for run in [*runs, *excluded] for problem in run.problems]
     method = [
         "Throughput is tokens trained / training time of the optimizer steps (evaluation and checkpointing "
         "excluded); per-device figures are the whole-job figures divided by the world size, as stored.",
         (
-            "Memory on CPU: the reading ranks the live-tensor peak of the probe step (summary.json "
-            "memory.step_peak_bytes, max over processes), the same quantity as torch.cuda.max_memory_allocated on "
-            "a GPU; the process's peak resident set size (since it started: the operating system cannot reset it "
-            "per epoch) is shown beside it and ranked only outside its noise. 'device' means process; 'max over "
-            "devices' is the worst process, 'mean over devices' the average one."
+            "Memory on CPU: the step peak is the live tensors at the probe step's peak (summary.json "
+            "memory.step_peak_bytes, max over processes), the quantity torch.cuda.max_memory_allocated gives on a "
+            "GPU; the resident set is the process's peak since it started. 'device' means process."
             if on_cpu(runs)
-            else "Memory is each device's peak since its epoch started; 'max over devices' is the worst device, "
-            "'mean over devices' the average device. The allocated peak is a count that repeats exactly and is "
-            "ranked; the reserved peak is shown beside it and ranked only outside its noise."
+            else "Memory is each device's peak since its epoch started, the worst device; the allocated step peak "
+            "is a count that repeats exactly."
         ),
         "MFU is achieved FLOP/s per device / the device's peak FLOP/s, in percent.",
         CRITERION,
         f"Fairness: the runs are compared like for like when {', '.join(FAIRNESS_FACTS.values())} agree; "
         "their MFU when they were divided by the same peak (the same figure, measured at the same time).",
-        *STATISTICS_METHOD,
+        STATISTICS_METHOD,
     ]
-    return Reading(warnings, lines, problems, method)
+    return Reading(warnings, answer_lines(report), answer_table(report), notes, problems, method)
 
 
-STATISTICS_METHOD = [
-    "Runs of one strategy are its repeats. Each figure of a strategy: n, median, min-max and a 95% interval: "
-    "Student's t-interval of the mean logarithm over the runs (the geometric mean's, so never below zero); "
-    "with one run, the throughput's interval is a moving-block bootstrap "
-    "(2,000 resamples, fixed seed, blocks as long as the steps' measured autocorrelation) of the median step "
-    "time after warm-up, placed around the recorded figure, "
-    "and other figures have none, except the live-tensor step peak, a count that repeats exactly.",
-    "Comparisons: the ratio a / b of geometric means with Welch's 95% t-interval on the log scale, and a test of "
-    "no difference: exact over every relabelling of the runs where they are few (5,000 at most), otherwise a "
-    f"Monte Carlo permutation test of Welch's t over {MONTE_CARLO_RESAMPLES:,} relabellings drawn from a fixed seed, Holm-adjusted over the pairs of each figure. Verdict: higher (lower) when the adjusted p is below "
-    "5%, the interval lies above (below) 1 and the ratio outside the figure's practical margin (2% for times and "
-    "throughput, 1% for memory, 0.5% for losses); no meaningful difference when the whole interval lies inside "
-    "the margin; otherwise no detectable difference; with "
-    "one run and no interval, equal values are no detectable difference and different ones not enough runs; "
-    "one throughput run each gets no verdict, with the runs per strategy that would decide (Welch's interval "
-    "excluding 1 in 80% of experiments at 5% run-to-run noise). The method's false-verdict rate and power are "
-    "measured on synthetic runs (`python -m analysis.calibration`). Rules and sources: docs/statistics.md; "
-    "every figure and comparison is in report.json.",
-]
+STATISTICS_METHOD = (
+    "Statuses: a count that every run of each strategy repeats (the step peak's bytes; on a CPU in fp32 the "
+    "losses and tokens to a target) is compared on its values at any number of runs. Other figures with two "
+    "runs or more each (seeds, for losses) take Welch's t-test of the mean logarithms, Holm-adjusted over the "
+    "figure's pairs: established when the adjusted p is below 5% and the ratio of geometric means lies outside "
+    "the practical margin (2% for times and throughput, 1% for memory, 0.5% for losses); equivalent when the "
+    "whole 95% interval lies inside it; otherwise not established, with the runs per strategy that give 80% "
+    "power at the spread measured here. One run each establishes nothing but exact counts. Rules and their "
+    "measured false-verdict rates: docs/statistics.md; every figure and comparison: report.json."
+)
 
 
 def report_title(runs: list[Run]) -> str:
@@ -676,20 +416,20 @@ def build_report(
     (per device-hour) prices the runs; `target_loss` adds the time to that validation loss; `mlperf` adds
     MLPerf's mean of the runs less the fastest and the slowest; `prediction` (an experiment's prediction.json)
     is set against the runs' training times and their wall time `wall_s`."""
-    stats = build_statistics(runs, target_loss, gpu_hour_price, mlperf)
-    reading = build_reading(runs, excluded, stats)
+    stats = build_statistics(runs, target_loss, gpu_hour_price)
     planned = measured_lines(prediction, training_seconds(runs), wall_s) if prediction else []
+    extra = [*(mlperf_lines(runs) if mlperf else []), *planned]
+    reading = build_reading(runs, excluded, stats, extra)
+    reading.problems += notes or []
+    reading.method += SECTION_METHOD
     return Report(
         report_title(runs),
         command,
-        reading.warnings,
-        [*reading.lines, *mlperf_lines(stats), *planned],
-        [*reading.problems, *(notes or [])],
+        reading,
         build_table(runs, table_columns(runs, gpu_hour_price)),
         scaling_lines(runs, gpu_hour_price),
         plan_section(runs),
         make_figures(runs),
-        [*reading.method, *SECTION_METHOD],
         stats,
     )
 
@@ -704,24 +444,25 @@ def training_seconds(runs: list[Run]) -> dict[str, float]:
     return out
 
 
-def mlperf_lines(stats: Statistics) -> list[str]:
+def mlperf_lines(runs: list[Run]) -> list[str]:
     """MLPerf Training's summary of times: the mean of the runs after dropping the fastest and the slowest."""
-    if stats.mlperf is None:
-        return []
-    parts = [
-        f"{name} {value:,.1f} s" if value is not None else f"{name} n/a (fewer than 3 runs)"
-        for name, value in stats.mlperf.get(TRAIN_TIME, {}).items()
-    ]
+    parts = []
+    for name, members in group_by_strategy(runs).items():
+        times = sorted(t for run in members if (t := recorded(run.total, schema.TRAIN_TIME)) is not None)
+        mean = math.fsum(times[1:-1]) / (len(times) - 2) if len(times) >= 3 else None
+        parts.append(f"{name} {mean:,.1f} s" if mean is not None else f"{name} n/a (fewer than 3 runs)")
     return [f"MLPerf-style training time (mean of the runs less the fastest and the slowest): {', '.join(parts)}."]
 
 
 def render_markdown(report: Report) -> str:
+    reading = report.reading
     out = [f"# {report.title}", "", f"Produced by `{report.command}`.", ""]
-    out += [f"> {line}" for line in report.warnings] + ([""] if report.warnings else [])
-    out += ["## Reading", "", *(f"- {line}" for line in report.reading), ""]
-    if report.problems:
-        out += ["## Problems", "", *(f"- {line}" for line in report.problems), ""]
-    out += ["## Table", "", to_markdown(report.table), "Full precision in `table.csv`.", ""]
+    out += [f"> {line}" for line in reading.warnings] + ([""] if reading.warnings else [])
+    out += ["## Answer", "", *(f"- {line}" for line in reading.answer), "", to_markdown(reading.table)]
+    out += ["## Notes", "", *(f"- {line}" for line in reading.notes), ""]
+    if reading.problems:
+        out += ["## Problems", "", *(f"- {line}" for line in reading.problems), ""]
+    out += ["## Every run", "", to_markdown(report.table), "Full precision in `table.csv`.", ""]
     out += ["## Scaling efficiency and cost", "", *(f"- {line}" for line in report.scaling), ""]
     out += ["## Plan beside measurement", ""]
     out += [to_markdown(report.plan.table)] if report.plan.table is not None else []
@@ -729,7 +470,7 @@ def render_markdown(report: Report) -> str:
     out += ["## Figures", ""]
     for figure in report.figures:
         out += [f"### {figure.title}", "", f"![{figure.title}]({figure.filename})", "", figure.caption, ""]
-    out += ["## How the figures and the reading are computed", "", *(f"- {line}" for line in report.method), ""]
+    out += ["## How the figures and the reading are computed", "", *(f"- {line}" for line in reading.method), ""]
     return "\n".join(out)
 
 
@@ -755,12 +496,13 @@ def render_html(report: Report) -> str:
     def items(lines: list[str]) -> str:
         return "<ul>\n" + "\n".join(f"<li>{_inline(line)}</li>" for line in lines) + "\n</ul>"
 
+    reading = report.reading
     parts = [f"<h1>{html.escape(report.title)}</h1>", f"<p>Produced by <code>{html.escape(report.command)}</code>.</p>"]
-    parts += [f'<div class="warning">{_inline(line)}</div>' for line in report.warnings]
-    parts += ["<h2>Reading</h2>", items(report.reading)]
-    if report.problems:
-        parts += ["<h2>Problems</h2>", items(report.problems)]
-    parts += ["<h2>Table</h2>", to_html(report.table)]
+    parts += [f'<div class="warning">{_inline(line)}</div>' for line in reading.warnings]
+    parts += ["<h2>Answer</h2>", items(reading.answer), to_html(reading.table), "<h2>Notes</h2>", items(reading.notes)]
+    if reading.problems:
+        parts += ["<h2>Problems</h2>", items(reading.problems)]
+    parts += ["<h2>Every run</h2>", to_html(report.table)]
     parts += ["<h2>Scaling efficiency and cost</h2>", items(report.scaling), "<h2>Plan beside measurement</h2>"]
     parts += [to_html(report.plan.table)] if report.plan.table is not None else []
     parts += [items(report.plan.lines)] if report.plan.lines else []
@@ -772,7 +514,7 @@ def render_html(report: Report) -> str:
             f'<figure><img alt="{html.escape(figure.title)}" src="data:image/png;base64,{data}">'
             f"<figcaption>{html.escape(figure.caption)}</figcaption></figure>"
         )
-    parts += ["<h2>How the figures and the reading are computed</h2>", items(report.method)]
+    parts += ["<h2>How the figures and the reading are computed</h2>", items(reading.method)]
     body = "\n".join(parts)
     return (
         f'<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'

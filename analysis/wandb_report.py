@@ -26,6 +26,7 @@ from typing import Any
 
 from analysis.compare import load_comparison, target_loss
 from analysis.report import Reading, build_reading, write_atomic
+from analysis.table import to_markdown
 from analysis.uncertainty import build_statistics
 from training.cli import DefaultsHelpFormatter, OneLineParser, run_main
 from training.config import RunConfig
@@ -149,7 +150,7 @@ def bar_panels() -> tuple[PanelSpec, ...]:
 
 def reading_markdown(reading: Reading | None, source: str) -> str:
     """The local report's reading, as markdown; `source` says which runs it was computed from."""
-    out = ["## Reading", ""]
+    out = ["## Answer", ""]
     if reading is None:
         return "\n".join(
             [
@@ -160,7 +161,8 @@ def reading_markdown(reading: Reading | None, source: str) -> str:
             ]
         )
     out += [f"> {line}" for line in reading.warnings] + ([""] if reading.warnings else [])
-    out += [f"- {line}" for line in reading.lines]
+    out += [f"- {line}" for line in reading.answer]
+    out += ["", to_markdown(reading.table), "## Notes", "", *(f"- {line}" for line in reading.notes)]
     out += ["", "### Problems", "", *(f"- {line}" for line in reading.problems)] if reading.problems else []
     out += [
         "",
@@ -178,9 +180,8 @@ def method_markdown(reading: Reading | None, command: str) -> str:
         "label such as ddp#2 when an A/A experiment runs one strategy twice), so repeated runs of one arm form "
         "one group. W&B draws a group natively: line plots show the strategy's mean with a "
         "band from its runs' minimum to their maximum, bar charts its mean with that range. The band is the "
-        "runs' range, not a 95% interval, and the mean is not the local report's median: the verdicts "
-        "(higher, lower, no detectable difference) are the reading's above, computed from the runs' "
-        "intervals (docs/statistics.md).",
+        "runs' range, not a 95% interval, and the mean is not the local report's geometric mean: the "
+        "statuses (established, equivalent, not established) are the answer's above (docs/statistics.md).",
         f"- Line plots use {X_TITLE} as x-axis, so runs with different global batches line up at equal data "
         "seen. Memory is the peak per device since the epoch started, the maximum over the run's devices.",
         "- Bar charts show the whole-run figures train.py writes to the run summary (`total/...`, as in "

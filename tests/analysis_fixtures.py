@@ -227,3 +227,43 @@ def write_launch_configs(tmp_path: Path) -> Path:
     for name, processes in (("single_gpu", 1), ("ddp", 2), ("fsdp", 2)):
         (folder / f"{name}.yaml").write_text(f"distributed_type: X\nnum_processes: {processes}\n")
     return folder
+
+
+SAMPLE_RUNS = Path(__file__).resolve().parents[1] / "docs" / "sample_report" / "runs"
+
+
+def scaled_sample_runs(
+    root: Path, repeats: int, seed: int = 0, strategies: tuple[str, ...] = ("single", "ddp", "fsdp")
+) -> list[Path]:
+    """docs/sample_report's real runs copied `repeats` times, each copy's times scaled by 0.98-1.03 (drawn from
+    `seed`): ddp about 1.8x single's throughput with about 2% spread between repeats, and the step peak bytes
+    as every repeat of a run measures them. Folders root/<strategy>-r<k>."""
+    rng = np.random.default_rng(seed)
+    made = []
+    for strategy in strategies:
+        for k in range(1, repeats + 1):
+            made.append(_scaled_copy(SAMPLE_RUNS / strategy, root / f"{strategy}-r{k}", float(rng.uniform(0.98, 1.03))))
+    return made
+
+
+def _scaled_copy(source: Path, target: Path, factor: float) -> Path:
+    """A run folder whose every time is `factor` times the source's (and every rate 1 / factor)."""
+    target.mkdir(parents=True)
+    (target / "config.json").write_text((source / "config.json").read_text())
+    summary = json.loads((source / "summary.json").read_text())
+    for figures in [summary["total"], *summary["epochs"]]:
+        for key, value in figures.items():
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or key in ("epoch", "steps", "tokens"):
+                continue
+            if key.startswith(("tokens_per_s", "samples_per_s")):
+                figures[key] = value / factor
+            elif key.endswith("time_s") or key.startswith("step_time_s"):
+                figures[key] = value * factor
+    summary["step_times_s"] = [t * factor for t in summary["step_times_s"]]
+    (target / "summary.json").write_text(json.dumps(summary))
+    lines = [json.loads(line) for line in (source / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    for line in lines:
+        if isinstance(line.get("elapsed_s"), (int, float)):
+            line["elapsed_s"] *= factor
+    (target / "metrics.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return target

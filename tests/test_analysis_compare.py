@@ -69,11 +69,11 @@ def test_markdown_report_links_every_figure_and_states_the_reading(report) -> No
     text = (report[0] / "report.md").read_text()
     for name in FIGURES:
         assert f"]({name})" in text
-    reading = section(text, "Reading")
-    # One run per strategy: the highest throughput is named, not ranked; memory is a count and is.
-    assert "**ddp** has the highest figure" in reading and "one run each: no verdict" in reading
-    assert "**fsdp** uses least" in reading
-    assert "Loss curves agree within noise against single" in reading and "Fair comparison" in reading
+    answer, notes = section(text, "Answer"), section(text, "Notes")
+    # One run per strategy: the highest throughput leads, not established; memory is a count and is.
+    assert "Speed: **ddp** leads" in answer and "(1 run each): not established" in answer
+    assert "Memory: use **fsdp**" in answer
+    assert "Loss curves agree within noise against single" in notes and "Fair comparison" in notes
     assert "Unfair" not in text and "## Problems" not in text
     assert "python -m analysis.compare" in text  # the command that produced it
 
@@ -87,7 +87,7 @@ def test_report_says_when_loss_curves_differ_by_more_than_noise(tmp_path: Path) 
     # fsdp ends 0.2 nats above the others, four times the step-to-step noise of 0.05 nats.
     run_dirs = three_strategies(tmp_path / "runs", fsdp={"loss_end": 6.2})
     assert main([*map(str, run_dirs), "--out", str(tmp_path / "out")]) == 0
-    reading = section((tmp_path / "out" / "report.md").read_text(), "Reading")
+    reading = section((tmp_path / "out" / "report.md").read_text(), "Notes")
     assert "Loss curves **differ by more than noise** (more than 2 sigma) against single" in reading
     assert "agree within noise" not in reading
 
@@ -151,7 +151,8 @@ def test_one_epoch_single_run_still_renders(tmp_path: Path) -> None:
     run = write_run(tmp_path / "single", FakeRun(epochs=1, steps_per_epoch=5))
     assert main([str(run), "--out", str(tmp_path / "out")]) == 0
     text = (tmp_path / "out" / "report.md").read_text()
-    assert "nothing to rank" in text and "cannot judge agreement" in text
+    assert "Fewer than two strategies have a figure to compare: nothing to decide." in text
+    assert "cannot judge agreement" in text
 
 
 def test_wandb_without_login_is_one_line_and_exit_2(tmp_path: Path) -> None:

@@ -4,15 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.report import (
-    agreement_lines,
-    build_reading,
-    fairness,
-    fairness_lines,
-    fastest_reading,
-    loss_agreement,
-    memory_reading,
-)
+from analysis.report import agreement_lines, build_reading, fairness, fairness_lines, loss_agreement
 from analysis.runs import Run, assign_labels, load_run, sort_runs
 from tests.analysis_fixtures import three_strategies
 
@@ -24,8 +16,7 @@ def runs_of(root: Path, **overrides: dict) -> list[Run]:
 
 
 def repeated_runs_of(root: Path, repeats: int = 5, **overrides: dict) -> list[Run]:
-    """`repeats` runs of each strategy, their throughputs 1% apart (the fixture's figure, then 1% up, 2% up, ...);
-    five each, the fewest at which an exact test of three pairs can reach 5% after Holm's correction."""
+    """`repeats` runs of each strategy, their throughputs 1% apart (the fixture's figure, then 1% up, 2% up, ...)."""
     runs = []
     for k in range(repeats):
         base = {name: {"tokens_per_s": tokens_per_s} for name, tokens_per_s in BASE_THROUGHPUT.items()}
@@ -40,53 +31,50 @@ def repeated_runs_of(root: Path, repeats: int = 5, **overrides: dict) -> list[Ru
 BASE_THROUGHPUT = {"single": 40_000, "ddp": 72_000, "fsdp": 60_000}  # tests/analysis_fixtures.three_strategies
 
 
-def test_one_run_each_names_the_highest_figure_and_no_verdict(tmp_path: Path) -> None:
-    text = " ".join(fastest_reading(runs_of(tmp_path)))
-    assert "**ddp** has the highest figure" in text and "fastest" not in text
-    assert "1.20x fsdp" in text and "1.80x single" in text  # 72,000 / 60,000 and 72,000 / 40,000
-    # 1.2 and 1.8 apart at 5% run-to-run noise, Welch's power needs 3 and 2 runs per strategy; an exact test
-    # over three pairs reaches 5% after Holm's correction only from 5 each.
-    assert "1.20x fsdp (60,600 tokens/s; one run each: no verdict: 5 runs per strategy would decide)" in text
-    assert "1.80x single (40,400 tokens/s; one run each: no verdict: 5 runs per strategy would decide)" in text
+def answer(runs: list[Run]) -> str:
+    return " ".join(build_reading(runs, []).answer)
 
 
-def test_fastest_strategy_over_repeats_and_its_margin(tmp_path: Path) -> None:
-    text = " ".join(fastest_reading(repeated_runs_of(tmp_path)))
-    assert "**ddp** is fastest" in text and "1.20x fsdp" in text and "1.80x single" in text
+def test_one_run_each_names_the_leader_and_what_would_establish_it(tmp_path: Path) -> None:
+    text = answer(runs_of(tmp_path))
+    assert text.startswith("Speed: **ddp** leads, 72,720 tokens/s; ") and "use **ddp**" not in text.split("Memory")[0]
+    # 1.2 and 1.8 apart at the assumed 5% run-to-run spread: Welch's test needs 3 and 2 runs each for 80% power.
+    assert "1.20x fsdp (1 run each): not established: 3 runs each would establish it" in text
+    assert "1.80x single (1 run each): not established: 2 runs each would establish it" in text
+    assert "(run-to-run spread 5.0%, assumed: no strategy has 2 runs to measure it)" in text
+
+
+def test_fastest_strategy_over_repeats(tmp_path: Path) -> None:
+    text = answer(repeated_runs_of(tmp_path, repeats=3))
+    assert text.startswith("Speed: use **ddp**, ") and "1.20x fsdp (95% CI" in text and "1.80x single (95% CI" in text
 
 
 def test_fastest_follows_the_data(tmp_path: Path) -> None:
-    text = " ".join(fastest_reading(repeated_runs_of(tmp_path, single={"tokens_per_s": 90_000})))
-    assert "**single** is fastest" in text and "1.25x ddp" in text
+    text = answer(repeated_runs_of(tmp_path, repeats=3, single={"tokens_per_s": 90_000}))
+    assert text.startswith("Speed: use **single**, ") and "1.25x ddp" in text
 
 
-def test_equal_throughputs_are_called_a_tie(tmp_path: Path) -> None:
-    text = " ".join(fastest_reading(repeated_runs_of(tmp_path, fsdp={"tokens_per_s": 71_900})))
-    assert "practically tied" in text
-
-
-def test_per_device_throughput_is_compared_with_single(tmp_path: Path) -> None:
-    # From the same figure that ranks the runs (warm-up excluded, 1.01 x the fixture's whole-run rate).
-    text = " ".join(fastest_reading(runs_of(tmp_path)))
-    assert "ddp 36,360 tokens/s per device = 90% of single" in text and "(single: 40,400 tokens/s)" in text
+def test_equal_throughputs_are_equivalent_only_inside_the_margin(tmp_path: Path) -> None:
+    """Every strategy's repeats 1% apart in step: ddp and fsdp at 0.1% are no tie unless the interval says so."""
+    text = answer(repeated_runs_of(tmp_path, repeats=3, fsdp={"tokens_per_s": 71_900}))
+    assert "1.00x fsdp (95% CI" in text and "tied" not in text
+    assert "equivalent within the 2% margin" in text or "not established" in text
 
 
 def test_least_memory_strategy_follows_the_data(tmp_path: Path) -> None:
-    assert "**fsdp** uses least, 1,800 MiB" in memory_reading(runs_of(tmp_path / "a"))[0]
+    assert "Memory: use **fsdp**, step peak 1,800.0 MiB" in answer(runs_of(tmp_path / "a"))
     flipped = runs_of(tmp_path / "b", single={"peak_alloc_mib": 1000})
-    assert "**single** uses least, 1,000 MiB" in memory_reading(flipped)[0]
+    assert "Memory: use **single**, step peak 1,000.0 MiB" in answer(flipped)
 
 
-def test_memory_on_cpu_is_one_resident_set_line(tmp_path: Path) -> None:
+def test_memory_on_cpu_notes_the_resident_set_beside_the_step_peak(tmp_path: Path) -> None:
     runs = runs_of(tmp_path)
     for run in runs:
         run.summary["device_type"] = "cpu"
-    (line,) = memory_reading(runs)
-    # One run per strategy gives resident set size no interval: its values are shown, never ranked within
-    # their noise (no strategy is named as using least, and nothing is in bold).
-    assert line.startswith("Peak memory (resident set size, per process, max over processes)")
-    assert "not ranked" in line and "**" not in line and "uses least" not in line
-    assert "single 3,000 MiB" in line and "fsdp 1,800 MiB" in line
+    (line,) = [line for line in build_reading(runs, []).notes if line.startswith("Resident set")]
+    # One run each: the resident set's gaps are figures, not established.
+    assert line.startswith("Resident set (per process): **fsdp** least, 1,800 MiB; ")
+    assert "not established" in line and "established;" not in line
 
 
 def test_fairness_warning_only_when_global_batches_differ(tmp_path: Path) -> None:
@@ -188,8 +176,8 @@ def test_runs_divided_by_different_peaks_are_named_in_one_line(tmp_path: Path) -
         "throughput is."
     )
     reading = build_reading(runs, [])
-    assert line in reading.warnings and line not in reading.lines
-    assert any(text.startswith("Fair comparison") for text in reading.lines)
+    assert line in reading.warnings and line not in reading.notes
+    assert any(text.startswith("Fair comparison") for text in reading.notes)
 
 
 def test_an_equal_figure_measured_at_another_time_is_another_peak(tmp_path: Path) -> None:

@@ -124,22 +124,24 @@ def test_line_plots_run_against_tokens_when_global_batches_differ(tmp_path: Path
 def test_the_reading_is_the_local_reports(runs: list[Path], tmp_path: Path, capsys) -> None:
     assert compare_main([*map(str, runs), "--out", str(tmp_path / "local")]) == 0
     local = (tmp_path / "local" / "report.md").read_text()
-    local_reading = re.search(r"## Reading\n\n(.*?)\n\n", local, re.S).group(1).splitlines()
+    answer = re.search(r"## Answer\n\n(.*?)\n\n", local, re.S).group(1).splitlines()
+    notes = re.search(r"## Notes\n\n(.*?)\n\n", local, re.S).group(1).splitlines()
     capsys.readouterr()
     text = markdown(dry_run(["--runs", *map(str, runs)], capsys))
-    assert len(local_reading) >= 5
-    for line in local_reading:
+    assert len(answer) == 2 and len(notes) >= 4
+    for line in [*answer, *notes]:
         assert line in text
+    # The answer comes first in the W&B report too, its table under it.
+    assert text.index(answer[0]) < text.index("| strategy | runs |") < text.index(notes[0])
     assert "Fair comparison: all 3 runs share global batch (tokens) 8,192" in text  # the fairness facts
     assert "Produced by `python -m analysis.wandb_report --experiment tiny-test --dry_run --runs" in text
 
 
 def test_the_reading_carries_the_time_to_target_and_its_verdicts(runs: list[Path], capsys) -> None:
     text = markdown(dry_run(["--runs", *map(str, runs), "--target_loss", "7"], capsys))
-    assert "Time to validation loss 7 (training time, linear between evaluations; Kaplan-Meier median" in text
-    assert "Holm-adjusted over the pairs, at 5%: single against ddp in seconds: no detectable difference (p = " in text
-    assert "no exact test of 1 and 1 runs can reach 5%" in text
-    assert "Time to validation loss" not in markdown(dry_run(["--runs", *map(str, runs)], capsys))
+    assert "- Time to loss 7: **" in text and "(1 run each): not established" in text
+    assert "| time to loss 7 (s) |" in text
+    assert "Time to loss" not in markdown(dry_run(["--runs", *map(str, runs)], capsys))
 
 
 def test_without_runs_the_dry_run_says_where_the_reading_comes_from(tmp_path: Path, monkeypatch, capsys) -> None:
@@ -277,7 +279,7 @@ def test_live_path_saves_the_report_on_the_server(runs: list[Path], tmp_path: Pa
         m for g in grids for p in g["metadata"]["panelBankSectionConfig"]["panels"] for m in p["config"]["metrics"]
     }
     assert sent_metrics == {m for p in (*line_panels(), *bar_panels()) for m in p.metrics}
-    assert "Throughput: **ddp** has the highest figure" in json.dumps(blocks)
+    assert "Speed: **ddp** leads" in json.dumps(blocks)
     assert json.loads(out.read_text())["entity"] == "team"  # --out records what was sent
 
 
@@ -297,7 +299,7 @@ def test_live_path_fetches_the_reading_from_wandb(tmp_path: Path, server, capsys
     }
     assert histories == {"run0", "run1", "run2"}
     text = server.views[0]["spec"]
-    assert "Throughput: **ddp** has the highest figure" in text and f"fetched from W&B ({ENTITY}/p2)" in text
+    assert "Speed: **ddp** leads" in text and f"fetched from W&B ({ENTITY}/p2)" in text
 
 
 def test_a_backend_that_refuses_is_one_line_and_exit_2(runs: list[Path], server, capsys) -> None:

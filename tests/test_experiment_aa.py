@@ -1,6 +1,6 @@
 """A/A experiments: one strategy under two labels (`--strategies ddp ddp` trains ddp and ddp#2), interleaved like
 any two strategies, continued like them, and compared as two arms; one real A/A experiment of 2 x 2 tiny DDP
-runs, whose report gives no verdict on the figures that repeat exactly, and whose runs the calibration splits."""
+runs, whose report establishes nothing between the arms, and whose runs the A/A calibration splits."""
 
 from __future__ import annotations
 
@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from filelock import FileLock
 
-from analysis import calibration
 from analysis.compare import load_comparison
 from analysis.experiment import ExperimentSpec, SetupError, build_launches, main
-from analysis.uncertainty import HIGHER, LOWER, build_statistics
+from analysis.uncertainty import build_statistics
+from benchmarks import aa_calibration
 from tests.analysis_fixtures import FakeRun, write_launch_configs, write_run
 from tests.launch import REPO, free_port, launch_env
 from tests.test_experiment_repeats import BATCH, LAUNCHER, PORT_PER_RUN_LAUNCHER, flag
@@ -92,7 +92,7 @@ def test_an_interrupted_a_a_experiment_continues_and_reports_two_arms(tmp_path: 
     assert flag(tuple(launched), "--arm") == "ddp#2" and flag(tuple(launched), "--strategy") == "ddp"
     report = json.loads((out / "report.json").read_text())
     assert {(c["a"], c["b"]) for c in report["comparisons"]} == {("ddp", "ddp#2")}
-    assert set(report["figures"]["tokens_per_s"]) == {"ddp", "ddp#2"}
+    assert set(report["figures"]["tokens_per_s"]["strategies"]) == {"ddp", "ddp#2"}
     assert "ddp#2" in (out / "table.csv").read_text()
 
 
@@ -106,7 +106,7 @@ def test_the_report_compares_arms_not_strategies(tmp_path: Path) -> None:
     runs, _ = load_comparison(sorted(tmp_path.glob("*/r*")))
     assert [r.label for r in runs] == ["ddp (r1)", "ddp (r2)", "ddp#2 (r1)", "ddp#2 (r2)"]
     stats = build_statistics(runs)
-    assert {name: s.n for name, s in stats.figures["tokens_per_s"].items()} == {"ddp": 2, "ddp#2": 2}
+    assert {name: s.units for name, s in stats.summaries["tokens_per_s"].items()} == {"ddp": 2, "ddp#2": 2}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -118,7 +118,7 @@ AA_STEPS, AA_EVAL_INTERVAL = 4, 2
 @pytest.fixture(scope="session")
 def aa_experiment(shared_dir: Path, corpus: Path, shared_cache: Path) -> Path:
     """`--strategies ddp ddp --repeats 2` at the tiny preset, 4 steps with validations at steps 2 and 4, then its
-    report again with a target between those validations (calibration.default_target)."""
+    report again with a target halfway between those validations."""
     out, done = shared_dir / "aa", shared_dir / "aa.done"
     with FileLock(shared_dir / "aa.lock"):
         if not done.exists():
@@ -159,7 +159,8 @@ def aa_experiment(shared_dir: Path, corpus: Path, shared_cache: Path) -> Path:
                 status = main(argv, launcher=(sys.executable, str(script)), config_dir=REPO / "accelerate_configs")
             assert status == 0, (out / "runs" / "ddp#2" / "r1.log").read_text()[-3000:]
             runs, _ = load_comparison(sorted((out / "runs").glob("*/r*")))
-            target = calibration.default_target(runs)
+            losses = sorted(line.val_loss for line in runs[0].evals)
+            target = (losses[0] + losses[-1]) / 2
             from analysis.compare import main as compare
 
             dirs = [str(run.path) for run in runs]
@@ -169,41 +170,40 @@ def aa_experiment(shared_dir: Path, corpus: Path, shared_cache: Path) -> Path:
 
 
 @pytest.mark.multiprocess
-def test_a_a_experiment_gives_no_verdict_on_the_figures_that_repeat_exactly(aa_experiment: Path) -> None:
+def test_a_a_experiment_establishes_nothing_and_repeats_exactly_what_is_exact(aa_experiment: Path) -> None:
     report = json.loads((aa_experiment / "report.json").read_text())
-    assert set(report["figures"]["final_val_loss"]) == {"ddp", "ddp#2"}
-    assert all(report["figures"]["final_val_loss"][arm]["n"] == 2 for arm in ("ddp", "ddp#2"))
+    losses = report["figures"]["final_val_loss"]
+    assert set(losses["strategies"]) == {"ddp", "ddp#2"} and losses["unit_of_replication"] == "seed"
+    assert all(
+        losses["strategies"][arm]["runs"] == 2 and losses["strategies"][arm]["units"] == 1 for arm in ("ddp", "ddp#2")
+    )
     by_figure = {c["figure"]: c for c in report["comparisons"]}
-    for figure in ("final_val_loss", "avg_loss", "step_peak_bytes"):
+    for figure in ("final_val_loss", "avg_loss", "step_peak_bytes", "tokens_to_target"):
         pair = by_figure[figure]
-        # Same seed, same program: the runs agree exactly, a point inside the margin.
-        assert pair["ratio"] == 1.0 and pair["verdict"] not in (HIGHER, LOWER), pair
-    assert all(c["verdict"] not in (HIGHER, LOWER) for c in report["comparisons"])  # 2 each: p >= 1/3
-    (tokens,) = [p for p in report["time_to_target_comparisons"] if p["figure"] == "tokens"]
-    assert tokens["median_a"] == tokens["median_b"] and tokens["verdict"] not in ("sooner", "later"), tokens
-    assert tokens["test"].startswith("exact permutation test") and tokens["p_adjusted"] >= tokens["p_value"]
+        # Same seed, same program: every run gives the same value, compared as such: equal, so equivalent.
+        assert (pair["ratio"], pair["method"], pair["status"]) == (1.0, "exact values", "equivalent"), pair
+    assert all(c["status"] != "established" for c in report["comparisons"])
     order = json.loads((aa_experiment / "runs" / "order.json").read_text())["runs"]
     assert [sorted(r["arm"] for r in order[k : k + 2]) for k in (0, 2)] == [["ddp", "ddp#2"]] * 2
 
 
 @pytest.mark.multiprocess
-def test_the_calibration_counts_false_verdicts_over_splits_of_real_runs(aa_experiment: Path, capsys) -> None:
-    assert calibration.main(["--runs", str(aa_experiment)]) == 0
+def test_the_calibration_splits_real_runs_for_every_figure(aa_experiment: Path, capsys) -> None:
+    runs = sorted((aa_experiment / "runs").glob("*/r*"))
+    assert aa_calibration.main(["--runs", *map(str, runs), "--splits", "20"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[0].startswith("4 complete ddp runs of") and "n=2: 3 (of 3)" in lines[1]
-    runs = calibration.pooled_runs(aa_experiment)
-    counts = calibration.calibrate_real(runs, calibration.default_target(runs))
-    # Every figure, the time and the tokens to the target too, each a line of the printed table.
-    figures = {c.figure for c in counts}
-    assert figures >= {"tokens_per_s", "step_peak_bytes", "final_val_loss", "to target: seconds", "to target: tokens"}
-    assert all(any(line.startswith(figure) for line in lines[3:]) for figure in figures)
-    # At 2 runs each no split can give a verdict: the exact test's smallest p is 1/3, the equal figures are points.
-    assert all(c.repeats == 2 and c.splits == 3 and c.false_verdicts == 0 for c in counts), counts
+    assert lines[0].startswith("| real figure (4 runs, two arms)")
+    rows = {line.split(" | ")[0].strip("| "): line for line in lines[2:]}
+    assert set(rows) >= {"tokens_per_s", "step_peak_bytes", "final_val_loss", "avg_loss"}
+    # Equal figures are equivalent in every split: no false verdict.
+    assert "| 2 | 0.00% |" in rows["step_peak_bytes"] and "| 2 | 0.00% |" in rows["final_val_loss"]
 
 
-def test_the_calibration_refuses_a_folder_of_several_strategies(tmp_path: Path, capsys) -> None:
-    for k, strategy in enumerate(("ddp", "ddp", "fsdp", "fsdp")):
-        write_run(tmp_path / "runs" / f"{strategy}{k}", FakeRun(strategy, 2))
-    assert calibration.main(["--runs", str(tmp_path)]) == 2
+def test_the_calibration_refuses_runs_of_several_strategies(tmp_path: Path, capsys) -> None:
+    runs = [
+        write_run(tmp_path / f"{strategy}{k}", FakeRun(strategy, 2))
+        for k, strategy in enumerate(("ddp", "ddp", "fsdp", "fsdp"))
+    ]
+    assert aa_calibration.main(["--runs", *map(str, runs)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "runs of ddp, fsdp" in err and len(err.strip().splitlines()) == 1

@@ -12,7 +12,7 @@ from analysis.compare import main
 
 FIGURES = ("tokens_per_s", "step_peak_bytes", "train_time_s", "final_val_loss", "avg_loss")
 STEPS, BATCH = 12, 1000
-REPEATS = 4  # the fewest runs each at which an exact test of one pair can reach 5% (2 / C(8, 4) = 0.029)
+REPEATS = 4
 
 
 def write_fake_run(folder: Path, strategy: str, seconds_per_step: float, peak_bytes: int, loss_end: float) -> Path:
@@ -40,6 +40,7 @@ def write_fake_run(folder: Path, strategy: str, seconds_per_step: float, peak_by
         "strategy": strategy,
         "world_size": 1,
         "device_type": "cpu",
+        "precision": "fp32",
         "device_name": "cpu",
         "complete": True,
         "global_batch_tokens": BATCH,
@@ -94,65 +95,64 @@ def report_json(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(text, parse_constant=lambda name: pytest.fail(f"report.json holds {name}"))
 
 
-def test_figures_give_each_strategy_n_median_min_max_and_interval(report_json: dict) -> None:
+def test_figures_give_each_strategy_its_runs_centre_range_and_interval(report_json: dict) -> None:
     figures = report_json["figures"]
-    assert set(FIGURES) <= set(figures)
+    assert report_json["version"] == 2 and set(FIGURES) <= set(figures)
     for name in FIGURES:
-        assert set(figures[name]) == {"single", "fsdp"}, name
-        for entry in figures[name].values():
-            assert {"n", "median", "min", "max", "ci95", "mlperf_mean"} <= set(entry)
-            assert entry["n"] == REPEATS and entry["min"] <= entry["median"] <= entry["max"]
+        assert {"title", "unit", "higher_is_better", "margin", "unit_of_replication"} <= set(figures[name])
+        strategies = figures[name]["strategies"]
+        assert set(strategies) == {"single", "fsdp"}, name
+        for entry in strategies.values():
+            assert {"runs", "units", "centre", "min", "max", "ci95", "exact", "missing"} <= set(entry)
+            assert entry["runs"] == REPEATS and entry["min"] <= entry["centre"] <= entry["max"]
             assert entry["ci95"] is None or (len(entry["ci95"]) == 2 and entry["ci95"][0] <= entry["ci95"][1])
-    assert figures["step_peak_bytes"]["fsdp"]["ci95"] == [200 * 2**20, 200 * 2**20]
+    assert figures["step_peak_bytes"]["strategies"]["fsdp"]["ci95"] == [200 * 2**20, 200 * 2**20]
+    assert (
+        figures["avg_loss"]["unit_of_replication"] == "seed" and figures["avg_loss"]["strategies"]["fsdp"]["units"] == 1
+    )
 
 
-def test_comparisons_name_every_pair_and_figure_with_a_verdict(report_json: dict) -> None:
+def test_comparisons_name_every_pair_and_figure_with_a_status(report_json: dict) -> None:
     comparisons = report_json["comparisons"]
     assert {c["figure"] for c in comparisons} >= set(FIGURES)
     for item in comparisons:
-        assert {"figure", "a", "b", "ratio", "ci95", "verdict"} <= set(item)
+        assert {"figure", "a", "b", "ratio", "ci95", "status", "direction", "p_value", "p_adjusted"} <= set(item)
         assert (item["a"], item["b"]) == ("single", "fsdp")
-        assert item["verdict"] in (
-            "higher",
-            "lower",
-            "no detectable difference",
-            "no meaningful difference",
-            "not enough runs",
-        )
+        assert item["status"] in ("established", "equivalent", "not established")
     by_figure = {c["figure"]: c for c in comparisons}
     throughput = by_figure["tokens_per_s"]  # 0.50 s steps against 0.60 s, every single run above every fsdp one
-    assert throughput["verdict"] == "higher" and throughput["test"].startswith("exact permutation test")
-    assert throughput["p_value"] == pytest.approx(2 / 70) == throughput["p_adjusted"] and throughput["margin"] == 0.02
-    assert by_figure["step_peak_bytes"]["verdict"] == "higher" and by_figure["step_peak_bytes"]["ratio"] == 1.5
-    assert by_figure["avg_loss"]["verdict"] == "no meaningful difference"  # identical losses
+    assert (throughput["status"], throughput["direction"]) == ("established", "higher")
+    assert throughput["method"] == "Welch t-test of the mean logarithms" and throughput["p_value"] < 0.001
+    assert report_json["figures"]["tokens_per_s"]["margin"] == 0.02
+    assert by_figure["step_peak_bytes"]["direction"] == "higher" and by_figure["step_peak_bytes"]["ratio"] == 1.5
+    assert by_figure["avg_loss"]["status"] == "equivalent"  # identical losses
 
 
-def test_time_to_target_per_strategy(report_json: dict) -> None:
-    entry = report_json["time_to_target"]["single"]
-    assert {"target_loss", "seconds", "tokens", "cost", "reached", "runs", "spread"} <= set(entry)
-    assert entry["target_loss"] == 7.5 and entry["reached"] == entry["runs"] == REPEATS
+def test_time_and_tokens_to_target_per_strategy(report_json: dict) -> None:
+    assert report_json["target_loss"] == 7.5 and report_json["price_per_device_hour"] == 2
+    seconds = report_json["figures"]["time_to_target_s"]["strategies"]["single"]
+    tokens = report_json["figures"]["tokens_to_target"]["strategies"]["single"]
+    assert seconds["runs"] == REPEATS and seconds["missing"] == 0 and seconds["min"] < seconds["max"]
     # val loss 10 - 4 x s / 12 + 0.1 reaches 7.5 at step 7.8: between the evaluations at 6 and 12.
-    assert entry["tokens"] == pytest.approx(7800.0)
-    assert entry["cost"] == pytest.approx(2 * entry["seconds"] / 3600)
-    assert entry["spread"]["seconds"]["min"] < entry["spread"]["seconds"]["max"]
+    assert tokens["centre"] == pytest.approx(7800.0) and tokens["exact"]
 
 
-def test_time_to_target_verdicts_in_report_json_and_the_html(report_json: dict, tmp_path_factory) -> None:
-    pairs = report_json["time_to_target_comparisons"]
-    assert [(c["figure"], c["a"], c["b"]) for c in pairs] == [
-        ("seconds", "single", "fsdp"),
-        ("tokens", "single", "fsdp"),
-    ]
-    seconds, tokens = pairs
-    # single's 0.50-0.53 s steps reach the loss before fsdp's 0.60-0.63 s ones, four runs each: the most extreme
-    # of C(8, 4) = 70 relabellings, p = 2 / 70.
-    assert seconds["median_a"] == pytest.approx(report_json["time_to_target"]["single"]["seconds"])
-    assert seconds["verdict"] == "sooner" and seconds["p_value"] == pytest.approx(2 / 70) == seconds["p_adjusted"]
-    assert seconds["test"].startswith("exact permutation test of the log-rank statistic")
-    assert "log-rank" in seconds["method"]
-    assert tokens["verdict"] == "no detectable difference" and tokens["p_value"] == 1.0  # the same tokens
+def test_time_to_target_statuses_in_report_json_and_the_html(report_json: dict, tmp_path_factory) -> None:
+    by_figure = {c["figure"]: c for c in report_json["comparisons"]}
+    seconds, tokens = by_figure["time_to_target_s"], by_figure["tokens_to_target"]
+    # single's 0.50-0.53 s steps reach the loss before fsdp's 0.60-0.63 s ones, four runs each.
+    assert (seconds["status"], seconds["direction"]) == ("established", "lower")
+    assert (tokens["status"], tokens["method"]) == ("equivalent", "exact values")  # the same tokens
     html = next(tmp_path_factory.getbasetemp().glob("repeats*/out/report.html")).read_text()
-    assert "Kaplan-Meier median" in html and "at 5%: single against fsdp in seconds: sooner (p = 0.029)" in html
+    assert "Time to loss 7.5: use <strong>single</strong>" in html
+    cost = 2 * report_json["figures"]["time_to_target_s"]["strategies"]["single"]["centre"] / 3600
+    assert f"cost {cost:,.4f}" in html
+
+
+def test_mlperf_mean_drops_the_fastest_and_the_slowest(report_json: dict, tmp_path_factory) -> None:
+    md = next(tmp_path_factory.getbasetemp().glob("repeats*/out/report.md")).read_text()
+    (line,) = [line for line in md.splitlines() if line.startswith("- MLPerf-style training time")]
+    assert "single " in line and "fsdp " in line and "n/a" not in line
 
 
 def test_bad_target_loss_is_a_one_line_error(tmp_path: Path, capsys) -> None:

@@ -18,7 +18,6 @@ import pytest
 
 from analysis.compare import load_comparison, main
 from analysis.plan_report import NOT_MEASURED, plan_section
-from analysis.report import fastest_reading
 from analysis.runs import Run
 from analysis.scaling import COST_HEADER, SCALING_HEADER, scaling_lines, table_columns
 from analysis.table import build_table
@@ -247,10 +246,6 @@ def test_scaling_efficiency_is_n_device_throughput_over_n_single_throughputs(tmp
     }
     lines = scaling_lines(runs, None)
     assert "Scaling efficiency of ddp: 1,800 tokens/s / (2 x 1,000 tokens/s of single) = 90.0%." in lines
-    # The reading's per-device line is the same figure.
-    assert "ddp 900 tokens/s per device = 90% of single; fsdp 750 tokens/s per device = 75% of single" in " ".join(
-        fastest_reading(runs)
-    )
 
 
 def test_cost_per_million_tokens(tmp_path: Path) -> None:
