@@ -45,7 +45,9 @@ def ranked(report: dict[str, Any], figure: str) -> list[str]:
     if not entry:
         return []
     strategies = entry["strategies"]
-    return sorted(strategies, key=lambda s: strategies[s]["centre"], reverse=entry["higher_is_better"])
+    sign = -1 if entry["higher_is_better"] else 1
+    # A strategy some of whose runs never got a value (a target not reached) ranks after every one whose did.
+    return sorted(strategies, key=lambda s: (strategies[s].get("missing", 0) > 0, sign * strategies[s]["centre"]))
 
 
 def _units(c: dict[str, Any], unit: str) -> str:
@@ -62,8 +64,10 @@ def _status(c: dict[str, Any], margin: float, unit: str) -> str:
     if c.get("reason"):
         return f"not established ({c['reason']})"
     if abs(math.log(c["ratio"])) <= math.log1p(margin):
-        return f"not established, inside the {margin:.1%} margin".replace(".0%", "%")
+        return f"not established (the ratio is inside the {margin:.1%} margin, its interval is not)".replace(".0%", "%")
     needed = c.get("units_needed")
+    if needed is None and c.get("spread") is None:
+        return f"not established: no strategy has 2 {unit}s to measure the spread"
     if needed is None:
         return f"not established: more than {MAX_UNITS} {unit}s each would be needed"
     return f"not established: {needed} {unit}s each would establish it"
@@ -75,6 +79,7 @@ def _spread(comparisons: list[dict[str, Any]]) -> str:
     if not used:
         return ""
     how = "measured" if used[0]["spread_measured"] else "assumed: no strategy has 2 runs to measure it"
+    # The count is for the rule as applied: Welch at 5% over the figure's pairs, the estimate outside the margin.
     return f" (run-to-run spread {used[0]['spread']:.1%}, {how})"
 
 
@@ -102,7 +107,11 @@ def figure_line(
     if len(order) < 2:
         return None
     entry = report["figures"][figure]
-    best, unit, margin = order[0], entry["unit_of_replication"], entry["margin"]
+    best, margin = order[0], entry["margin"]
+    seeds = entry["unit_of_replication"] == "seed" or any(
+        s["units"] + s.get("missing", 0) != s["runs"] for s in entry["strategies"].values()
+    )
+    unit = "seed" if seeds else "run"
     parts, comparisons = [], []
     for other in order[1:]:
         c = _comparison(report, figure, best, other)
@@ -115,6 +124,8 @@ def figure_line(
     else:
         said = "; ".join(f"{text}: {status}" for text, status in parts)
     word = lead[0] if all(status == "established" for _, status in parts) else lead[1]
+    if all(c["status"] == "equivalent" for c in comparisons):
+        word = "any of " + ", ".join(f"**{name}**" for name in order).replace("{", "{{").replace("}", "}}")
     return f"{head}: {word.format(best)}, {value(entry['strategies'][best]['centre'], best)}; {said}{_spread(comparisons)}."
 
 
@@ -156,6 +167,8 @@ def _centre(report: dict[str, Any], figure: str, strategy: str) -> float | None:
 
 
 def _row_status(report: dict[str, Any], best: str, strategy: str) -> str:
+    if THROUGHPUT not in report["figures"]:
+        return "n/a"
     if strategy == best:
         return "fastest"
     c = _comparison(report, THROUGHPUT, strategy, best)

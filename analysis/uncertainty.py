@@ -45,6 +45,10 @@ ESTABLISHED, EQUIVALENT, NOT_ESTABLISHED = "established", "equivalent", "not est
 HIGHER, LOWER = "higher", "lower"
 EXACT, WELCH, ONE_UNIT = "exact values", "Welch t-test of the mean logarithms", "one unit on a side"
 RUN, SEED = "run", "seed"
+# A time to a target depends on the seed's loss curve and on the machine: one seed's repeats are runs, several
+# seeds' repeats are averaged per seed, so the seeds' differences are never counted as many runs.
+SEEDS_IF_SEVERAL = "seed, where a strategy has several"
+POWER_TRIALS, POWER_SEED = 2000, 80
 
 MIB = 2**20
 # report.json's names of the figures; those that are a summary.json key are spelled by the run schema.
@@ -69,8 +73,9 @@ class Figure:
     higher_is_better: bool
     margin: float  # the smallest relative difference that matters
     exact: bool = False  # a count: a run that repeats gives it to the bit
-    per_seed: bool = False  # a seed's repeats are one unit (a loss), not several
+    replication: str = RUN  # RUN, SEED (a seed's repeats are one unit: a loss), or SEEDS_IF_SEVERAL
     every_run: bool = False  # a run without a value (never reached a target) leaves the strategy undecided
+    timed: bool = False  # a time: where no strategy has two runs, ASSUMED_SPREAD stands in for its spread
 
 
 @dataclass(frozen=True)
@@ -140,11 +145,13 @@ def group_by_strategy(runs: Sequence[Run]) -> dict[str, list[Run]]:
 
 def units(figure: Figure, runs: Sequence[Run]) -> np.ndarray:
     """The figure's finite values, one per run, or one per seed (the mean of its repeats) for a per-seed figure."""
+    seeds = {run.fact("seed") for run in runs}
+    per_seed = figure.replication == SEED or (figure.replication == SEEDS_IF_SEVERAL and len(seeds) > 1)
     by_unit: dict[Any, list[float]] = {}
     for index, run in enumerate(runs):
         value = figure.value(run)
         if value is not None and math.isfinite(value):
-            by_unit.setdefault(run.fact("seed") if figure.per_seed else index, []).append(value)
+            by_unit.setdefault(run.fact("seed") if per_seed else index, []).append(value)
     # Sorted: the same runs give the same figures to the bit, whatever their folders' names or order.
     return np.sort(np.asarray([math.fsum(v) / len(v) for v in by_unit.values()], dtype=float))
 
@@ -194,21 +201,32 @@ def compare_units(figure: Figure, a: str, x: np.ndarray, b: str, y: np.ndarray) 
     x, y = x[x > 0], y[y > 0]
     if x.size == 0 or y.size == 0:
         return None
-    if np.ptp(x) == 0 and np.ptp(y) == 0 and (figure.exact or min(x.size, y.size) > 1):
-        ratio = float(x[0] / y[0])
-        status = EQUIVALENT if inside(ratio, figure.margin) else ESTABLISHED
-        direction = None if status == EQUIVALENT else (HIGHER if ratio > 1 else LOWER)
-        return Comparison(
-            figure.name, a, b, x.size, y.size, ratio, (ratio, ratio), EXACT, None, None, status, direction
-        )
+    constant = np.ptp(x) == 0 and np.ptp(y) == 0
+    if constant and figure.exact:
+        return _exact(figure, a, x, b, y)
     ratio = math.exp(float(np.log(x).mean() - np.log(y).mean()))
     if min(x.size, y.size) < 2:
         return Comparison(figure.name, a, b, x.size, y.size, ratio, None, ONE_UNIT)
+    if constant:  # two runs that agree by chance (a rounded figure) are no evidence of no spread
+        why = "every run gave one value of a figure that is not a count: no spread to test"
+        return Comparison(figure.name, a, b, x.size, y.size, ratio, None, ONE_UNIT, reason=why)
     welch = stats.ttest_ind(np.log(x), np.log(y), equal_var=False)
     low, high = welch.confidence_interval(CONFIDENCE)
     ci = (math.exp(float(low)), math.exp(float(high)))
     p = float(welch.pvalue)
     return Comparison(figure.name, a, b, x.size, y.size, ratio, ci, WELCH, p, p)
+
+
+def _exact(figure: Figure, a: str, x: np.ndarray, b: str, y: np.ndarray) -> Comparison:
+    """A count every unit of each side repeats, compared on its values. A loss of one seed a side says what
+    that seed did: equal within the margin is equivalent, a gap is not yet the strategy's."""
+    ratio = float(x[0] / y[0])
+    c = Comparison(figure.name, a, b, x.size, y.size, ratio, (ratio, ratio), EXACT)
+    if inside(ratio, figure.margin):
+        return replace(c, status=EQUIVALENT)
+    if figure.replication != RUN and min(x.size, y.size) < 2:
+        return replace(c, reason="one seed a side: a gap at one seed is not yet the strategy's (`--seeds`)")
+    return replace(c, status=ESTABLISHED, direction=HIGHER if ratio > 1 else LOWER)
 
 
 def holm(p_values: Sequence[float | None]) -> list[float | None]:
@@ -223,10 +241,12 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
     return adjusted
 
 
-def decided(comparison: Comparison, p_adjusted: float | None, figure: Figure, spread: tuple[float, bool]) -> Comparison:
+def decided(
+    comparison: Comparison, p_adjusted: float | None, figure: Figure, spread: tuple[float, bool] | None, pairs: int
+) -> Comparison:
     """The comparison's status from its adjusted p, interval and margin; when not established, the units per
-    strategy that would establish a ratio this far from 1."""
-    if comparison.method == EXACT:
+    strategy that would establish a ratio this far from 1 (`spread` None: nothing to work it out from)."""
+    if comparison.method == EXACT or comparison.reason:
         return comparison
     ci = comparison.ci95
     if ci is not None and inside(ci[0], figure.margin) and inside(ci[1], figure.margin):
@@ -234,14 +254,16 @@ def decided(comparison: Comparison, p_adjusted: float | None, figure: Figure, sp
     if p_adjusted is not None and p_adjusted < SIGNIFICANCE and not inside(comparison.ratio, figure.margin):
         direction = HIGHER if comparison.ratio > 1 else LOWER
         return replace(comparison, p_adjusted=p_adjusted, status=ESTABLISHED, direction=direction)
+    if spread is None or inside(comparison.ratio, figure.margin):
+        return replace(comparison, p_adjusted=p_adjusted)
     sigma, measured = spread
-    needed = None if inside(comparison.ratio, figure.margin) else units_for_power(comparison.ratio, sigma)
+    needed = units_for_power(comparison.ratio, sigma, pairs, figure.margin)
     return replace(comparison, p_adjusted=p_adjusted, units_needed=needed, spread=sigma, spread_measured=measured)
 
 
-def run_spread(figure: Figure, groups: dict[str, list[Run]]) -> tuple[float, bool]:
+def run_spread(figure: Figure, groups: dict[str, list[Run]]) -> tuple[float, bool] | None:
     """The pooled standard deviation of the logarithm over every strategy with two units or more, and whether
-    it was measured (False: none had two, ASSUMED_SPREAD stands in)."""
+    it was measured (False: none had two and ASSUMED_SPREAD stands in, for a time only; None otherwise)."""
     squares, dof = 0.0, 0
     for runs in groups.values():
         values = units(figure, runs)
@@ -250,28 +272,54 @@ def run_spread(figure: Figure, groups: dict[str, list[Run]]) -> tuple[float, boo
             logs = np.log(values)
             squares += float(((logs - logs.mean()) ** 2).sum())
             dof += values.size - 1
-    return (math.sqrt(squares / dof), True) if dof and squares > 0 else (ASSUMED_SPREAD, False)
+    if dof:
+        return math.sqrt(squares / dof), True
+    return (ASSUMED_SPREAD, False) if figure.timed else None
 
 
-def units_for_power(ratio: float, spread: float, alpha: float = SIGNIFICANCE, power: float = POWER) -> int | None:
-    """Units per strategy at which a two-sided t-test at `alpha` finds a true `ratio` in `power` of experiments,
-    when units vary by `spread` (sd of the logarithm): the noncentral t with 2n - 2 degrees of freedom. None
-    beyond MAX_UNITS. Holm's correction is not in it: with several pairs, the runs it gives are a floor."""
+def units_for_power(ratio: float, spread: float, pairs: int = 1, margin: float = 0.0) -> int | None:
+    """Units per strategy at which the report establishes a true `ratio` in POWER of experiments, when units
+    vary by `spread` (sd of the logarithm): simulated, Welch's test at 5% / `pairs` (the first step of Holm's
+    correction over the figure's pairs, so Holm does at least as well) and the estimate outside the margin.
+    None beyond MAX_UNITS or for a ratio inside the margin."""
     gap = abs(math.log(ratio))
-    # The normal approximation needs fewer units than the t's (z < t): start there and step up.
-    normal = 2 * ((stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(power)) * spread / gap) ** 2
-    for n in range(max(2, math.floor(normal)), MAX_UNITS + 1):
-        dof = 2 * n - 2
-        critical = stats.t.ppf(1 - alpha / 2, dof)
-        shift = gap / (spread * math.sqrt(2 / n))
-        # The far tail underflows to nan in scipy's noncentral t: it is nothing against `power`.
-        if stats.nct.sf(critical, dof, shift) + np.nan_to_num(stats.nct.cdf(-critical, dof, shift)) >= power:
-            return n
-    return None
+    if gap <= math.log1p(margin):
+        return None
+    if spread == 0:
+        return 2
+    alpha = SIGNIFICANCE / pairs
+    # The normal approximation needs fewer units than Welch's t (z < t) and no margin: a floor. Power grows
+    # with n, so gallop up from it and halve back to the fewest units that reach POWER.
+    normal = 2 * ((stats.norm.ppf(1 - alpha / 2) + stats.norm.ppf(POWER)) * spread / gap) ** 2
+    low = max(2, math.floor(normal))
+    if low > MAX_UNITS:
+        return None
+    high = low
+    while simulated_power(high, gap, spread, alpha, margin) < POWER:
+        if high == MAX_UNITS:
+            return None
+        low, high = high + 1, min(MAX_UNITS, 2 * high)
+    while low < high:
+        middle = (low + high) // 2
+        low, high = (
+            (low, middle) if simulated_power(middle, gap, spread, alpha, margin) >= POWER else (middle + 1, high)
+        )
+    return high
 
 
-def compare_figure(figure: Figure, groups: dict[str, list[Run]]) -> list[Comparison]:
-    """Every pair of strategies (a before b in table order) on one figure, Holm-adjusted over the pairs."""
+def simulated_power(n: int, gap: float, spread: float, alpha: float, margin: float) -> float:
+    """The share of POWER_TRIALS experiments of n normal log-units a side, `gap` apart, that Welch's test at
+    `alpha` with the estimate outside the margin calls different (a fixed seed per n: the same answer always)."""
+    rng = np.random.default_rng([POWER_SEED, n])
+    x = rng.normal(gap, spread, (POWER_TRIALS, n))
+    y = rng.normal(0.0, spread, (POWER_TRIALS, n))
+    p = stats.ttest_ind(x, y, axis=1, equal_var=False).pvalue
+    return float(((p < alpha) & (np.abs(x.mean(axis=1) - y.mean(axis=1)) > math.log1p(margin))).mean())
+
+
+def compare_figure(figure: Figure, groups: dict[str, list[Run]], advise: bool = True) -> list[Comparison]:
+    """Every pair of strategies (a before b in table order) on one figure, Holm-adjusted over the pairs;
+    `advise`: work out the units that would establish each pair not established."""
     values = {name: units(figure, runs) for name, runs in groups.items()}
     names = [name for name in groups if values[name].size]
     raw = []
@@ -284,8 +332,8 @@ def compare_figure(figure: Figure, groups: dict[str, list[Run]]) -> list[Compari
                 )
             elif (c := compare_units(figure, a, values[a], b, values[b])) is not None:
                 raw.append(c)
-    spread = run_spread(figure, groups)
-    return [decided(c, p, figure, spread) for c, p in zip(raw, holm([c.p_value for c in raw]))]
+    spread = run_spread(figure, groups) if advise else None
+    return [decided(c, p, figure, spread, len(raw)) for c, p in zip(raw, holm([c.p_value for c in raw]))]
 
 
 def _unreached(figure: Figure, groups: dict[str, list[Run]], a: str, b: str) -> str:
@@ -333,6 +381,7 @@ def run_figures(runs: Sequence[Run], target: float | None = None) -> list[Figure
             lambda run: throughput(run, key),
             True,
             key.margin or 0.0,
+            timed=True,
         ),
         Figure(
             STEP_PEAK,
@@ -351,7 +400,7 @@ def run_figures(runs: Sequence[Run], target: float | None = None) -> list[Figure
             False,
             beside.margin or 0.0,
         ),
-        Figure(TRAIN_TIME, "training time", "s", _total(schema.TRAIN_TIME), False, schema.TIME_MARGIN),
+        Figure(TRAIN_TIME, "training time", "s", _total(schema.TRAIN_TIME), False, schema.TIME_MARGIN, timed=True),
         Figure(
             FINAL_VAL_LOSS,
             "final validation loss",
@@ -360,7 +409,7 @@ def run_figures(runs: Sequence[Run], target: float | None = None) -> list[Figure
             False,
             schema.LOSS_MARGIN,
             losses_exact,
-            per_seed=True,
+            replication=SEED,
         ),
         Figure(
             AVG_LOSS,
@@ -370,7 +419,7 @@ def run_figures(runs: Sequence[Run], target: float | None = None) -> list[Figure
             False,
             schema.LOSS_MARGIN,
             losses_exact,
-            per_seed=True,
+            replication=SEED,
         ),
     ]
     return figures + ([] if target is None else target_figures(target, losses_exact))
@@ -387,7 +436,9 @@ def target_figures(target: float, exact: bool) -> list[Figure]:
             lambda run: _at_target(run, target, 0),
             False,
             schema.TARGET_MARGIN,
+            replication=SEEDS_IF_SEVERAL,
             every_run=True,
+            timed=True,
         ),
         Figure(
             TARGET_TOKENS,
@@ -397,6 +448,7 @@ def target_figures(target: float, exact: bool) -> list[Figure]:
             False,
             schema.TARGET_MARGIN,
             exact,
+            replication=SEED,
             every_run=True,
         ),
     ]
@@ -487,7 +539,7 @@ class Statistics:
                 "unit": f.unit,
                 "higher_is_better": f.higher_is_better,
                 "margin": f.margin,
-                "unit_of_replication": SEED if f.per_seed else RUN,
+                "unit_of_replication": f.replication,
                 "strategies": {name: s.to_dict() for name, s in self.summaries.get(f.name, {}).items()},
             }
             for f in self.figures

@@ -226,3 +226,23 @@ def test_a_comparison_with_a_reason_says_it() -> None:
         "Speed: **ddp** leads, 1,900 tokens/s; 0.80x fsdp (3 runs each): not established (2 of 3 runs of fsdp "
         "never reached it)."
     ]
+
+
+def test_a_strategy_whose_runs_did_not_all_reach_the_target_ranks_last() -> None:
+    report = _report([])
+    report["target_loss"] = 4.0
+    report["figures"]["time_to_target_s"] = {
+        **report["figures"][THROUGHPUT],
+        "higher_is_better": False,
+        "strategies": {
+            "ddp": {"runs": 3, "units": 1, "centre": 5.0, "missing": 2},
+            "fsdp": {"runs": 3, "units": 3, "centre": 12.5, "missing": 0},
+        },
+    }
+    report["comparisons"] = [
+        {
+            **_pair("fsdp", 10.0, "not established", reason="2 of 3 runs of ddp never reached it"),
+            "figure": "time_to_target_s",
+        }
+    ]
+    assert answer_lines(report)[-1].startswith("Time to loss 4: **fsdp** leads, 12.5 s; 0.10x ddp (3 runs each)")
