@@ -144,7 +144,9 @@ def _optimizer_step(s: Session, micro_batches: list[Any], clock: _StepClock) -> 
             s.cfg.optim.grad_clip,
             with_step_faults(state.step + 1, s.model, after_backward),  # GPT2S_FAULT's test-only faults, if any
         )
-    health = step_health(s.accelerator, s.signals, s.tracker.step_loss_sum, result.grad_norm, result.skipped)
+    # A skip at the minimum loss scale is a real overflow: it counts towards --max_nonfinite_steps.
+    harmless_skip = result.skipped and not result.skipped_unscaled
+    health = step_health(s.accelerator, s.signals, s.tracker.step_loss_sum, result.grad_norm, harmless_skip)
     seconds = clock.lap()
     s.times.train_s += seconds
     state.step += 1
