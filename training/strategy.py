@@ -222,6 +222,7 @@ def _enable_fp16_on_cpu(accelerator: Accelerator) -> None:
     `set_mixed_precision` as accelerate's state sets it on a GPU. Called after the switch to FSDP, which decides
     the scaler, and before `prepare()`, which hands the scaler to the optimizer.
     """
+    import accelerate
     from accelerate.utils import get_grad_scaler
     from accelerate.utils.fsdp_utils import get_fsdp2_grad_scaler
 
@@ -233,15 +234,9 @@ def _enable_fp16_on_cpu(accelerator: Accelerator) -> None:
     accelerator.native_amp = True
     if accelerator.mixed_precision != "fp16" or not accelerator.scaler.is_enabled():
         raise StrategyMismatch(
-            f"could not set up fp16 on the CPU with accelerate {_accelerate_version()} "
+            f"could not set up fp16 on the CPU with accelerate {accelerate.__version__} "
             f"(mixed precision {accelerator.mixed_precision}); unset {CPU_FP16_VARIABLE}"
         )
-
-
-def _accelerate_version() -> str:
-    import accelerate
-
-    return accelerate.__version__
 
 
 def _apply_parallelism_config_on_cpu(accelerator: Accelerator) -> None:
