@@ -14,17 +14,24 @@
 #      beside it: this GPU's torch.cuda.get_device_properties(0).total_memory against the planner's usable
 #      memory, and how much of each prediction is CUDA autocast's fp32 LayerNorm inputs (the error with and
 #      without them). This step records: its result does not change the exit status (OUT_DIR/planner/check.txt);
-#   4. the five metrics of every run of step 2 side by side (the report's table), then step 3's lines again.
+#   4. the five metrics of every run of step 2 side by side (the report's table), then step 3's lines again;
+#   5. the fp16 cases of tests/test_fp16.py (which runs them on the CPU by GPT2S_CPU_FP16=1) on this GPU, with
+#      CUDA's grad scaler: every fp16 run of step 2 has an overflow injected at step 3
+#      (GPT2S_FAULT=inf_grad:step=3), which it must skip; the tiny preset in fp16 under fsdp (one process) with
+#      the same overflow, run to step 8 with a checkpoint every step, then again stopped by SIGTERM during step 5
+#      (GPT2S_FAULT=term:step=5) and resumed: step 3 skipped, the scale halved, the weights after step 3 equal
+#      those after step 2, and the resumed steps 6-8 equal the uninterrupted run's, scaler state and all.
 #
 #   bash scripts/gpu_check.sh [OUT_DIR]          (default OUT_DIR: runs/gpu_check)
 #
 # Environment: GPU_CHECK_STEPS (training steps per run, default 6), GPU_CHECK_STRATEGIES (default
 # "single fsdp fsdp_offload"), GPU_CHECK_PRECISIONS (default "fp16 bf16"), GPU_CHECK_BENCHMARK
-# (0 skips step 1), GPU_CHECK_PLANNER (0 skips step 3). Sized for under 6 minutes on one H100/H200-class GPU
-# (estimated, not yet timed: step 1 about 2 minutes, most of it compiling; step 2 six launches of about 30 s,
-# fsdp_offload's CPU AdamW adding about a second a step; step 3 under 20 s, no launches); each part prints
-# its wall time. Exits non-zero when no CUDA device is present or any run of steps 1 and 2 fails. Needs no
-# network: the tokenizer is bundled, the corpus is the bundled sample, W&B logs offline.
+# (0 skips step 1), GPU_CHECK_PLANNER (0 skips step 3), GPU_CHECK_FP16 (0 skips step 5's launches). Sized for
+# about 6 minutes on one H100/H200-class GPU (estimated, not yet timed: step 1 about 2 minutes, most of it
+# compiling; step 2 six launches of about 30 s, fsdp_offload's CPU AdamW adding about a second a step; step 3
+# under 20 s, no launches; step 5 three launches of the tiny model, about 40 s); each part prints its wall time.
+# Exits non-zero when no CUDA device is present, any run of steps 1 and 2 fails, or a check of step 5 fails.
+# Needs no network: the tokenizer is bundled, the corpus is the bundled sample, W&B logs offline.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-runs/gpu_check}
@@ -65,6 +72,7 @@ with open(sys.argv[1], "w", encoding="utf-8") as f:
             f.write(json.dumps({"text": f"({copy}) {text}"}) + "\n")
 EOF
 runs=()
+fp16_runs=()
 for strategy in $strategies; do
   case $strategy in
     single) config=accelerate_configs/single_gpu.yaml ;;
@@ -74,13 +82,17 @@ for strategy in $strategies; do
     dir="$out/runs/${strategy}-${precision}"
     echo "== $strategy $precision -> $dir"
     start=$SECONDS
+    # fp16: an overflow at step 3 (after the memory probe's step 2), which the grad scaler must skip (step 5 checks).
+    fault=
+    if [ "$precision" = fp16 ]; then fault=inf_grad:step=3; fi
     # 8 sequences of 1024 tokens per step: 2 micro-steps of 4.
-    if accelerate launch --config_file "$config" --num_processes 1 --mixed_precision "$precision" \
+    if GPT2S_FAULT=$fault accelerate launch --config_file "$config" --num_processes 1 --mixed_precision "$precision" \
         train.py --preset gpt2 --data "$out/corpus.jsonl" --strategy "$strategy" --max_steps "$steps" --micro_batch_size 4 \
         --global_batch_tokens 8192 --log_interval 2 --warmup_steps 4 --perf_warmup_steps 3 --eval_blocks 16 \
         --compile off --output_dir "$dir" --overwrite --experiment gpu_check --no-export_hf 2>&1 \
         | grep -E "^(levers|run|done|error)"; then
       runs+=("$dir")
+      if [ "$precision" = fp16 ]; then fp16_runs+=("$dir"); fi
     else
       echo "gpu_check: $strategy $precision failed" >&2
       status=1
@@ -137,8 +149,72 @@ EOF
     || echo "gpu_check: scripts/gpu_terms.py failed (recorded, exit status unaffected)" >&2
   echo "== planner: $((SECONDS - start)) s"
 fi
+# 5. tests/test_fp16.py's cases with CUDA's grad scaler: the tiny preset in fp16 under fsdp on one process, an
+# overflow at step 3, to step 8 of a 12-step schedule; once whole, once stopped by SIGTERM during step 5 and resumed.
+if [ "${GPU_CHECK_FP16:-1}" != 0 ]; then
+  echo "== fp16: an overflow, a SIGTERM and a resume (tiny, fsdp, one process)"
+  start=$SECONDS
+  mkdir -p "$out/fp16"
+  tiny=(--preset tiny --data "$out/corpus.jsonl" --strategy fsdp --max_steps 12 --stop_after_steps 8
+        --checkpoint_interval 1 --keep_checkpoints 8 --eval_blocks 16 --wandb_mode disabled --no-export_hf)
+  fp16=(accelerate launch --config_file accelerate_configs/fsdp.yaml --num_processes 1 --mixed_precision fp16 train.py)
+  # The stopped launch ends non-zero (the signal's status): its lines are kept, its status is not the check's.
+  GPT2S_FAULT=inf_grad:step=3 "${fp16[@]}" "${tiny[@]}" --output_dir "$out/fp16/whole" --overwrite 2>&1 \
+    | grep -E "^(run|done|stopped|error)" || status=1
+  GPT2S_FAULT=inf_grad:step=3,term:step=5 "${fp16[@]}" "${tiny[@]}" --output_dir "$out/fp16/stopped" --overwrite \
+    2>&1 | grep -E "^(run|stopped|error|warning: SIGTERM)" || true
+  "${fp16[@]}" "${tiny[@]}" --output_dir "$out/fp16/stopped" --resume 2>&1 | grep -E "^(resumed|done|stopped|error)" \
+    || status=1
+  python - "$out/fp16/whole" "$out/fp16/stopped" ${fp16_runs[@]+"${fp16_runs[@]}"} <<'EOF' | tee "$out/fp16/check.txt" || status=1
+import json, sys
+from pathlib import Path
+
+import torch
+
+from training.checkpoint import checkpoint_path, load_model_from_checkpoint
+
+whole, stopped, *gpt2 = (Path(a) for a in sys.argv[1:])
+failed = []
+
+
+def check(ok, text):
+    print(f"fp16 {'ok' if ok else 'FAILED'}: {text}")
+    if not ok:
+        failed.append(text)
+
+
+def lines(run):
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    return {row["step"]: row for row in rows if row["kind"] == "train"}
+
+
+def scaler(run, step):
+    return json.loads((checkpoint_path(run, step) / "grad_scaler.json").read_text())
+
+
+try:
+    for run in (whole, *gpt2):
+        skipped = json.loads((run / "summary.json").read_text())["skipped_step_numbers"]
+        check(3 in skipped, f"{run.name}: step 3 skipped (skipped steps {skipped})")
+    halved = scaler(whole, 3)["scale"] == scaler(whole, 2)["scale"] / 2
+    check(halved, f"scale at steps 2 and 3: {scaler(whole, 2)['scale']}, {scaler(whole, 3)['scale']}")
+    before, after = (load_model_from_checkpoint(checkpoint_path(whole, s)).state_dict() for s in (2, 3))
+    check(all(torch.equal(before[k], after[k]) for k in before), "the weights after step 3 equal those after step 2")
+    got, want = lines(stopped), lines(whole)
+    resumed = json.loads((stopped / "config.json").read_text())["launch"].get("resumed_from") or {}
+    check(sorted(got) == list(range(1, 9)) and resumed.get("step") == 5, "stopped after step 5, resumed from it")
+    same = all(got.get(s, {}).get(k) == want[s][k] for s in range(6, 9) for k in ("loss", "grad_norm", "lr"))
+    check(same, "resumed steps 6-8: loss, grad norm and learning rate equal the uninterrupted run's")
+    check(scaler(stopped, 8) == scaler(whole, 8), f"the scaler at step 8 as uninterrupted: {scaler(stopped, 8)}")
+except (OSError, KeyError, ValueError) as exc:  # a run that did not get as far as its files
+    check(False, f"{type(exc).__name__}: {exc}")
+sys.exit(1 if failed else 0)
+EOF
+  echo "== fp16: $((SECONDS - start)) s"
+fi
 python -m analysis.compare "${runs[@]}" --out "$out/report"
 cat "$out/report/table.md"
 [ -f "$out/benchmark.txt" ] && tail -n 6 "$out/benchmark.txt"
 [ -f "$out/planner/check.txt" ] && cat "$out/planner/check.txt"
+[ -f "$out/fp16/check.txt" ] && cat "$out/fp16/check.txt"
 exit $status

@@ -23,7 +23,14 @@ from filelock import FileLock
 
 from tests.launch import (
     BF16_EXTRA,
+    FP16_ENV,
+    FP16_EXTRA,
+    FP16_HSDP_LAYOUT,
+    FP16_OVERFLOW,
+    FP16_STRATEGY_EXTRA,
+    MACHINES,
     OFFLINE,
+    PROCESSES_PER_MACHINE,
     shared_args,
     shared_flags,
     train,
@@ -114,18 +121,27 @@ class SharedRuns:
         strategy, extra = shared_flags(name)
         return self.launch(name, strategy, extra)
 
-    def launch(self, key: str, name: str, extra: list[str], launch_args: list[str] = ()) -> Path:
-        """The run `key`: registry entry `name` with `extra` flags (and accelerate's `launch_args`), once."""
+    def launch(
+        self,
+        key: str,
+        name: str,
+        extra: list[str],
+        launch_args: list[str] = (),
+        env: dict[str, str] | None = None,
+        layout: tuple[int, int] = (MACHINES, PROCESSES_PER_MACHINE),
+    ) -> Path:
+        """The run `key`: registry entry `name` with `extra` flags (and accelerate's `launch_args`, and `env` added
+        to the environment), once. A strategy for several machines runs as the SLURM recipe launches it, `layout`
+        "machines" x processes on loopback."""
         out, printed = self.root / key, self.root / f"{key}.console"
         with FileLock(self.root / f"{key}.lock"):
             if not printed.exists():
                 entry = registry.get(name)
                 args = [*self.args, "--strategy", name, *extra]
-                # A strategy for several machines runs as the SLURM recipe launches it, 3 "machines" x 2 on loopback.
                 if entry.multi_machine:
-                    result = train_on_machines(entry.config_file, out, args)
+                    result = train_on_machines(entry.config_file, out, args, *layout, env=env)
                 else:
-                    result = train(entry.config_file, out, args, launch_args=launch_args)
+                    result = train(entry.config_file, out, args, launch_args=launch_args, env=env)
                 printed.write_text(result.stdout + result.stderr)
         return out
 
@@ -149,4 +165,23 @@ def bf16_runs(shared_runs: SharedRuns) -> dict[str, Path]:
     return {
         name: shared_runs.launch(f"{name}-bf16", name, BF16_EXTRA, ["--mixed_precision", "bf16"])
         for name in BF16_STRATEGIES
+    }
+
+
+FP16_STRATEGIES = ("single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload", "hsdp")
+
+
+@pytest.fixture(scope="session")
+def fp16_runs(shared_runs: SharedRuns) -> dict[str, Path]:
+    """Every strategy on the GPU's fp16 path on the CPU, with an overflow at step 3 (tests/launch.py FP16_*),
+    each launched once per session on first use."""
+    return {
+        name: shared_runs.launch(
+            f"{name}-fp16",
+            name,
+            [*FP16_EXTRA, *FP16_STRATEGY_EXTRA.get(name, [])],
+            env={**FP16_ENV, "GPT2S_FAULT": FP16_OVERFLOW},
+            layout=FP16_HSDP_LAYOUT,
+        )
+        for name in FP16_STRATEGIES
     }

@@ -54,6 +54,34 @@ BF16_CHECKPOINT = 9
 BF16_EXTRA = ["--max_steps", str(BF16_STEPS), "--checkpoint_interval", str(BF16_CHECKPOINT), "--wandb_mode", "disabled"]
 
 
+# The shared fp16 runs (tests/conftest.py `fp16_runs`): the GPU's fp16 path on the CPU (GPT2S_CPU_FP16), every
+# strategy on the shared runs' flags and global batch, stopped after 8 steps of their 12-step schedule, each with
+# an fp16 overflow at step 3 (GPT2S_FAULT), W&B off and no export. The sharded ones hold the element overflowed on
+# one rank of each replica only (training/faults.py poison_gradient). HSDP runs as 2 "machines" x 2 processes (the
+# config's own example shape), on the global batch of 16 blocks the others train on.
+FP16_STEPS = 8
+FP16_OVERFLOW_STEP = 3
+FP16_ENV = {"GPT2S_CPU_FP16": "1"}
+FP16_OVERFLOW = f"inf_grad:step={FP16_OVERFLOW_STEP}"
+# Their checkpoints (every 3 steps, and at the stop) all kept: step 3's holds the scale the overflow halved.
+FP16_EXTRA = [
+    "--stop_after_steps",
+    str(FP16_STEPS),
+    "--keep_checkpoints",
+    "3",
+    "--wandb_mode",
+    "disabled",
+    "--no-export_hf",
+]
+# fsdp checkpoints every step (its weights before and after the overflow are compared) and keeps them all.
+FP16_STRATEGY_EXTRA = {
+    "fsdp": ["--checkpoint_interval", "1", "--keep_checkpoints", str(FP16_STEPS)],
+    "fsdp_offload": SHARED_EXTRA["fsdp_offload"],
+    "hsdp": ["--micro_batch_size", "4"],
+}
+FP16_HSDP_LAYOUT = (2, 2)
+
+
 def shared_args(corpus: Path, cache_dir: Path) -> list[str]:
     """The shared runs' flags (fp32 on CPU, dropout off: the runs differ only by strategy).
 
@@ -144,9 +172,10 @@ def accelerate_command(
     ]
 
 
-def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[str]:
+def run(command: list[str], check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`command` in the launch environment, with `env` added."""
     result = subprocess.run(
-        command, cwd=REPO, env=launch_env(), capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
+        command, cwd=REPO, env={**launch_env(), **(env or {})}, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S
     )
     if check and result.returncode != 0:
         raise AssertionError(f"{' '.join(command)} exited {result.returncode}:\n{result.stderr[-4000:]}")
@@ -154,12 +183,17 @@ def run(command: list[str], check: bool = True) -> subprocess.CompletedProcess[s
 
 
 def train(
-    config_name: str, output_dir: Path, args: list[str], check: bool = True, launch_args: list[str] = ()
+    config_name: str,
+    output_dir: Path,
+    args: list[str],
+    check: bool = True,
+    launch_args: list[str] = (),
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     command = accelerate_command(
         CONFIGS / config_name, "train.py", [*args, "--output_dir", str(output_dir)], launch_args=launch_args
     )
-    return run(command, check=check)
+    return run(command, check=check, env=env)
 
 
 def config_processes(config_name: str) -> int:
@@ -229,10 +263,16 @@ def wait_on_machines(procs: list[subprocess.Popen[str]], check: bool = True) -> 
     return subprocess.CompletedProcess(procs[0].args, status, stdout, stderr)
 
 
-def train_on_machines(config_name: str, output_dir: Path, args: list[str]) -> subprocess.CompletedProcess[str]:
-    """A job over MACHINES x PROCESSES_PER_MACHINE on loopback, launched as the SLURM recipe launches it, run
-    to its end."""
-    return wait_on_machines(start_on_machines(config_name, output_dir, args))
+def train_on_machines(
+    config_name: str,
+    output_dir: Path,
+    args: list[str],
+    machines: int = MACHINES,
+    per_machine: int = PROCESSES_PER_MACHINE,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """A job over `machines` x `per_machine` on loopback, launched as the SLURM recipe launches it, run to its end."""
+    return wait_on_machines(start_on_machines(config_name, output_dir, args, machines, per_machine, env))
 
 
 def rank_process(launchers: list, rank: int) -> Any:

@@ -32,7 +32,7 @@ from training.faults import (
     fresh_store_on_restart,
     is_broken_collective,
     parse_fault,
-    planned_fault,
+    planned_faults,
     rank_failure,
     stopped_by_launcher,
 )
@@ -48,10 +48,34 @@ def test_a_fault_is_parsed_and_fires_only_on_its_rank_in_the_first_attempt() -> 
         with pytest.raises(ValueError, match="GPT2S_FAULT"):
             parse_fault(bad)
     env = {"GPT2S_FAULT": "raise:rank=1:step=5"}
-    assert planned_fault({**env, "RANK": "0"}) is None
-    assert planned_fault({**env, "RANK": "1"}) == Fault(FaultKind.RAISE, 5, 1)
-    assert planned_fault({**env, "RANK": "1", "TORCHELASTIC_RESTART_COUNT": "1"}) is None
-    assert planned_fault({"RANK": "1"}) is None
+    assert planned_faults({**env, "RANK": "0"}) == ()
+    assert planned_faults({**env, "RANK": "1"}) == (Fault(FaultKind.RAISE, 5, 1),)
+    assert planned_faults({**env, "RANK": "1", "TORCHELASTIC_RESTART_COUNT": "1"}) == ()
+    assert planned_faults({"RANK": "1"}) == ()
+
+
+def test_several_faults_and_a_range_of_steps_are_parsed() -> None:
+    env = {"GPT2S_FAULT": "inf_grad:step=3,term:rank=1:step=5,nan_grad:step=1:to=30", "RANK": "0"}
+    overflow, nan = planned_faults(env)  # the rank-1 SIGTERM is not rank 0's
+    assert overflow == Fault(FaultKind.INF_GRAD, 3, None) and nan == Fault(FaultKind.NAN_GRAD, 1, None, 30)
+    assert [s for s in range(40) if overflow.fires_at(s)] == [3]
+    assert [s for s in range(40) if nan.fires_at(s)] == list(range(1, 31))
+    with pytest.raises(ValueError, match="GPT2S_FAULT"):
+        planned_faults({"GPT2S_FAULT": "inf_grad:step=3,bogus:step=1"})
+
+
+def test_an_overflow_fault_sets_the_last_element_of_the_first_gradient() -> None:
+    import torch
+
+    from training.faults import poison_gradient
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    model(torch.ones(1, 3)).sum().backward()
+    first, second = (p.grad.clone() for p in list(model.parameters())[:2])
+    poison_gradient(model, float("inf"))
+    grad = list(model.parameters())[0].grad
+    assert grad[-1, -1] == float("inf") and torch.equal(grad.flatten()[:-1], first.flatten()[:-1])
+    assert torch.equal(list(model.parameters())[1].grad, second)  # one element of one gradient, no more
 
 
 def test_only_the_process_that_failed_tells_it() -> None:

@@ -95,6 +95,19 @@ def test_fp16_on_cpu_falls_back_to_fp32_with_a_warning() -> None:
     assert "T4" in choose_precision("bf16", "cuda", "Tesla T4")[1]
 
 
+def test_the_test_only_switch_keeps_fp16_on_the_cpu_and_says_so() -> None:
+    from training.strategy import CPU_FP16_SWITCH, cpu_fp16_switched_on
+
+    precision, warning = choose_precision("fp16", "cpu", "cpu", cpu_fp16=True)
+    assert precision == "fp16" and CPU_FP16_SWITCH in warning and "tests only" in warning
+    # It changes nothing else: another precision asked for, or a GPU, goes as without it.
+    assert choose_precision("no", "cpu", "cpu", cpu_fp16=True) == ("no", None)
+    assert choose_precision("bf16", "cpu", "cpu", cpu_fp16=True) == ("bf16", None)
+    assert choose_precision("fp16", "cuda", "Tesla T4", cpu_fp16=True) == ("fp16", None)
+    assert cpu_fp16_switched_on({"GPT2S_CPU_FP16": "1"}) and not cpu_fp16_switched_on({"GPT2S_CPU_FP16": "0"})
+    assert not cpu_fp16_switched_on({})
+
+
 ZERO2_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "false"}
 OFFLOAD_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true"}
 

@@ -195,6 +195,25 @@ def test_a_step_the_fp16_grad_scaler_skips_holds_the_schedule_and_is_counted(fp1
     assert len(finite) == 2 and means.grad_norm_mean == pytest.approx(sum(finite) / 2)
 
 
+@pytest.mark.parametrize(("scale", "real_overflow"), [(2.0, False), (1.0, True)])
+def test_a_skip_at_the_minimum_loss_scale_is_a_real_overflow(
+    fp16_accelerator: Accelerator, scale: float, real_overflow: bool
+) -> None:
+    """At scale 2 the scaler may still find a scale that fits; at 1 the gradients overflow fp16 unscaled."""
+    from training.step import MIN_LOSS_SCALE
+
+    accelerator = fp16_accelerator
+    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=scale)
+    accelerator.native_amp = True
+    accelerator.gradient_accumulation_steps = 1
+    model = accelerator.prepare(_tiny_model())
+    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    model.transformer.wte.weight.register_hook(lambda g: g * float("inf"))
+    result = train_step(accelerator, model, optimizer, None, [_batch(2)], None, grad_clip=1.0)
+    assert result.skipped and result.skipped_unscaled is real_overflow
+    assert accelerator.scaler.get_scale() == scale / 2 and MIN_LOSS_SCALE == 1.0
+
+
 def test_grad_norm_copies_nothing_from_the_host() -> None:
     # On a GPU a blocking host-to-device copy inside the step waits for the backward: a host sync. The
     # meta device stands in for the GPU here; any copy from the CPU to it shows up as a device change.

@@ -149,7 +149,8 @@ class RunConfig:
     )
     max_nonfinite_steps: int = _help(
         "stop after this many steps in a row with a non-finite loss or grad norm (a step the fp16 grad scaler "
-        "skips does not count); no checkpoint is written during such a streak (0 = never stop)",
+        "skips counts only once its loss scale is down to 1); no checkpoint is written during such a streak "
+        "(0 = never stop)",
         default=5,
     )
     collective_timeout_s: int = _help(

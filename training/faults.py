@@ -9,9 +9,12 @@ GPT2S_FAULT makes a fault happen, to try the failure paths (and the restarts) be
     GPT2S_FAULT="raise:rank=1:step=5"      # rank 1 raises after its optimizer step 5
     GPT2S_FAULT="save_error:rank=0:step=6" # rank 0 fails inside DCP's writer of step 6's checkpoint (no space left)
     GPT2S_FAULT="kill:step=6"              # every rank SIGKILLs itself half-way through step 6's checkpoint
+    GPT2S_FAULT="inf_grad:step=3"          # step 3's gradient overflows: its last element is inf (nan_grad: nan)
+    GPT2S_FAULT="term:step=5"              # SIGTERM arrives during step 5, as a pre-empting scheduler sends it
 
-`rank` left out: every rank. A fault fires only in a job's first attempt (TORCHELASTIC_RESTART_COUNT
-unset or 0), so a job restarted by torchrun (--max_restarts) runs on without it.
+`rank` left out: every rank. `to=N` repeats a fault at every step from `step` to N. Several faults are
+separated by commas ("inf_grad:step=3,term:step=5"). A fault fires only in a job's first attempt
+(TORCHELASTIC_RESTART_COUNT unset or 0), so a job restarted by torchrun (--max_restarts) runs on without it.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 FAULT_VARIABLE = "GPT2S_FAULT"
 EXIT_RANK_FAILED = 5
@@ -38,6 +42,11 @@ class FaultKind(Enum):
     RAISE = "raise"  # an exception after the optimizer step
     SAVE_ERROR = "save_error"  # an OSError (no space left) inside DCP's storage writer, where a full disk fails
     KILL = "kill"  # SIGKILL at that same point: the checkpoint is written but not marked complete
+    # After each backward of the step, the last element of the first parameter's gradient is set to inf (nan)
+    # on the ranks that hold it (`poison_gradient`), as an fp16 overflow leaves it before the grad scaler looks.
+    INF_GRAD = "inf_grad"
+    NAN_GRAD = "nan_grad"
+    TERM = "term"  # SIGTERM to this process during the step (after its backward), as a scheduler's pre-emption
 
 
 @dataclass(frozen=True)
@@ -45,6 +54,10 @@ class Fault:
     kind: FaultKind
     step: int
     rank: int | None  # None: every rank
+    to: int | None = None  # the last step it fires at (None: `step` only)
+
+    def fires_at(self, step: int) -> bool:
+        return self.step <= step <= (self.step if self.to is None else self.to)
 
 
 class InjectedFault(RuntimeError):
@@ -52,7 +65,7 @@ class InjectedFault(RuntimeError):
 
 
 def parse_fault(text: str) -> Fault:
-    """GPT2S_FAULT's value; ValueError (one line) when it is malformed."""
+    """One fault of GPT2S_FAULT's value; ValueError (one line) when it is malformed."""
     kind, *pairs = text.strip().split(":")
     kinds = ", ".join(k.value for k in FaultKind)
     if kind not in {k.value for k in FaultKind}:
@@ -60,12 +73,12 @@ def parse_fault(text: str) -> Fault:
     fields: dict[str, int] = {}
     for pair in pairs:
         key, _, value = pair.partition("=")
-        if key not in ("rank", "step") or not value.isdigit():
-            raise ValueError(f"{FAULT_VARIABLE}={text!r}: expected {kind}:rank=R:step=N (rank optional)")
+        if key not in ("rank", "step", "to") or not value.isdigit():
+            raise ValueError(f"{FAULT_VARIABLE}={text!r}: expected {kind}:rank=R:step=N:to=M (rank, to optional)")
         fields[key] = int(value)
     if "step" not in fields:
         raise ValueError(f"{FAULT_VARIABLE}={text!r}: give the step, e.g. {kind}:step=5")
-    return Fault(FaultKind(kind), fields["step"], fields.get("rank"))
+    return Fault(FaultKind(kind), fields["step"], fields.get("rank"), fields.get("to"))
 
 
 def restart_count(env: Mapping[str, str]) -> int:
@@ -73,39 +86,85 @@ def restart_count(env: Mapping[str, str]) -> int:
     return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def planned_fault(env: Mapping[str, str]) -> Fault | None:
-    """The fault this process is to suffer, if any: only in the job's first attempt, only on its rank."""
+def planned_faults(env: Mapping[str, str]) -> tuple[Fault, ...]:
+    """The faults this process is to suffer: only in the job's first attempt, only those of its rank."""
     text = env.get(FAULT_VARIABLE, "")
     if not text or restart_count(env) > 0:
-        return None
-    fault = parse_fault(text)
-    return fault if fault.rank in (None, int(env.get("RANK", "0"))) else None
+        return ()
+    faults = [parse_fault(part) for part in text.split(",")]
+    return tuple(f for f in faults if f.rank in (None, int(env.get("RANK", "0"))))
 
 
 @functools.cache
-def _this_process_fault() -> Fault | None:
-    return planned_fault(os.environ)
+def _this_process_fault() -> tuple[Fault, ...]:
+    return planned_faults(os.environ)
+
+
+def _due(kind: FaultKind, step: int) -> bool:
+    return any(f.kind is kind and f.fires_at(step) for f in _this_process_fault())
 
 
 def after_step(step: int) -> None:
     """Called after every optimizer step: GPT2S_FAULT=raise:... raises here."""
-    fault = _this_process_fault()
-    if fault is not None and fault.kind is FaultKind.RAISE and fault.step == step:
+    if _due(FaultKind.RAISE, step):
         raise InjectedFault(f"{FAULT_VARIABLE} fault after step {step}")
 
 
 def inside_checkpoint_writer(step: int) -> None:
     """Called by DCP's storage writer as it starts writing this rank's part of a checkpoint."""
-    fault = _this_process_fault()
-    if fault is not None and fault.kind is FaultKind.SAVE_ERROR and fault.step == step:
+    if _due(FaultKind.SAVE_ERROR, step):
         raise OSError(errno.ENOSPC, f"No space left on device ({FAULT_VARIABLE} fault writing step {step})")
 
 
 def during_checkpoint_write(step: int) -> None:
     """Called once a checkpoint's states are on disk and before it is marked complete."""
-    fault = _this_process_fault()
-    if fault is not None and fault.kind is FaultKind.KILL and fault.step == step:
+    if _due(FaultKind.KILL, step):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def with_step_faults(step: int, model: Any, after_backward: Callable[[], None] | None) -> Callable[[], None] | None:
+    """`after_backward` (called after each backward of optimizer step `step`), with GPT2S_FAULT's faults of that
+    step added: an overflowing gradient (inf_grad, nan_grad) and a SIGTERM (term). Unchanged when none is due."""
+    value = float("inf") if _due(FaultKind.INF_GRAD, step) else float("nan") if _due(FaultKind.NAN_GRAD, step) else None
+    term = _due(FaultKind.TERM, step)
+    if value is None and not term:
+        return after_backward
+
+    def faults_then_after_backward() -> None:
+        if value is not None:
+            poison_gradient(model, value)
+        if term:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler (training/stopping.py) sets a flag: nothing stops here
+        if after_backward is not None:
+            after_backward()
+
+    return faults_then_after_backward
+
+
+def poison_gradient(model: Any, value: float) -> None:
+    """Set the last element of the first parameter's gradient to `value`, where it lives: under DDP or one
+    process on every rank (each holds the whole, reduced gradient); sharded (FSDP, HSDP), on the ranks whose
+    shard holds it alone, so that only a grad scaler that agrees over all ranks makes every rank skip the step.
+
+    FSDP2 shards a parameter along dimension 0 in torch.chunk's pieces of ceil(rows / shards) rows: the last
+    row is in piece (rows - 1) // ceil(rows / shards) of each sharded mesh dimension.
+    """
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    grad = next(iter(model.parameters())).grad
+    if grad is None:  # not yet accumulated on this micro-batch (FSDP2 reduces on the step's last)
+        return
+    if isinstance(grad, DTensor):
+        coordinate = grad.device_mesh.get_coordinate()
+        for dim, placement in enumerate(grad.placements):
+            if placement.is_shard():
+                rows, shards = grad.shape[placement.dim], grad.device_mesh.size(dim)
+                if coordinate is None or coordinate[dim] != (rows - 1) // -(-rows // shards):
+                    return
+        grad = grad.to_local()
+    with torch.no_grad():
+        grad[(-1,) * grad.dim()] = value
 
 
 # ---------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from training.batching import chunks
 from training.checkpoint import background_groups, start_checkpoint
 from training.durable import write_atomic
 from training.errors import RunError
-from training.faults import RankFailed, after_step, rank_failure
+from training.faults import RankFailed, after_step, rank_failure, with_step_faults
 from training.hardware import reset_peak_memory, synchronize
 from training.metrics import epoch_summary, eval_line, total_summary
 from training.record import CheckpointSave, EpochFigures, EvalLine, RunFacts, RunSummary, StopRecord, run_summary
@@ -142,9 +142,11 @@ def _optimizer_step(s: Session, micro_batches: list[Any], clock: _StepClock) -> 
             micro_batches,
             s.tracker,
             s.cfg.optim.grad_clip,
-            after_backward,
+            with_step_faults(state.step + 1, s.model, after_backward),  # GPT2S_FAULT's test-only faults, if any
         )
-    health = step_health(s.accelerator, s.signals, s.tracker.step_loss_sum, result.grad_norm, result.skipped)
+    # A skip at the minimum loss scale is a real overflow: it counts towards --max_nonfinite_steps.
+    harmless_skip = result.skipped and not result.skipped_unscaled
+    health = step_health(s.accelerator, s.signals, s.tracker.step_loss_sum, result.grad_norm, harmless_skip)
     seconds = clock.lap()
     s.times.train_s += seconds
     state.step += 1

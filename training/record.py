@@ -117,10 +117,12 @@ class EffectiveRecord(Record):
     dp_shard_size: int | None = None
     shard_groups: tuple[tuple[int, ...], ...] | None = None
     shard_groups_within_machines: bool | None = None
+    # The test-only switch that kept fp16 on a CPU (training.strategy.CPU_FP16_SWITCH); None otherwise.
+    precision_switch: str | None = None
 
     _tuples: ClassVar[frozenset[str]] = frozenset({"block_shard_fractions", "param_devices"})
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"dp_replicate_size", "dp_shard_size", "shard_groups", "shard_groups_within_machines"}
+        {"dp_replicate_size", "dp_shard_size", "shard_groups", "shard_groups_within_machines", "precision_switch"}
     )
 
 
@@ -346,6 +348,7 @@ class RunSummary(Record):
     num_machines: int | None
     precision: str | None
     requested_precision: str | None
+    precision_switch: str | None  # the test-only switch that kept fp16 on a CPU; left out otherwise
     device_type: str | None
     device_name: str | None
     threads_per_process: int | None
@@ -406,6 +409,7 @@ class RunSummary(Record):
     # Absent rather than null when None: older run folders read back as they were written.
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
         {
+            "precision_switch",
             "stop",
             "peak_flops_measured_at",
             "peak_flops_relative_spread",
@@ -459,6 +463,7 @@ def run_summary(launch: LaunchRecord, facts: RunFacts) -> RunSummary:
         num_machines=effective.num_machines,
         precision=effective.precision,
         requested_precision=recorded_precision(requested.mixed_precision),
+        precision_switch=effective.precision_switch,
         device_type=effective.device_type,
         device_name=launch.device_name,
         threads_per_process=launch.threads_per_process,

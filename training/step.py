@@ -106,10 +106,17 @@ def clip_gradients(accelerator: Accelerator, parameters: list[nn.Parameter], max
     return norm
 
 
+# The loss scale at and below which an fp16 overflow is no longer the grad scaler finding its scale: DeepSpeed's
+# and Megatron-LM's minimum loss scale. A step skipped at a scale of 1 or less overflowed fp16 with its gradients
+# not scaled up at all (or scaled down): the loss is exploding, and the step is as non-finite as an fp32 one.
+MIN_LOSS_SCALE = 1.0
+
+
 @dataclass(frozen=True)
 class StepResult:
     grad_norm: torch.Tensor  # on the device: reading it is a host sync, left to the log interval
     skipped: bool  # the fp16 grad scaler found inf/nan gradients and did not update the weights
+    skipped_unscaled: bool = False  # skipped at a loss scale of MIN_LOSS_SCALE or less: a real overflow
 
 
 def train_step(
@@ -151,7 +158,13 @@ def train_step(
     skipped = accelerator.optimizer_step_was_skipped
     if scheduler is not None and not skipped:
         scheduler.step()
-    return StepResult(grad_norm, skipped)
+    return StepResult(grad_norm, skipped, skipped and _skipped_at_scale(accelerator) <= MIN_LOSS_SCALE)
+
+
+def _skipped_at_scale(accelerator: Accelerator) -> float:
+    """The loss scale a step the grad scaler just skipped ran at: the scaler has backed off from it since."""
+    scaler = accelerator.scaler
+    return scaler.get_scale() / scaler.get_backoff_factor() if scaler is not None else math.inf
 
 
 @torch.no_grad()

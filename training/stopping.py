@@ -54,7 +54,8 @@ def step_health(
 ) -> StepHealth:
     """The step's health as every rank sees it: one small all-reduce (max) and one host read.
 
-    A step the fp16 grad scaler skipped is not unhealthy: its inf gradients never reached the weights.
+    A step the fp16 grad scaler skipped while finding its scale (`skipped`) is not unhealthy: its inf gradients
+    never reached the weights. One it skipped at the minimum loss scale is (training/step.py MIN_LOSS_SCALE).
     """
     bad_loss = ~torch.isfinite(step_loss_sum.float())
     bad_norm = ~torch.isfinite(grad_norm.float()) & torch.tensor(not skipped, device=grad_norm.device)

@@ -142,9 +142,26 @@ def _requested_mesh(env: Mapping[str, str]) -> MeshLayout | None:
     )
 
 
-def choose_precision(requested: str, device_type: str, device_name: str) -> tuple[str, str | None]:
-    """The accelerate mixed-precision mode to use, and a one-line warning when it differs from the request."""
+# The test-only switch (docs/guide.md) that runs the GPU's fp16 path on the CPU: autocast in float16 and
+# accelerate's grad scaler, as `Accelerator` sets them up on a GPU (`_enable_fp16_on_cpu`). Off, a CPU run
+# asked for fp16 trains in fp32. Slow, and nothing a CPU run needs: it exists so that the path every T4 user
+# takes is tested where no GPU is.
+CPU_FP16_VARIABLE = "GPT2S_CPU_FP16"
+CPU_FP16_SWITCH = f"{CPU_FP16_VARIABLE}=1"
+
+
+def cpu_fp16_switched_on(env: Mapping[str, str]) -> bool:
+    return env.get(CPU_FP16_VARIABLE, "").strip() == "1"
+
+
+def choose_precision(
+    requested: str, device_type: str, device_name: str, cpu_fp16: bool = False
+) -> tuple[str, str | None]:
+    """The accelerate mixed-precision mode to use, and a one-line warning when it differs from the request
+    (or when `cpu_fp16`, the test-only switch, keeps fp16 on the CPU)."""
     if device_type != "cuda":
+        if requested == "fp16" and cpu_fp16:
+            return requested, f"fp16 on the CPU by {CPU_FP16_SWITCH}: the GPU's fp16 path, slow, for tests only"
         if requested == "fp16":
             # The precision is accelerate's flag, not train.py's: name where it goes.
             return "no", (
@@ -169,7 +186,9 @@ def create_accelerator(requested: RequestedLaunch, **accelerator_kwargs: Any) ->
     """
     has_gpu = torch.cuda.is_available()
     device_name = torch.cuda.get_device_name(0) if has_gpu else "cpu"
-    mixed_precision, warning = choose_precision(requested.mixed_precision, "cuda" if has_gpu else "cpu", device_name)
+    mixed_precision, warning = choose_precision(
+        requested.mixed_precision, "cuda" if has_gpu else "cpu", device_name, cpu_fp16_switched_on(os.environ)
+    )
     mesh_on_cpu = requested.mesh is not None and not has_gpu
     if mesh_on_cpu:
         # accelerate validates a parallelism_config as soon as the Accelerator is built, and refuses one whose
@@ -187,7 +206,37 @@ def create_accelerator(requested: RequestedLaunch, **accelerator_kwargs: Any) ->
         _enable_fsdp_on_cpu(accelerator, mixed_precision)
     if mesh_on_cpu:
         _apply_parallelism_config_on_cpu(accelerator)
+    if mixed_precision == "fp16" and not has_gpu:
+        _enable_fp16_on_cpu(accelerator)
     return accelerator, warning
+
+
+def _enable_fp16_on_cpu(accelerator: Accelerator) -> None:
+    """Set up fp16 on the CPU exactly as `Accelerator.__init__` does on a GPU, where it declines to on the CPU.
+
+    accelerate 1.16 (accelerator.py, "Mixed precision attributes") turns on autocast in float16 (`native_amp`,
+    which `prepare()` wraps the model's forward in) and builds the grad scaler: `get_fsdp2_grad_scaler` under
+    FSDP2 (torch.amp.GradScaler, whose unscale of DTensor gradients finds an inf on any rank through DTensor's
+    all-reduce of found_inf), `get_grad_scaler` otherwise (torch.amp.GradScaler("cpu") here). FSDP2's
+    MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=float16) is set already, by `_enable_fsdp_on_cpu`'s
+    `set_mixed_precision` as accelerate's state sets it on a GPU. Called after the switch to FSDP, which decides
+    the scaler, and before `prepare()`, which hands the scaler to the optimizer.
+    """
+    import accelerate
+    from accelerate.utils import get_grad_scaler
+    from accelerate.utils.fsdp_utils import get_fsdp2_grad_scaler
+
+    kwargs = accelerator.scaler_handler.to_kwargs() if accelerator.scaler_handler is not None else {}
+    if accelerator.is_fsdp2:
+        accelerator.scaler = get_fsdp2_grad_scaler(device=accelerator.device.type, **kwargs)
+    else:
+        accelerator.scaler = get_grad_scaler(accelerator.distributed_type, **kwargs)
+    accelerator.native_amp = True
+    if accelerator.mixed_precision != "fp16" or not accelerator.scaler.is_enabled():
+        raise StrategyMismatch(
+            f"could not set up fp16 on the CPU with accelerate {accelerate.__version__} "
+            f"(mixed precision {accelerator.mixed_precision}); unset {CPU_FP16_VARIABLE}"
+        )
 
 
 def _apply_parallelism_config_on_cpu(accelerator: Accelerator) -> None:
@@ -381,6 +430,7 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
         machines = machine_of_each_rank()
         within_machines = all(len({machines[r] for r in group}) == 1 for group in hybrid.shard_groups)
     backend = torch.distributed.get_backend() if torch.distributed.is_initialized() else "none"
+    cpu_fp16 = accelerator.scaler is not None and accelerator.device.type == "cpu"  # only the switch makes one there
     return EffectiveRecord(
         strategy=strategy,
         world_size=accelerator.num_processes,
@@ -402,6 +452,7 @@ def effective_strategy(accelerator: Accelerator, prepared_model: nn.Module) -> E
         dp_shard_size=hybrid.layout.dp_shard_size if hybrid else None,
         shard_groups=hybrid.shard_groups if hybrid else None,
         shard_groups_within_machines=within_machines,
+        precision_switch=CPU_FP16_SWITCH if cpu_fp16 else None,
     )
 
 
@@ -460,8 +511,9 @@ class ShardingObserver:
     A forward hook on the prepared model, registered after FSDP's own, sees the state between forward
     and backward: whether the first block's parameters are then whole tensors (FSDP kept them gathered:
     zero2) or DTensor shards (resharded: full sharding), and how much of the block this rank holds. A
-    post-step hook on the optimizer sees the gradients and optimizer state: their share and devices.
-    The forward hook removes itself after its first call; the optimizer hook cannot (torch iterates over
+    post-step hook on the optimizer sees the gradients and optimizer state: their share and devices. A
+    pre-forward hook on the first block sees the dtype its parameters are computed in.
+    The forward hooks remove themselves after their first call; the optimizer hook cannot (torch iterates over
     the live dict of step hooks, which another hook's removal would change under it), so it returns at
     once from the second step on.
     """
@@ -474,6 +526,14 @@ class ShardingObserver:
             model.register_forward_hook(self._after_forward),
             optimizer.register_step_post_hook(self._after_optimizer_step),
         ]
+        if self._block is not None:  # after FSDP's own pre-forward hook: it sees the parameters as computed with
+            self._handles.append(self._block.register_forward_pre_hook(self._in_block_forward))
+
+    def _in_block_forward(self, module: nn.Module, args: Any) -> None:
+        """The dtype the first block computes with: FSDP2's MixedPrecisionPolicy param_dtype, else the stored one
+        (autocast casts each operation's inputs, not the parameters)."""
+        self.result["block_param_dtype_in_forward"] = str(next(module.parameters()).dtype).removeprefix("torch.")
+        self._handles[2].remove()
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         if not (module.training and torch.is_grad_enabled()) or self._block is None:
