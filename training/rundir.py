@@ -10,12 +10,15 @@ import shutil
 import socket
 import uuid
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from training.checkpoint import complete_checkpoints, newest_good_checkpoint
 from training.durable import write_atomic
 from training.errors import RunError
 from training.resume import checkpoint_at_step
+
+if TYPE_CHECKING:
+    from training.config import RunConfig
 
 _RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "wandb_run_id")
 _RUN_DIRS = ("checkpoints", "hf", "wandb")
@@ -46,6 +49,23 @@ def check_output_dir(
     if holds_run and not overwrite:
         raise RunError(f"{out} already holds a run; pass --resume to continue it or --overwrite to replace it")
     return None
+
+
+def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
+    """What a launch holding the folder's lock does with it: the checkpoint to resume from, or None for a fresh
+    start, for which the folder is cleared when --overwrite asks or --auto_resume finds nothing to continue.
+
+    `restart`: which restart of a torchrun job this is. A restart reruns the same command: it must continue, not
+    refuse the folder or start over, so it behaves as --auto_resume, ignores --overwrite, and continues the
+    newest checkpoint (--resume_step rolled back when the job first started).
+    """
+    auto_resume = run.auto_resume or restart > 0
+    overwrite = run.overwrite and not restart
+    resume_step = None if restart else run.resume_step
+    resume_from = check_output_dir(out, run.resume, overwrite, auto_resume, resume_step)
+    if overwrite or (auto_resume and resume_from is None):
+        clear_run_files(out)
+    return resume_from
 
 
 def clear_run_files(out: Path) -> None:

@@ -78,8 +78,7 @@ from training.resume import (
 )
 from training.rundir import (
     acquire_run_lock,
-    check_output_dir,
-    clear_run_files,
+    claim_output_dir,
     stale_lock_warning,
     truncate_metrics,
     wandb_run_id,
@@ -711,15 +710,9 @@ def _claim_as_main(cfg: TrainConfig, out: Path, restart: int) -> str | None:
     _lock, left = acquire_run_lock(out)  # held until this process exits (released at exit)
     if left is not None:
         print(stale_lock_warning(out, left), file=sys.stderr, flush=True)
-    # A torchrun restart reruns the same command: it must continue, not refuse the folder or start over.
-    auto_resume = cfg.run.auto_resume or restart > 0
-    # A restart continues from the newest checkpoint: --resume_step rolled back when the job first started.
-    resume_step = None if restart else cfg.run.resume_step
-    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite and not restart, auto_resume, resume_step)
+    resume_from = claim_output_dir(out, cfg.run, restart)
     if restart:
         print(f"restart {restart} of the job: {_continuing(resume_from)}", file=sys.stderr, flush=True)
-    if (cfg.run.overwrite and not restart) or (auto_resume and resume_from is None):
-        clear_run_files(out)
     return str(resume_from) if resume_from is not None else None
 
 
