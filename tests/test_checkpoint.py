@@ -163,7 +163,7 @@ def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path
     save(prepared, tmp_path, 3)
     (checkpoint_path(tmp_path, 3) / "model" / "__0_0.distcp").unlink()
     with pytest.raises(
-        RunError, match=r"no intact checkpoint .* \(1 complete, all damaged and set aside as \*\.damaged\)"
+        RunError, match=r"no intact checkpoint to continue, only folders set aside: step_0000003\.damaged "
     ) as error:
         newest_good_checkpoint(tmp_path)
     assert "\n" not in str(error.value)

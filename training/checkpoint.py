@@ -90,6 +90,7 @@ def checkpoint_path(output_dir: Path, step: int) -> Path:
 # (step_N.damaged, ...) is a folder set aside, which no listing counts.
 _NAME = re.compile(r"step_(\d+)")
 DAMAGED_SUFFIX = ".damaged"
+ROLLED_BACK_SUFFIX = ".rolled_back"  # newer than a --resume_step (training/resume.py)
 # A folder being deleted is renamed first: a deletion cut short (a crash, a kill) must not leave a folder
 # under a checkpoint's name whose complete.json still stands over half its shards.
 DELETING_SUFFIX = ".deleting"
@@ -121,19 +122,53 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def set_aside(path: Path, suffix: str) -> Path:
-    """Rename a checkpoint folder so that no listing counts it again, keeping its files for a person to look
-    at; a second folder of the same step and suffix gets a number after it.
-
-    The folder holding it is synced: a power loss must not bring back the old name, which every listing
-    counts again (a rolled-back step_12 resumed from, a damaged one chosen)."""
+def aside_name(path: Path, suffix: str) -> Path:
+    """Where `set_aside` renames a checkpoint folder: its name and `suffix`, and a number after it when a folder of
+    the same step was set aside so before."""
     target = path.with_name(path.name + suffix)
     number = 1
     while target.exists():
         target, number = path.with_name(f"{path.name}{suffix}.{number}"), number + 1
+    return target
+
+
+def set_aside(path: Path, suffix: str) -> Path:
+    """Rename a checkpoint folder so that no listing counts it again, keeping its files for a person to look
+    at (`aside_name`).
+
+    The folder holding it is synced: a power loss must not bring back the old name, which every listing
+    counts again (a rolled-back step_12 resumed from, a damaged one chosen)."""
+    target = aside_name(path, suffix)
     path.rename(target)
     sync_folder(path.parent)
     return target
+
+
+def kept_aside(output_dir: Path) -> list[Path]:
+    """The checkpoint folders set aside for a person to look at (damaged, rolled back), by name. No launch of the
+    project deletes them: only --overwrite, which replaces the whole run."""
+    root = output_dir / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    suffixes = (DAMAGED_SUFFIX, ROLLED_BACK_SUFFIX)
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and _has_suffix(p, suffixes))
+
+
+def _has_suffix(path: Path, suffixes: tuple[str, ...]) -> bool:
+    """step_N<suffix> or step_N<suffix>.<number>."""
+    return any(re.fullmatch(rf"step_\d+{re.escape(suffix)}(\.\d+)?", path.name) for suffix in suffixes)
+
+
+def nothing_to_continue(output_dir: Path) -> str:
+    """The one line of a launch that would continue a run whose checkpoints are all set aside: it names them and
+    the ways on, none of which deletes them but the one that says so."""
+    names = ", ".join(p.name for p in kept_aside(output_dir))
+    return (
+        f"{output_dir / CHECKPOINTS_DIR} holds no intact checkpoint to continue, only folders set aside: {names} "
+        f"(kept for a person to look at: never resumed from or deleted); to go on, either --overwrite (starts "
+        f"afresh and deletes them), --init_from a verified checkpoint of another run (a new run from its weights, "
+        f"in another --output_dir), or rename a folder whose files you restored back to step_N and --resume_step N"
+    )
 
 
 def set_aside_damaged(path: Path, problem: str) -> Path:
@@ -178,8 +213,12 @@ def prune_checkpoints(output_dir: Path, just_written: Path, keep: int) -> None:
     for partial in checkpoint_folders(output_dir):
         if partial != just_written and not (partial / COMPLETE_MARKER).exists():
             delete_folder(partial)
-    root = output_dir / CHECKPOINTS_DIR
-    for leftover in root.glob(f"*{DELETING_SUFFIX}*"):  # of a deletion cut short before
+    sweep_deletions(output_dir)
+
+
+def sweep_deletions(output_dir: Path) -> None:
+    """Remove what a deletion cut short left (step_N.deleting): never a checkpoint, nor a folder set aside."""
+    for leftover in (output_dir / CHECKPOINTS_DIR).glob(f"*{DELETING_SUFFIX}*"):
         shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -573,7 +612,7 @@ def newest_good_checkpoint(output_dir: Path) -> Path:
     """The newest complete checkpoint whose files are intact; each damaged one newer than it is set aside
     (step_N.damaged, one warning line), so that no later listing counts or chooses it.
 
-    Raises RunError (one line) when there is none.
+    Raises RunError (one line) when there is none: `nothing_to_continue` when folders are set aside.
     """
     found = complete_checkpoints(output_dir)
     for path in reversed(found):
@@ -581,12 +620,8 @@ def newest_good_checkpoint(output_dir: Path) -> Path:
         if problem is None:
             return path
         set_aside_damaged(path, problem)
-    if found:
-        raise RunError(
-            f"--resume: no intact checkpoint in {output_dir / CHECKPOINTS_DIR} "
-            f"({len(found)} complete, all damaged and set aside as *{DAMAGED_SUFFIX}); run without --resume or "
-            f"with --overwrite"
-        )
+    if kept_aside(output_dir):
+        raise RunError(nothing_to_continue(output_dir))
     raise RunError(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS_DIR}; run without --resume")
 
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from training.checkpoint import (
     CHECKPOINTS_DIR,
+    ROLLED_BACK_SUFFIX,
     checkpoint_folders,
     checkpoint_problem,
     checkpoint_step,
@@ -275,8 +276,6 @@ def resumed_from(checkpoint: Path, change: ScheduleChange | None = None) -> Resu
 
 # ---------------------------------------------------------------------------------------------
 # --resume_step: continue from an older checkpoint than the newest
-
-ROLLED_BACK_SUFFIX = ".rolled_back"
 
 
 def checkpoint_at_step(output_dir: Path, step: int) -> Path:

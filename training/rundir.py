@@ -12,7 +12,13 @@ import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from training.checkpoint import complete_checkpoints, newest_good_checkpoint
+from training.checkpoint import (
+    complete_checkpoints,
+    kept_aside,
+    newest_good_checkpoint,
+    nothing_to_continue,
+    sweep_deletions,
+)
 from training.durable import write_atomic
 from training.errors import RunError
 from training.resume import checkpoint_at_step
@@ -31,14 +37,17 @@ def check_output_dir(
 
     `auto_resume`: the newest intact checkpoint when there is a complete one, else None (the caller then
     starts afresh, replacing what an attempt that crashed before its first checkpoint left); a finished run
-    without a checkpoint is refused rather than replaced. `resume_step`: that step's verified checkpoint,
-    whatever is newer (training/resume.py).
+    without a checkpoint is refused rather than replaced, and so is a run whose checkpoints are all set aside
+    (damaged, rolled back), which are kept for a person to look at. `resume_step`: that step's verified
+    checkpoint, whatever is newer (training/resume.py).
     """
     if resume_step is not None:
         return checkpoint_at_step(out, resume_step)
     holds_run = any((out / f).exists() for f in _RUN_FILES + _RUN_DIRS)
     if resume or (auto_resume and complete_checkpoints(out)):
         return newest_good_checkpoint(out)
+    if auto_resume and kept_aside(out):
+        raise RunError(nothing_to_continue(out))
     if auto_resume and (out / "summary.json").exists():  # finished, with no checkpoint to continue from
         raise RunError(
             f"{out} holds a finished run and no checkpoint: --auto_resume has nothing to continue; "
@@ -65,6 +74,7 @@ def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
     resume_from = check_output_dir(out, run.resume, overwrite, auto_resume, resume_step)
     if overwrite or (auto_resume and resume_from is None):
         clear_run_files(out)
+    sweep_deletions(out)  # a deletion cut short by the launch before, not left until the next save
     return resume_from
 
 
