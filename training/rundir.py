@@ -9,8 +9,9 @@ import os
 import shutil
 import socket
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from training.checkpoint import (
     complete_checkpoints,
@@ -85,14 +86,66 @@ def clear_run_files(out: Path) -> None:
         shutil.rmtree(out / name, ignore_errors=True)
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """After a resume, drop metric lines of steps that will be trained again."""
+@dataclass(frozen=True)
+class MetricsCut:
+    """What a resume keeps of metrics.jsonl: its lines up to the checkpoint's step, and the number of a torn last
+    line it drops, if any."""
+
+    path: Path
+    kept: list[str]
+    torn_line: int | None
+
+    def warning(self) -> str | None:
+        if self.torn_line is None:
+            return None
+        return (
+            f"warning: {self.path}: line {self.torn_line} is cut short (a write interrupted by a kill or a full "
+            f"disk); dropped, its steps are logged again"
+        )
+
+
+def metrics_cut(path: Path, last_step: int) -> MetricsCut:
+    """The lines of metrics.jsonl a resume from `last_step` keeps (reads only).
+
+    The sink appends one line per record, so a write cut short breaks the last line alone: it is dropped. A broken
+    line before it is not a cut write (the file was changed since): RunError, one line naming the file and line.
+    """
     if not path.exists():
-        return
-    kept = [
-        line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step
-    ]
-    write_atomic(path, "".join(line + "\n" for line in kept))
+        return MetricsCut(path, [], None)
+    numbered = [(n, line) for n, line in enumerate(_text(path).splitlines(), 1) if line.strip()]
+    kept, torn = [], None
+    for index, (number, line) in enumerate(numbered):
+        record = _record(line)
+        if record is None and index < len(numbered) - 1:
+            raise RunError(
+                f"{path}: line {number} is not a JSON record, and only the last line can be a write cut short: "
+                f"repair or remove that line and resume again (or start afresh with --overwrite)"
+            )
+        if record is None:
+            torn = number
+        elif record.get("step", 0) <= last_step:
+            kept.append(line)
+    return MetricsCut(path, kept, torn)
+
+
+def _text(path: Path) -> str:
+    # A write cut inside a multi-byte character must not stop the read: that line is dropped anyway.
+    return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """After a resume, drop metric lines of steps that will be trained again, and a torn last line
+    (`metrics_cut`)."""
+    if path.exists():
+        write_atomic(path, "".join(line + "\n" for line in metrics_cut(path, last_step).kept))
 
 
 def wandb_run_id(out: Path) -> str:
