@@ -64,6 +64,9 @@ class TrainState:
     epoch: int = 1
     steps_in_epoch: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
+    # How many of the newest records no metrics line has covered yet (0 in checkpoints written before it was kept,
+    # which held only logged records).
+    unlogged: int = 0
     epochs: list[dict[str, Any]] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
 
@@ -73,6 +76,7 @@ class TrainState:
             "epoch": self.epoch,
             "steps_in_epoch": self.steps_in_epoch,
             "records": self.records,
+            "unlogged": self.unlogged,
             "epochs": self.epochs,
             "times": self.times,
         }

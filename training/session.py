@@ -605,7 +605,7 @@ def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
     s.state.load_state_dict(saved["state"])
     s.scheduler.load_state_dict(saved["scheduler"])
     follow_schedule(s.scheduler)  # a longer schedule than the checkpoint's applies from the next step
-    s.tracker.records = [StepRecord(**r) for r in s.state.records]
+    s.tracker.restore([StepRecord(**r) for r in s.state.records], s.state.unlogged)
     s.times = RunTimes(**s.state.times)
     s.last_checkpoint = s.state.step
     if s.is_main:
