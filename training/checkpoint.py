@@ -6,7 +6,8 @@ the pieces it needs, so a checkpoint of FSDP over 2 processes resumes in one pro
 round), each rank's random states, the grad scaler, `train_state.json` (the loop's position and
 measurements and the learning-rate schedule) and `origin.json` (who wrote it: strategy, process count,
 and what a resume must match to continue exactly, checked by training/resume.py). All of it but the DCP
-shards is JSON, so resuming unpickles nothing of ours.
+shards is JSON, so resuming unpickles nothing of ours; DCP's index (`.metadata`) is a pickle, read by PyTorch,
+and a DCP entry stored as a pickled object is refused before any load (`pickled_problem`) and by the load itself.
 It counts as complete only once `complete.json` is written, after every rank has finished writing:
 an interrupted save is never resumed from. `complete.json` lists every file with its size and CRC-32,
 so a checkpoint truncated or corrupted later (a full disk, a copy cut short) is recognised and skipped.
@@ -484,15 +485,13 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
     own dropout masks for its own share of the batch), so every rank takes the main process's states.
     Returns whether the random states are the saved ones of this very rank.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     # Templates laid out for this launch (with optimizer state initialised), filled in place by DCP.
     model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
     single = _single_process()
-    with _one_process_quiet():
-        dcp.load(model_state, checkpoint_id=path / MODEL_DIR, no_dist=single)
-        dcp.load(optimizer_state["state"], checkpoint_id=path / OPTIMIZER_DIR, no_dist=single)
+    _load_tensors(model_state, path / MODEL_DIR, single)
+    _load_tensors(optimizer_state["state"], path / OPTIMIZER_DIR, single)
     optimizer_state["param_groups"] = json.loads((path / OPTIMIZER_GROUPS).read_text())
     set_state_dict(model, _unwrapped(optimizer), model_state_dict=model_state, optim_state_dict=optimizer_state)
     if accelerator.scaler is not None and (path / SCALER).is_file():
@@ -503,15 +502,69 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
     return same_rank
 
 
+def pickled_entries(metadata: Any) -> list[str]:
+    """The entries of a DCP index (`.metadata`, unpickled) stored as pickled Python objects: DCP's load would read
+    them with torch.load(weights_only=False), which runs whatever code they name. The project writes none."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    return [name for name, entry in metadata.state_dict_metadata.items() if isinstance(entry, BytesStorageMetadata)]
+
+
+def pickled_refusal(folder: Path, names: list[str]) -> str:
+    """The one line that refuses a DCP folder holding pickled objects."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"{folder}/.metadata declares {shown} as pickled Python objects, which torch.distributed.checkpoint would "
+        f"load with torch.load(weights_only=False), able to run any code; this project writes tensors only, so it "
+        f"did not write this checkpoint: refused (load checkpoints only from sources you trust)"
+    )
+
+
+def pickled_problem(path: Path) -> str | None:
+    """`pickled_refusal` for the first of a checkpoint's DCP folders (model, optimizer) that holds pickled objects;
+    None when both hold tensors only. Reading each index unpickles it: see docs/faults.md on trusting a source."""
+    import torch.distributed.checkpoint as dcp
+
+    for folder in (path / MODEL_DIR, path / OPTIMIZER_DIR):
+        names = pickled_entries(dcp.FileSystemReader(str(folder)).read_metadata())
+        if names:
+            return pickled_refusal(folder, names)
+    return None
+
+
+class PickledEntry(ValueError):
+    """A DCP load met an entry it would unpickle (`pickled_refusal`)."""
+
+
+def _load_tensors(state: dict[str, Any], folder: Path, single: bool) -> None:
+    """DCP's load of `folder` into `state`, with its default planner but for the one read that would unpickle,
+    which raises PickledEntry instead: the checks before a load name it in one line (`pickled_problem`), this
+    stops a folder changed since. Raised as this rank's own error, not inside DCP's report of every rank's
+    failures (a BaseException)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    class TensorsOnly(dcp.DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            raise PickledEntry(pickled_refusal(folder, [read_item.dest_index.fqn]))
+
+    try:
+        with _one_process_quiet():
+            dcp.load(state, checkpoint_id=folder, planner=TensorsOnly(), no_dist=single)
+    except CheckpointException as exc:
+        refused = [own for own, _trace in exc.failures.values() if isinstance(own, PickledEntry)]
+        if refused:
+            raise refused[0] from None
+        raise
+
+
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
     """Only the model's weights of a checkpoint (any strategy and process count), re-sharded by DCP into this
     launch's prepared model, as `load_states` loads them; the optimizer, schedule and random states are left."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     model_state = get_model_state_dict(model)
-    with _one_process_quiet():
-        dcp.load(model_state, checkpoint_id=path / MODEL_DIR, no_dist=_single_process())
+    _load_tensors(model_state, path / MODEL_DIR, _single_process())
     set_model_state_dict(model, model_state)
 
 
@@ -658,13 +711,15 @@ def load_model_state_dict(path: Path) -> dict[str, Any]:
         raise ValueError(earlier_layout_error(path) if read_origin(path) is None else f"{model_dir}: no DCP metadata")
     # Empty full-size tensors, laid out as DCP's metadata says, which it fills from whichever shards hold them.
     metadata = dcp.FileSystemReader(str(model_dir)).read_metadata()
+    pickled = pickled_entries(metadata)
+    if pickled:
+        raise ValueError(pickled_refusal(model_dir, pickled))
     state = {
         name: torch.empty(entry.size, dtype=entry.properties.dtype)
         for name, entry in metadata.state_dict_metadata.items()
         if isinstance(entry, dcp.metadata.TensorStorageMetadata)
     }
-    with _one_process_quiet():
-        dcp.load(state, checkpoint_id=model_dir, no_dist=True)
+    _load_tensors(state, model_dir, single=True)
     return state
 
 

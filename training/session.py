@@ -46,6 +46,7 @@ from training.checkpoint import (
     checkpoint_step,
     load_model_weights,
     load_states,
+    pickled_problem,
     read_train_state,
 )
 from training.config import TrainConfig
@@ -567,7 +568,7 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
     """Who wrote `checkpoint`, as the run record notes it; RunError (one line) when this launch cannot continue it
     exactly or its origin.json cannot be read."""
     try:
-        failure = refusal(checkpoint, identity)
+        failure = refusal(checkpoint, identity) or _prefixed("--resume: ", pickled_problem(checkpoint))
         warnings, change = ([], None) if failure else resume_warnings(checkpoint, identity.optimisation)
     except (OSError, ValueError, TypeError) as exc:  # an origin.json that cannot be read
         failure = f"--resume: {checkpoint}: {exc}"
@@ -582,6 +583,10 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
     if aside:  # renamed once the checkpoint has loaded (_rewrite_after_load)
         record = dataclasses.replace(record, rolled_back=tuple(aside))
     return record.to_dict()
+
+
+def _prefixed(prefix: str, problem: str | None) -> str | None:
+    return None if problem is None else prefix + problem
 
 
 def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) -> None:
