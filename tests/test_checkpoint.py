@@ -302,6 +302,34 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_before_any
         assert "\n" not in message and "transformer.wte.weight as pickled Python objects" in message, message
 
 
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_a_resume_runs_the_optimizer_implementation_this_launch_records(tmp_path: Path, fused: str) -> None:
+    """--fused_adamw as this launch resolves it (the levers config.json records), not as the checkpoint's param
+    groups say: a run saved with the other implementation resumes with this one, and steps with it."""
+    from training.config import OptimConfig
+    from training.speed_levers import DeviceInfo, decide_fused_adamw
+    from training.step import make_optimizer
+
+    accelerator = Accelerator(cpu=True)
+    recorded = {launch: decide_fused_adamw(launch, DeviceInfo.of(torch.device("cpu")))[0] for launch in ("on", "off")}
+    saved_with = "off" if fused == "on" else "on"
+    prepared = []
+    for launch in (saved_with, fused):
+        model = GPT2(CONFIG)
+        prepared.append(accelerator.prepare(model, make_optimizer(model, OptimConfig(), fused=recorded[launch])))
+    (model, optimizer), (resumed_model, resumed) = prepared
+    model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[1].backward()
+    optimizer.step()
+    save_checkpoint(accelerator, model, optimizer, tmp_path, 1, CONFIG.to_dict(), keep=1)
+    load_states(accelerator, resumed_model, resumed, checkpoint_path(tmp_path, 1))
+    in_effect = {bool(group["fused"]) for group in resumed.param_groups}
+    assert in_effect == {recorded[fused]}, (fused, in_effect)
+    resumed_model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[
+        1
+    ].backward()
+    resumed.step()  # the step counts loaded where this implementation keeps them
+
+
 def test_an_earlier_layout_is_refused_in_one_line(tmp_path: Path) -> None:
     path = fake_checkpoint(tmp_path, 3, complete=True)  # model.safetensors: accelerate's save_state layout
     (path / "model_config.json").write_text(json.dumps(CONFIG.to_dict()))

@@ -492,7 +492,9 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
     single = _single_process()
     _load_tensors(model_state, path / MODEL_DIR, single)
     _load_tensors(optimizer_state["state"], path / OPTIMIZER_DIR, single)
-    optimizer_state["param_groups"] = json.loads((path / OPTIMIZER_GROUPS).read_text())
+    optimizer_state["param_groups"] = _this_launchs_implementation(
+        json.loads((path / OPTIMIZER_GROUPS).read_text()), _unwrapped(optimizer).param_groups
+    )
     set_state_dict(model, _unwrapped(optimizer), model_state_dict=model_state, optim_state_dict=optimizer_state)
     if accelerator.scaler is not None and (path / SCALER).is_file():
         accelerator.scaler.load_state_dict(json.loads((path / SCALER).read_text()))
@@ -500,6 +502,20 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
     same_rank = saved_num_processes(path) == accelerator.num_processes
     set_rng_states(json.loads((own if same_rank else path / RNG_DIR / "rank_0.json").read_text()))
     return same_rank
+
+
+# How the optimizer computes its update, not what: this launch's levers choose (--fused_adamw), and the run record
+# says so; torch's load_state_dict would take the checkpoint's (a run saved unfused would resume unfused).
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable")
+
+
+def _this_launchs_implementation(saved: list[dict[str, Any]], live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The saved param groups with this launch's implementation flags, set before the load, so that the load also
+    places the step counts as this implementation keeps them (on the device for a fused one)."""
+    return [
+        {**group, **{k: own[k] for k in _IMPLEMENTATION_KEYS if k in own}}
+        for group, own in zip(saved, live, strict=True)
+    ]
 
 
 def pickled_entries(metadata: Any) -> list[str]:
