@@ -10,11 +10,13 @@ summary.json with the shared uninterrupted run's.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -218,14 +220,32 @@ def _summary_by_epoch(out: Path) -> list[dict]:
     ]
 
 
+@contextlib.contextmanager
+def _without_param_groups(checkpoint: Path) -> Iterator[None]:
+    """The checkpoint with its optimizer param groups gone and unlisted, so that it verifies and fails only when
+    loaded; put back afterwards."""
+    groups, marker = checkpoint / "optimizer_param_groups.json", checkpoint / "complete.json"
+    kept = {path: path.read_bytes() for path in (groups, marker)}
+    listing = json.loads(kept[marker])
+    del listing["files"][groups.name]
+    marker.write_text(json.dumps(listing))
+    groups.unlink()
+    try:
+        yield
+    finally:
+        for path, data in kept.items():
+            path.write_bytes(data)
+
+
 @pytest.mark.multiprocess
 def test_a_run_resumed_between_log_lines_has_the_uninterrupted_runs_epochs(
     tmp_path: Path, base_args: list[str], shared_runs
 ) -> None:
     """The shared single run's flags at --log_interval 4: the run fails after step 5, its newest checkpoint at step
     3 between the log lines of steps 0 and 4. A resume over a metrics.jsonl broken before its last line is refused in
-    one line, config.json and metrics.jsonl as they were; over a torn last line it warns once and continues. Its
-    summary.json's epochs equal the shared uninterrupted run's (--log_interval 1, which changes no step)."""
+    one line, and one whose checkpoint fails to load stops: each leaves config.json and metrics.jsonl as they were.
+    Over a torn last line the resume warns once and continues, and its summary.json's epochs equal the shared
+    uninterrupted run's (--log_interval 1, which changes no step)."""
     run_dir = tmp_path / "run"
     args = [*base_args, "--strategy", "single", "--wandb_mode", "disabled", "--no-export_hf", "--log_interval", "4"]
     args += ["--output_dir", str(run_dir)]
@@ -250,7 +270,14 @@ def test_a_run_resumed_between_log_lines_has_the_uninterrupted_runs_epochs(
     errors = [line for line in (refused.stdout + refused.stderr).splitlines() if line.startswith("error:")]
     assert refused.returncode == 2 and len(errors) == 1 and f"{metrics}: line 1 " in errors[0], refused.stderr[-3000:]
     assert {path: path.read_text() for path in files} == files
-    metrics.write_text(written[: len(written) - 20])  # the last line cut short
+    metrics.write_text(written[: len(written) - 20])  # the last line cut short: dropped once the checkpoint loads
+    files[metrics] = metrics.read_text()
+    with _without_param_groups(checkpoint_path(run_dir, 3)):  # a checkpoint that verifies but fails to load
+        failed_load = run([sys.executable, "train.py", *args, "--resume"], check=False)
+    assert failed_load.returncode == 2 and "optimizer_param_groups.json" in failed_load.stderr, failed_load.stderr[
+        -3000:
+    ]
+    assert {path: path.read_text() for path in files} == files
     resumed = run(accelerate_command(CONFIGS / "single_gpu.yaml", "train.py", [*args, "--resume"]))
     warnings = [line for line in (resumed.stdout + resumed.stderr).splitlines() if str(metrics) in line]
     assert len(warnings) == 1 and warnings[0].startswith(f"warning: {metrics}: line 2 "), warnings
