@@ -4,7 +4,9 @@ checkpoint holds comes back (weights, optimizer, grad scaler, random states)."""
 from __future__ import annotations
 
 import json
+import os
 import pickle
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,7 @@ from training.checkpoint import (
     checkpoint_step,
     complete_checkpoints,
     load_model_from_checkpoint,
+    load_model_state_dict,
     load_states,
     newest_checkpoint,
     save_checkpoint,
@@ -163,7 +166,7 @@ def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path
     save(prepared, tmp_path, 3)
     (checkpoint_path(tmp_path, 3) / "model" / "__0_0.distcp").unlink()
     with pytest.raises(
-        RunError, match=r"no intact checkpoint .* \(1 complete, all damaged and set aside as \*\.damaged\)"
+        RunError, match=r"no intact checkpoint to continue, only folders set aside: step_0000003\.damaged "
     ) as error:
         newest_good_checkpoint(tmp_path)
     assert "\n" not in str(error.value)
@@ -223,6 +226,108 @@ def test_the_model_the_optimizer_and_the_random_states_come_back(prepared, tmp_p
     assert all(torch.equal(v, saved_weights[k]) for k, v in model.state_dict().items())
     assert all(torch.equal(v, saved_moments[k]) for k, v in optimizer.state_dict()["state"][0].items())
     assert torch.equal(torch.rand(4), draw)
+
+
+class _Mkdir:
+    """An object whose unpickling creates a folder: what a checkpoint from elsewhere could hold instead of a weight."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple:
+        return (os.mkdir, (str(self.path),))
+
+
+def _with_pickled_weight(checkpoint: Path, marker: Path) -> Path:
+    """`checkpoint` as one from elsewhere could be: its model's DCP folder stores transformer.wte.weight as a pickled
+    object whose loading creates `marker`, and complete.json lists the new files, so that the folder verifies."""
+    import torch.distributed.checkpoint as dcp
+
+    from training.checkpoint import MODEL_DIR, _durable_manifest, _one_process_quiet, _own_files, checkpoint_problem
+
+    state: dict = load_model_state_dict(checkpoint)
+    state["transformer.wte.weight"] = _Mkdir(marker)
+    shutil.rmtree(checkpoint / MODEL_DIR)
+    with _one_process_quiet():
+        dcp.save(state, checkpoint_id=checkpoint / MODEL_DIR, no_dist=True)
+    files = _durable_manifest(checkpoint, _own_files(checkpoint, 0, True))
+    (checkpoint / COMPLETE_MARKER).write_text(json.dumps({"step": checkpoint_step(checkpoint), "files": files}))
+    assert checkpoint_problem(checkpoint) is None
+    return checkpoint
+
+
+def test_the_projects_own_checkpoints_hold_tensors_only(prepared, tmp_path: Path) -> None:
+    """Model and AdamW state (moments and step counts, after a step) are tensors: nothing for the refusal below."""
+    from training.checkpoint import pickled_problem
+
+    accelerator, model, optimizer = prepared
+    model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[1].backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    path = save(prepared, tmp_path, 2)
+    assert optimizer.state and pickled_problem(path) is None
+    load_states(accelerator, model, optimizer, path)
+    assert load_model_from_checkpoint(path).config.to_dict() == CONFIG.to_dict()
+
+
+def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_before_anything_unpickles_it(
+    prepared, tmp_path: Path
+) -> None:
+    """By the resume's decision, --init_from's check, the export's and sampling's load, and the load itself (a folder
+    changed after the checks): each refuses in one line naming the entry, and the object's code never runs."""
+    from tests.test_resume_refusal import SAVED
+    from training import session
+    from training.checkpoint import save_checkpoint
+    from training.errors import RunError
+    from training.init_from import init_source
+    from training.resume import origin_record
+
+    accelerator, model, optimizer = prepared
+    origin = origin_record("single", 1, SAVED)
+    saved = save_checkpoint(accelerator, model, optimizer, tmp_path / "run", 4, CONFIG.to_dict(), 2, {}, origin)
+    marker = tmp_path / "code-ran"
+    checkpoint = _with_pickled_weight(saved, marker)
+    refusals = []
+    for refused in (
+        lambda: session._resume_origin(checkpoint, SAVED),
+        lambda: init_source(str(checkpoint), tmp_path / "new", CONFIG.to_dict()),
+        lambda: load_model_from_checkpoint(checkpoint),
+        lambda: load_states(accelerator, model, optimizer, checkpoint),
+    ):
+        with pytest.raises((RunError, ValueError)) as error:
+            refused()
+        refusals.append(str(error.value))
+        assert not marker.exists(), refusals[-1]
+    for message in refusals:
+        assert "\n" not in message and "transformer.wte.weight as pickled Python objects" in message, message
+
+
+@pytest.mark.parametrize("fused", ["on", "off"])
+def test_a_resume_runs_the_optimizer_implementation_this_launch_records(tmp_path: Path, fused: str) -> None:
+    """--fused_adamw as this launch resolves it (the levers config.json records), not as the checkpoint's param
+    groups say: a run saved with the other implementation resumes with this one, and steps with it."""
+    from training.config import OptimConfig
+    from training.speed_levers import DeviceInfo, decide_fused_adamw
+    from training.step import make_optimizer
+
+    accelerator = Accelerator(cpu=True)
+    recorded = {launch: decide_fused_adamw(launch, DeviceInfo.of(torch.device("cpu")))[0] for launch in ("on", "off")}
+    saved_with = "off" if fused == "on" else "on"
+    prepared = []
+    for launch in (saved_with, fused):
+        model = GPT2(CONFIG)
+        prepared.append(accelerator.prepare(model, make_optimizer(model, OptimConfig(), fused=recorded[launch])))
+    (model, optimizer), (resumed_model, resumed) = prepared
+    model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[1].backward()
+    optimizer.step()
+    save_checkpoint(accelerator, model, optimizer, tmp_path, 1, CONFIG.to_dict(), keep=1)
+    load_states(accelerator, resumed_model, resumed, checkpoint_path(tmp_path, 1))
+    in_effect = {bool(group["fused"]) for group in resumed.param_groups}
+    assert in_effect == {recorded[fused]}, (fused, in_effect)
+    resumed_model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[
+        1
+    ].backward()
+    resumed.step()  # the step counts loaded where this implementation keeps them
 
 
 def test_an_earlier_layout_is_refused_in_one_line(tmp_path: Path) -> None:

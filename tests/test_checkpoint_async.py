@@ -101,7 +101,7 @@ def _session(tmp_path: Path) -> SimpleNamespace:
     """What loop.checkpoint_now reads of a run in progress."""
     return SimpleNamespace(
         state=TrainState(),
-        tracker=SimpleNamespace(records=[]),
+        tracker=SimpleNamespace(records=[], unlogged=0, settle=lambda: None),
         times=RunTimes(),
         scheduler=SimpleNamespace(state_dict=dict),
         launch=SimpleNamespace(effective=SimpleNamespace(strategy=None)),

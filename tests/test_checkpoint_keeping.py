@@ -30,7 +30,9 @@ from training.checkpoint import (
     newest_good_checkpoint,
     save_checkpoint,
 )
+from training.config import RunConfig
 from training.errors import RunError
+from training.rundir import claim_output_dir
 
 CONFIG = GPT2Config.from_preset("tiny", vocab_size=256, n_positions=32)
 MARKED = "transformer.wte.weight"  # its [0, 0] holds the step a checkpoint was saved at
@@ -186,6 +188,9 @@ class CheckpointFolder(RuleBasedStateMachine):
     @rule(data=st.data())
     def damage_one(self, data: st.DataObject) -> None:
         step = data.draw(st.sampled_from(steps(self.out)[::-1]))  # newest first: the case that matters most
+        self.damage_step(step)
+
+    def damage_step(self, step: int) -> None:
         damage(checkpoint_path(self.out, step))
         self.damaged.add(step)
         self.damaged_since_last_check = True
@@ -224,6 +229,65 @@ class CheckpointFolder(RuleBasedStateMachine):
 
 TestCheckpointFolder = CheckpointFolder.TestCase
 TestCheckpointFolder.settings = settings(max_examples=60, stateful_step_count=10, deadline=None)
+
+
+class CheckpointFolderWithRelaunches(CheckpointFolder):
+    """The machine above, with the launches that claim the folder by themselves (--auto_resume, torchrun restarts,
+    also of an --overwrite job) and a disk that damages every checkpoint at once. A relaunch continues the newest
+    verified checkpoint; with none it starts afresh only over a folder that holds no checkpoint set aside, and
+    otherwise stops in one line naming them. A folder set aside as damaged is never deleted or changed."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.aside: dict[Path, dict[str, str]] = {}
+
+    @precondition(lambda self: bool(steps(self.out)))
+    @rule()
+    def damage_every_one(self) -> None:
+        for step in steps(self.out):
+            self.damage_step(step)
+
+    @rule(restart=st.integers(0, 2), overwrite=st.booleans())
+    def relaunch(self, restart: int, overwrite: bool) -> None:
+        # --auto_resume with --overwrite is refused by the parser; a restart of an --overwrite job is not.
+        run = RunConfig(output_dir=str(self.out), auto_resume=restart == 0, overwrite=overwrite and restart > 0)
+        expected = self.newest_intact()
+        try:
+            resumed = claim_output_dir(self.out, run, restart)
+        except RunError as refused:
+            message = str(refused)
+            assert expected is None and "\n" not in message, message
+            assert all(p.name in message for p in _set_aside(self.out)), message
+            return
+        if expected is not None:
+            assert resumed == checkpoint_path(self.out, expected)
+            self.position = expected
+            return
+        assert resumed is None and not (self.out / "checkpoints").exists(), "a fresh start left checkpoints"
+        self.position, self.damaged = 0, set()
+
+    @invariant()
+    def folders_set_aside_are_never_touched(self) -> None:
+        assert {path: _digest(path) for path in self.aside} == self.aside, "a damaged folder set aside was changed"
+        self.aside.update({path: _digest(path) for path in _set_aside(self.out) if path not in self.aside})
+
+
+def _set_aside(out: Path) -> list[Path]:
+    root = out / "checkpoints"
+    return sorted(p for p in root.glob("step_*.damaged*")) if root.is_dir() else []
+
+
+def _digest(folder: Path) -> dict[str, str]:
+    """Each file of a folder by its path in it, with its SHA-256; {} for a folder that is gone."""
+    import hashlib
+
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
+    }
+
+
+TestCheckpointFolderWithRelaunches = CheckpointFolderWithRelaunches.TestCase
+TestCheckpointFolderWithRelaunches.settings = settings(max_examples=25, stateful_step_count=10, deadline=None)
 
 
 # --------------------------------------------------------------------------------------------- launches
@@ -385,3 +449,16 @@ def test_a_deletion_cut_short_leaves_no_checkpoint_that_counts_over_half_its_fil
     assert all(checkpoint_problem(p) is None for p in complete_checkpoints(tmp_path))
     save(prepared, tmp_path, 6, keep=2)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_0000004", "step_0000006"]
+
+
+def test_a_launch_that_continues_sweeps_what_a_deletion_cut_short_left(prepared, tmp_path: Path) -> None:
+    """A deletion cut short (step_N.deleting) is removed when the next launch claims the folder, not at its first
+    save; a folder set aside as damaged stays."""
+    for step in (2, 4, 6):
+        save(prepared, tmp_path, step, keep=3)
+    root = tmp_path / "checkpoints"
+    checkpoint_path(tmp_path, 2).rename(root / "step_0000002.deleting")
+    damage(checkpoint_path(tmp_path, 6))
+    resumed = claim_output_dir(tmp_path, RunConfig(output_dir=str(tmp_path), resume=True), restart=0)
+    assert resumed == checkpoint_path(tmp_path, 4)
+    assert sorted(p.name for p in root.iterdir()) == ["step_0000004", "step_0000006.damaged"]

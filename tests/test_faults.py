@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,8 @@ from tests.launch import (
     train_lines,
     wait_on_machines,
 )
-from training.checkpoint import COMPLETE_MARKER, complete_checkpoints, newest_good_checkpoint
+from tests.test_checkpoint_keeping import _digest, _prepared, damage, save
+from training.checkpoint import COMPLETE_MARKER, checkpoint_path, complete_checkpoints, newest_good_checkpoint
 from training.config import RunConfig
 from training.errors import RunError
 from training.faults import (
@@ -36,7 +38,7 @@ from training.faults import (
     rank_failure,
     stopped_by_launcher,
 )
-from training.rundir import check_output_dir
+from training.rundir import check_output_dir, claim_output_dir
 
 # --------------------------------------------------------------------------------------------- no launch
 
@@ -158,6 +160,45 @@ def test_auto_resume_refuses_to_replace_a_finished_run_it_cannot_continue(tmp_pa
     assert check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True).name == "step_0000003"
 
 
+def _killed_with_damaged_checkpoints(run_dir: Path) -> dict[str, dict[str, str]]:
+    """A run killed in its first epoch (no summary.json) whose checkpoints at steps 3 and 6 a bad disk damaged;
+    returns each checkpoint's files (their digests) by the name it has once set aside."""
+    for step in (3, 6):
+        save(_prepared(), run_dir, step, keep=2)
+        damage(checkpoint_path(run_dir, step))
+    (run_dir / "metrics.jsonl").write_text('{"kind": "train", "step": 1}\n')
+    (run_dir / "config.json").write_text("{}")
+    return {f"{checkpoint_path(run_dir, s).name}.damaged": _digest(checkpoint_path(run_dir, s)) for s in (3, 6)}
+
+
+def _assert_kept_and_named(run_dir: Path, damaged: dict[str, dict[str, str]], message: str) -> None:
+    """Every damaged checkpoint is still there, set aside with its files, the run's files untouched, and the one
+    line names each folder and the ways on."""
+    root = run_dir / "checkpoints"
+    assert {p.name: _digest(p) for p in root.iterdir()} == damaged
+    assert (run_dir / "metrics.jsonl").read_text() == '{"kind": "train", "step": 1}\n'
+    assert (run_dir / "config.json").read_text() == "{}"
+    assert "\n" not in message and all(name in message for name in damaged), message
+    assert all(choice in message for choice in ("--overwrite", "--resume_step", "--init_from")), message
+
+
+@pytest.mark.parametrize(
+    ("flags", "restart"),
+    [({"auto_resume": True}, 0), ({}, 1), ({"overwrite": True}, 2)],
+    ids=["auto_resume", "restart", "restart_of_an_overwrite"],
+)
+def test_only_damaged_checkpoints_are_kept_by_every_launch_that_would_continue(
+    tmp_path: Path, flags: dict, restart: int
+) -> None:
+    """--auto_resume and torchrun restarts (also of an --overwrite job), launched twice: the first launch sets
+    the damaged checkpoints aside, and neither starts afresh over them; each stops with one line."""
+    damaged = _killed_with_damaged_checkpoints(tmp_path)
+    for _ in range(2):
+        with pytest.raises(RunError) as refused:
+            claim_output_dir(tmp_path, RunConfig(output_dir=str(tmp_path), **flags), restart)
+        _assert_kept_and_named(tmp_path, damaged, str(refused.value))
+
+
 # --------------------------------------------------------------------------------------------- launches
 
 FAULT_STEP, SAVE_STEP = 5, 6  # a step between checkpoints (3 and 6), and a checkpoint's step
@@ -258,3 +299,19 @@ def test_every_rank_killed_during_a_checkpoint_write_resumes_from_the_one_before
     )
     assert "resumed from " in resumed.stdout and "step_0000003 at step 3" in resumed.stdout
     _assert_continues_exactly(run_dir, shared_runs["ddp"])
+
+
+@pytest.mark.multiprocess
+def test_two_auto_resume_launches_over_only_damaged_checkpoints_keep_them_all(tmp_path: Path, base_args) -> None:
+    """The issue's case with `python train.py` (accelerate's one-process launcher would echo each line in its
+    own traceback): the first --auto_resume launch sets the damaged checkpoints aside and stops,
+    the same command again stops the same way; each says one error line, and the run folder keeps everything."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    damaged = _killed_with_damaged_checkpoints(run_dir)
+    args = [*base_args, "--strategy", "single", "--wandb_mode", "disabled", "--output_dir", str(run_dir)]
+    for launch in range(2):
+        result = run([sys.executable, "train.py", *args, "--auto_resume"], check=False)
+        assert result.returncode != 0, launch
+        (error,) = _errors(result)
+        _assert_kept_and_named(run_dir, damaged, error)

@@ -9,7 +9,6 @@ single run back from step 12 to 9 and checks that it trains to the end with the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -22,19 +21,13 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from tests.launch import SHARED_STEPS, train, train_lines
-from tests.test_checkpoint_keeping import CheckpointFolder, _prepared, damage, save, saved_step, steps
+from tests.test_checkpoint_keeping import CheckpointFolder, _digest, _prepared, damage, save, saved_step, steps
 from training import checkpoint, session
 from training.checkpoint import checkpoint_path, checkpoint_problem
 from training.config import RunConfig
 from training.errors import RunError
 from training.resume import ROLLED_BACK_SUFFIX, checkpoint_at_step, roll_back_past, rolled_back_warning
 from training.rundir import check_output_dir
-
-
-def _digest(folder: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest() for p in folder.rglob("*") if p.is_file()
-    }
 
 
 @pytest.fixture()

@@ -6,7 +6,8 @@ the pieces it needs, so a checkpoint of FSDP over 2 processes resumes in one pro
 round), each rank's random states, the grad scaler, `train_state.json` (the loop's position and
 measurements and the learning-rate schedule) and `origin.json` (who wrote it: strategy, process count,
 and what a resume must match to continue exactly, checked by training/resume.py). All of it but the DCP
-shards is JSON, so resuming unpickles nothing of ours.
+shards is JSON, so resuming unpickles nothing of ours; DCP's index (`.metadata`) is a pickle, read by PyTorch,
+and a DCP entry stored as a pickled object is refused before any load (`pickled_problem`) and by the load itself.
 It counts as complete only once `complete.json` is written, after every rank has finished writing:
 an interrupted save is never resumed from. `complete.json` lists every file with its size and CRC-32,
 so a checkpoint truncated or corrupted later (a full disk, a copy cut short) is recognised and skipped.
@@ -64,6 +65,9 @@ class TrainState:
     epoch: int = 1
     steps_in_epoch: int = 0
     records: list[dict[str, Any]] = field(default_factory=list)
+    # How many of the newest records no metrics line has covered yet (0 in checkpoints written before it was kept,
+    # which held only logged records).
+    unlogged: int = 0
     epochs: list[dict[str, Any]] = field(default_factory=list)
     times: dict[str, float] = field(default_factory=dict)
 
@@ -73,6 +77,7 @@ class TrainState:
             "epoch": self.epoch,
             "steps_in_epoch": self.steps_in_epoch,
             "records": self.records,
+            "unlogged": self.unlogged,
             "epochs": self.epochs,
             "times": self.times,
         }
@@ -90,6 +95,7 @@ def checkpoint_path(output_dir: Path, step: int) -> Path:
 # (step_N.damaged, ...) is a folder set aside, which no listing counts.
 _NAME = re.compile(r"step_(\d+)")
 DAMAGED_SUFFIX = ".damaged"
+ROLLED_BACK_SUFFIX = ".rolled_back"  # newer than a --resume_step (training/resume.py)
 # A folder being deleted is renamed first: a deletion cut short (a crash, a kill) must not leave a folder
 # under a checkpoint's name whose complete.json still stands over half its shards.
 DELETING_SUFFIX = ".deleting"
@@ -121,19 +127,53 @@ def newest_checkpoint(output_dir: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def set_aside(path: Path, suffix: str) -> Path:
-    """Rename a checkpoint folder so that no listing counts it again, keeping its files for a person to look
-    at; a second folder of the same step and suffix gets a number after it.
-
-    The folder holding it is synced: a power loss must not bring back the old name, which every listing
-    counts again (a rolled-back step_12 resumed from, a damaged one chosen)."""
+def aside_name(path: Path, suffix: str) -> Path:
+    """Where `set_aside` renames a checkpoint folder: its name and `suffix`, and a number after it when a folder of
+    the same step was set aside so before."""
     target = path.with_name(path.name + suffix)
     number = 1
     while target.exists():
         target, number = path.with_name(f"{path.name}{suffix}.{number}"), number + 1
+    return target
+
+
+def set_aside(path: Path, suffix: str) -> Path:
+    """Rename a checkpoint folder so that no listing counts it again, keeping its files for a person to look
+    at (`aside_name`).
+
+    The folder holding it is synced: a power loss must not bring back the old name, which every listing
+    counts again (a rolled-back step_12 resumed from, a damaged one chosen)."""
+    target = aside_name(path, suffix)
     path.rename(target)
     sync_folder(path.parent)
     return target
+
+
+def kept_aside(output_dir: Path) -> list[Path]:
+    """The checkpoint folders set aside for a person to look at (damaged, rolled back), by name. No launch of the
+    project deletes them: only --overwrite, which replaces the whole run."""
+    root = output_dir / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    suffixes = (DAMAGED_SUFFIX, ROLLED_BACK_SUFFIX)
+    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and _has_suffix(p, suffixes))
+
+
+def _has_suffix(path: Path, suffixes: tuple[str, ...]) -> bool:
+    """step_N<suffix> or step_N<suffix>.<number>."""
+    return any(re.fullmatch(rf"step_\d+{re.escape(suffix)}(\.\d+)?", path.name) for suffix in suffixes)
+
+
+def nothing_to_continue(output_dir: Path) -> str:
+    """The one line of a launch that would continue a run whose checkpoints are all set aside: it names them and
+    the ways on, none of which deletes them but the one that says so."""
+    names = ", ".join(p.name for p in kept_aside(output_dir))
+    return (
+        f"{output_dir / CHECKPOINTS_DIR} holds no intact checkpoint to continue, only folders set aside: {names} "
+        f"(kept for a person to look at: never resumed from or deleted); to go on, either --overwrite (starts "
+        f"afresh and deletes them), --init_from a verified checkpoint of another run (a new run from its weights, "
+        f"in another --output_dir), or rename a folder whose files you restored back to step_N and --resume_step N"
+    )
 
 
 def set_aside_damaged(path: Path, problem: str) -> Path:
@@ -178,8 +218,12 @@ def prune_checkpoints(output_dir: Path, just_written: Path, keep: int) -> None:
     for partial in checkpoint_folders(output_dir):
         if partial != just_written and not (partial / COMPLETE_MARKER).exists():
             delete_folder(partial)
-    root = output_dir / CHECKPOINTS_DIR
-    for leftover in root.glob(f"*{DELETING_SUFFIX}*"):  # of a deletion cut short before
+    sweep_deletions(output_dir)
+
+
+def sweep_deletions(output_dir: Path) -> None:
+    """Remove what a deletion cut short left (step_N.deleting): never a checkpoint, nor a folder set aside."""
+    for leftover in (output_dir / CHECKPOINTS_DIR).glob(f"*{DELETING_SUFFIX}*"):
         shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -441,16 +485,16 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
     own dropout masks for its own share of the batch), so every rank takes the main process's states.
     Returns whether the random states are the saved ones of this very rank.
     """
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     # Templates laid out for this launch (with optimizer state initialised), filled in place by DCP.
     model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
     single = _single_process()
-    with _one_process_quiet():
-        dcp.load(model_state, checkpoint_id=path / MODEL_DIR, no_dist=single)
-        dcp.load(optimizer_state["state"], checkpoint_id=path / OPTIMIZER_DIR, no_dist=single)
-    optimizer_state["param_groups"] = json.loads((path / OPTIMIZER_GROUPS).read_text())
+    _load_tensors(model_state, path / MODEL_DIR, single)
+    _load_tensors(optimizer_state["state"], path / OPTIMIZER_DIR, single)
+    optimizer_state["param_groups"] = _this_launchs_implementation(
+        json.loads((path / OPTIMIZER_GROUPS).read_text()), _unwrapped(optimizer).param_groups
+    )
     set_state_dict(model, _unwrapped(optimizer), model_state_dict=model_state, optim_state_dict=optimizer_state)
     if accelerator.scaler is not None and (path / SCALER).is_file():
         accelerator.scaler.load_state_dict(json.loads((path / SCALER).read_text()))
@@ -460,15 +504,83 @@ def load_states(accelerator: Accelerator, model: torch.nn.Module, optimizer: Any
     return same_rank
 
 
+# How the optimizer computes its update, not what: this launch's levers choose (--fused_adamw), and the run record
+# says so; torch's load_state_dict would take the checkpoint's (a run saved unfused would resume unfused).
+_IMPLEMENTATION_KEYS = ("fused", "foreach", "capturable")
+
+
+def _this_launchs_implementation(saved: list[dict[str, Any]], live: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The saved param groups with this launch's implementation flags, set before the load, so that the load also
+    places the step counts as this implementation keeps them (on the device for a fused one)."""
+    return [
+        {**group, **{k: own[k] for k in _IMPLEMENTATION_KEYS if k in own}}
+        for group, own in zip(saved, live, strict=True)
+    ]
+
+
+def pickled_entries(metadata: Any) -> list[str]:
+    """The entries of a DCP index (`.metadata`, unpickled) stored as pickled Python objects: DCP's load would read
+    them with torch.load(weights_only=False), which runs whatever code they name. The project writes none."""
+    from torch.distributed.checkpoint.metadata import BytesStorageMetadata
+
+    return [name for name, entry in metadata.state_dict_metadata.items() if isinstance(entry, BytesStorageMetadata)]
+
+
+def pickled_refusal(folder: Path, names: list[str]) -> str:
+    """The one line that refuses a DCP folder holding pickled objects."""
+    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    return (
+        f"{folder}/.metadata declares {shown} as pickled Python objects, which torch.distributed.checkpoint would "
+        f"load with torch.load(weights_only=False), able to run any code; this project writes tensors only, so it "
+        f"did not write this checkpoint: refused (load checkpoints only from sources you trust)"
+    )
+
+
+def pickled_problem(path: Path) -> str | None:
+    """`pickled_refusal` for the first of a checkpoint's DCP folders (model, optimizer) that holds pickled objects;
+    None when both hold tensors only. Reading each index unpickles it: see docs/faults.md on trusting a source."""
+    import torch.distributed.checkpoint as dcp
+
+    for folder in (path / MODEL_DIR, path / OPTIMIZER_DIR):
+        names = pickled_entries(dcp.FileSystemReader(str(folder)).read_metadata())
+        if names:
+            return pickled_refusal(folder, names)
+    return None
+
+
+class PickledEntry(ValueError):
+    """A DCP load met an entry it would unpickle (`pickled_refusal`)."""
+
+
+def _load_tensors(state: dict[str, Any], folder: Path, single: bool) -> None:
+    """DCP's load of `folder` into `state`, with its default planner but for the one read that would unpickle,
+    which raises PickledEntry instead: the checks before a load name it in one line (`pickled_problem`), this
+    stops a folder changed since. Raised as this rank's own error, not inside DCP's report of every rank's
+    failures (a BaseException)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    class TensorsOnly(dcp.DefaultLoadPlanner):
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            raise PickledEntry(pickled_refusal(folder, [read_item.dest_index.fqn]))
+
+    try:
+        with _one_process_quiet():
+            dcp.load(state, checkpoint_id=folder, planner=TensorsOnly(), no_dist=single)
+    except CheckpointException as exc:
+        refused = [own for own, _trace in exc.failures.values() if isinstance(own, PickledEntry)]
+        if refused:
+            raise refused[0] from None
+        raise
+
+
 def load_model_weights(model: torch.nn.Module, path: Path) -> None:
     """Only the model's weights of a checkpoint (any strategy and process count), re-sharded by DCP into this
     launch's prepared model, as `load_states` loads them; the optimizer, schedule and random states are left."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, set_model_state_dict
 
     model_state = get_model_state_dict(model)
-    with _one_process_quiet():
-        dcp.load(model_state, checkpoint_id=path / MODEL_DIR, no_dist=_single_process())
+    _load_tensors(model_state, path / MODEL_DIR, _single_process())
     set_model_state_dict(model, model_state)
 
 
@@ -573,7 +685,7 @@ def newest_good_checkpoint(output_dir: Path) -> Path:
     """The newest complete checkpoint whose files are intact; each damaged one newer than it is set aside
     (step_N.damaged, one warning line), so that no later listing counts or chooses it.
 
-    Raises RunError (one line) when there is none.
+    Raises RunError (one line) when there is none: `nothing_to_continue` when folders are set aside.
     """
     found = complete_checkpoints(output_dir)
     for path in reversed(found):
@@ -581,12 +693,8 @@ def newest_good_checkpoint(output_dir: Path) -> Path:
         if problem is None:
             return path
         set_aside_damaged(path, problem)
-    if found:
-        raise RunError(
-            f"--resume: no intact checkpoint in {output_dir / CHECKPOINTS_DIR} "
-            f"({len(found)} complete, all damaged and set aside as *{DAMAGED_SUFFIX}); run without --resume or "
-            f"with --overwrite"
-        )
+    if kept_aside(output_dir):
+        raise RunError(nothing_to_continue(output_dir))
     raise RunError(f"--resume: no complete checkpoint in {output_dir / CHECKPOINTS_DIR}; run without --resume")
 
 
@@ -619,13 +727,15 @@ def load_model_state_dict(path: Path) -> dict[str, Any]:
         raise ValueError(earlier_layout_error(path) if read_origin(path) is None else f"{model_dir}: no DCP metadata")
     # Empty full-size tensors, laid out as DCP's metadata says, which it fills from whichever shards hold them.
     metadata = dcp.FileSystemReader(str(model_dir)).read_metadata()
+    pickled = pickled_entries(metadata)
+    if pickled:
+        raise ValueError(pickled_refusal(model_dir, pickled))
     state = {
         name: torch.empty(entry.size, dtype=entry.properties.dtype)
         for name, entry in metadata.state_dict_metadata.items()
         if isinstance(entry, dcp.metadata.TensorStorageMetadata)
     }
-    with _one_process_quiet():
-        dcp.load(state, checkpoint_id=model_dir, no_dist=True)
+    _load_tensors(state, model_dir, single=True)
     return state
 
 

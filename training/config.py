@@ -92,7 +92,12 @@ class RunConfig:
 
     output_dir: str = _help("run directory (metrics.jsonl, summary.json, checkpoints/, hf/)", default="runs/latest")
     seed: int = _help("seed for initialisation, dropout and data order (same seed = same data order)", default=1337)
-    resume: bool = _help("continue from the newest complete checkpoint in --output_dir", default=False)
+    resume: bool = _help(
+        "continue from the newest complete checkpoint in --output_dir; load only checkpoints you trust: the index "
+        "of its tensors (torch.distributed.checkpoint's .metadata) is a Python pickle, which can run code "
+        "(docs/faults.md)",
+        default=False,
+    )
     overwrite: bool = _help(
         "start afresh in an --output_dir that already holds a run (its files are replaced)", default=False
     )
@@ -111,7 +116,8 @@ class RunConfig:
     init_from: str | None = _help(
         "start a new run (step 0, fresh optimizer and schedule, any settings) from the model weights of a run "
         "folder (its newest verified checkpoint) or a checkpoint folder, written by any strategy and process "
-        "count; config.json records the source",
+        "count; config.json records the source. Only from a source you trust: its index of the weights "
+        "(.metadata) is a Python pickle, which can run code, read before the output folder is claimed",
         default=None,
     )
     strategy: str = _help(

@@ -22,6 +22,8 @@ from training.checkpoint import (
     checkpoint_step,
     complete_checkpoints,
     earlier_layout_error,
+    pickled_entries,
+    pickled_refusal,
     read_origin,
 )
 from training.errors import RunError
@@ -121,6 +123,9 @@ def _saved_weights(checkpoint: Path) -> dict[str, tuple[int, ...]]:
         metadata = FileSystemReader(str(checkpoint / MODEL_DIR)).read_metadata()
     except Exception as exc:  # unpickling a damaged or foreign index raises what it meets
         raise RunError(f"--init_from {checkpoint}: {MODEL_DIR}/.metadata cannot be read ({exc})") from exc
+    pickled = pickled_entries(metadata)
+    if pickled:
+        raise RunError(f"--init_from: {pickled_refusal(checkpoint / MODEL_DIR, pickled)}")
     return {name: tuple(getattr(entry, "size", ())) for name, entry in metadata.state_dict_metadata.items()}
 
 

@@ -292,7 +292,7 @@ def _log_interval(s: Session, progress: Any) -> None:
     new = s.tracker.flush()
     line = s.tracker.interval_line(new, s.times.train_s)
     s.emit(line.line())
-    progress.update(len(new))
+    progress.update(line.step - progress.n)  # `new` may begin with steps a resumed run took back from its checkpoint
     progress.set_postfix(loss=f"{line.loss:.3f}", tok_s=f"{line.tokens_per_s:,.0f}")
 
 
@@ -335,7 +335,8 @@ def checkpoint_now(s: Session, wait: bool = True) -> None:
     state = s.state
     if in_flight is not None and in_flight.step == state.step:
         return
-    state.records = [vars(r) for r in s.tracker.records]
+    s.tracker.settle()  # the steps since the last metrics line too: a resume from here must not lose them
+    state.records, state.unlogged = [vars(r) for r in s.tracker.records], s.tracker.unlogged
     state.times = {"train_s": s.times.train_s, "eval_s": s.times.eval_s, "checkpoint_s": s.times.checkpoint_s}
     train_state = {"state": state.state_dict(), "scheduler": s.scheduler.state_dict()}
     effective = s.launch.effective
@@ -491,6 +492,8 @@ def _export_hf(s: Session) -> None:
 
 
 class _NoProgress:
+    n = 0
+
     def update(self, n: int) -> None: ...
     def set_postfix(self, **kwargs: Any) -> None: ...
     def close(self) -> None: ...
@@ -500,13 +503,13 @@ class _ProgressLines:
     """Where no terminal redraws a bar (a log file, a notebook running `!accelerate launch`): one line per log."""
 
     def __init__(self, total: int, initial: int) -> None:
-        self.total, self.done = total, initial
+        self.total, self.n = total, initial  # `n`: steps done, as tqdm names it
 
     def update(self, n: int) -> None:
-        self.done += n
+        self.n += n
 
     def set_postfix(self, **kwargs: Any) -> None:
-        print(f"step {self.done}/{self.total} " + " ".join(f"{k}={v}" for k, v in kwargs.items()), flush=True)
+        print(f"step {self.n}/{self.total} " + " ".join(f"{k}={v}" for k, v in kwargs.items()), flush=True)
 
     def close(self) -> None: ...
 

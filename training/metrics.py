@@ -81,6 +81,7 @@ class MetricsTracker:
         self._step_tokens = torch.zeros((), device=device, dtype=torch.float64)
         self._pending: list[_PendingStep] = []
         self.records: list[StepRecord] = []
+        self._logged = 0  # how many of `records` a metrics line has covered
         self.memory = EpochMemory()
 
     @property
@@ -111,9 +112,31 @@ class MetricsTracker:
         self._step_tokens = torch.zeros_like(self._step_tokens)
 
     def flush(self) -> list[StepRecord]:
-        """Reduce the pending steps over ranks (one collective), move them to the host, return them."""
-        if not self._pending:
+        """The steps since the last flush, as records of a metrics line: the pending ones reduced over ranks (one
+        collective) and moved to the host, after those a checkpoint settled before."""
+        self.settle()
+        new = self.records[self._logged :]
+        if not new:
             return []
+        self._logged = len(self.records)
+        self._read_memory()
+        return new
+
+    @property
+    def unlogged(self) -> int:
+        """How many of the newest records no metrics line has covered yet."""
+        return len(self.records) - self._logged
+
+    def restore(self, records: list[StepRecord], unlogged: int) -> None:
+        """The records a checkpoint held; the newest `unlogged` of them go into the next metrics line."""
+        self.records = list(records)
+        self._logged = len(self.records) - unlogged
+
+    def settle(self) -> None:
+        """Move the pending steps to host records (one collective) without logging them: a checkpoint between two
+        metrics lines must hold every step it has trained."""
+        if not self._pending:
+            return
         local = torch.stack([p.loss_and_tokens for p in self._pending])  # (n_steps, 2): loss*tokens, tokens
         grad_norms = torch.stack([p.grad_norm for p in self._pending])
         summed = self.accelerator.reduce(local, reduction="sum")
@@ -135,8 +158,6 @@ class MetricsTracker:
         ]
         self._pending.clear()
         self.records.extend(new)
-        self._read_memory()
-        return new
 
     def _read_memory(self) -> None:
         allocated, reserved = peak_memory_mib(self.accelerator.device)

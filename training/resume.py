@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from training.checkpoint import (
     CHECKPOINTS_DIR,
+    ROLLED_BACK_SUFFIX,
+    aside_name,
     checkpoint_folders,
     checkpoint_problem,
     checkpoint_step,
@@ -276,8 +278,6 @@ def resumed_from(checkpoint: Path, change: ScheduleChange | None = None) -> Resu
 # ---------------------------------------------------------------------------------------------
 # --resume_step: continue from an older checkpoint than the newest
 
-ROLLED_BACK_SUFFIX = ".rolled_back"
-
 
 def checkpoint_at_step(output_dir: Path, step: int) -> Path:
     """The complete checkpoint of `step` in `output_dir` when its files verify; else RunError, one line that lists
@@ -300,10 +300,19 @@ def checkpoint_at_step(output_dir: Path, step: int) -> Path:
 def roll_back_past(checkpoint: Path) -> list[Path]:
     """Rename every checkpoint folder of a later step than `checkpoint` (complete or not) step_N.rolled_back, so
     that no listing counts, keeps, deletes or resumes from them; their files stay for a person to look at.
-    Returns the new names, oldest step first; main process only."""
+    Returns the new names (`rolled_back_names` says them beforehand), oldest step first; main process only."""
+    return [set_aside(p, ROLLED_BACK_SUFFIX) for p in _later(checkpoint)]
+
+
+def rolled_back_names(checkpoint: Path) -> list[str]:
+    """The names `roll_back_past` would give, without renaming anything: a resume decides, and renames only once
+    the checkpoint has loaded."""
+    return [aside_name(p, ROLLED_BACK_SUFFIX).name for p in _later(checkpoint)]
+
+
+def _later(checkpoint: Path) -> list[Path]:
     step = checkpoint_step(checkpoint)
-    later = [p for p in checkpoint_folders(checkpoint.parent.parent) if (step_of_name(p) or 0) > step]
-    return [set_aside(p, ROLLED_BACK_SUFFIX) for p in later]
+    return [p for p in checkpoint_folders(checkpoint.parent.parent) if (step_of_name(p) or 0) > step]
 
 
 def rolled_back_warning(checkpoint: Path, renamed: list[Path]) -> str:

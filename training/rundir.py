@@ -9,13 +9,23 @@ import os
 import shutil
 import socket
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
-from training.checkpoint import complete_checkpoints, newest_good_checkpoint
+from training.checkpoint import (
+    complete_checkpoints,
+    kept_aside,
+    newest_good_checkpoint,
+    nothing_to_continue,
+    sweep_deletions,
+)
 from training.durable import write_atomic
 from training.errors import RunError
 from training.resume import checkpoint_at_step
+
+if TYPE_CHECKING:
+    from training.config import RunConfig
 
 _RUN_FILES = ("metrics.jsonl", "summary.json", "config.json", "wandb_run_id")
 _RUN_DIRS = ("checkpoints", "hf", "wandb")
@@ -28,14 +38,17 @@ def check_output_dir(
 
     `auto_resume`: the newest intact checkpoint when there is a complete one, else None (the caller then
     starts afresh, replacing what an attempt that crashed before its first checkpoint left); a finished run
-    without a checkpoint is refused rather than replaced. `resume_step`: that step's verified checkpoint,
-    whatever is newer (training/resume.py).
+    without a checkpoint is refused rather than replaced, and so is a run whose checkpoints are all set aside
+    (damaged, rolled back), which are kept for a person to look at. `resume_step`: that step's verified
+    checkpoint, whatever is newer (training/resume.py).
     """
     if resume_step is not None:
         return checkpoint_at_step(out, resume_step)
     holds_run = any((out / f).exists() for f in _RUN_FILES + _RUN_DIRS)
     if resume or (auto_resume and complete_checkpoints(out)):
         return newest_good_checkpoint(out)
+    if auto_resume and kept_aside(out):
+        raise RunError(nothing_to_continue(out))
     if auto_resume and (out / "summary.json").exists():  # finished, with no checkpoint to continue from
         raise RunError(
             f"{out} holds a finished run and no checkpoint: --auto_resume has nothing to continue; "
@@ -48,6 +61,24 @@ def check_output_dir(
     return None
 
 
+def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
+    """What a launch holding the folder's lock does with it: the checkpoint to resume from, or None for a fresh
+    start, for which the folder is cleared when --overwrite asks or --auto_resume finds nothing to continue.
+
+    `restart`: which restart of a torchrun job this is. A restart reruns the same command: it must continue, not
+    refuse the folder or start over, so it behaves as --auto_resume, ignores --overwrite, and continues the
+    newest checkpoint (--resume_step rolled back when the job first started).
+    """
+    auto_resume = run.auto_resume or restart > 0
+    overwrite = run.overwrite and not restart
+    resume_step = None if restart else run.resume_step
+    resume_from = check_output_dir(out, run.resume, overwrite, auto_resume, resume_step)
+    if overwrite or (auto_resume and resume_from is None):
+        clear_run_files(out)
+    sweep_deletions(out)  # a deletion cut short by the launch before, not left until the next save
+    return resume_from
+
+
 def clear_run_files(out: Path) -> None:
     for name in _RUN_FILES:
         (out / name).unlink(missing_ok=True)
@@ -55,14 +86,66 @@ def clear_run_files(out: Path) -> None:
         shutil.rmtree(out / name, ignore_errors=True)
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
-    """After a resume, drop metric lines of steps that will be trained again."""
+@dataclass(frozen=True)
+class MetricsCut:
+    """What a resume keeps of metrics.jsonl: its lines up to the checkpoint's step, and the number of a torn last
+    line it drops, if any."""
+
+    path: Path
+    kept: list[str]
+    torn_line: int | None
+
+    def warning(self) -> str | None:
+        if self.torn_line is None:
+            return None
+        return (
+            f"warning: {self.path}: line {self.torn_line} is cut short (a write interrupted by a kill or a full "
+            f"disk); dropped, its steps are logged again"
+        )
+
+
+def metrics_cut(path: Path, last_step: int) -> MetricsCut:
+    """The lines of metrics.jsonl a resume from `last_step` keeps (reads only).
+
+    The sink appends one line per record, so a write cut short breaks the last line alone: it is dropped. A broken
+    line before it is not a cut write (the file was changed since): RunError, one line naming the file and line.
+    """
     if not path.exists():
-        return
-    kept = [
-        line for line in path.read_text().splitlines() if line.strip() and json.loads(line).get("step", 0) <= last_step
-    ]
-    write_atomic(path, "".join(line + "\n" for line in kept))
+        return MetricsCut(path, [], None)
+    numbered = [(n, line) for n, line in enumerate(_text(path).splitlines(), 1) if line.strip()]
+    kept, torn = [], None
+    for index, (number, line) in enumerate(numbered):
+        record = _record(line)
+        if record is None and index < len(numbered) - 1:
+            raise RunError(
+                f"{path}: line {number} is not a JSON record, and only the last line can be a write cut short: "
+                f"repair or remove that line and resume again (or start afresh with --overwrite)"
+            )
+        if record is None:
+            torn = number
+        elif record.get("step", 0) <= last_step:
+            kept.append(line)
+    return MetricsCut(path, kept, torn)
+
+
+def _text(path: Path) -> str:
+    # A write cut inside a multi-byte character must not stop the read: that line is dropped anyway.
+    return path.read_bytes().decode("utf-8", errors="replace")
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def truncate_metrics(path: Path, last_step: int) -> None:
+    """After a resume, drop metric lines of steps that will be trained again, and a torn last line
+    (`metrics_cut`)."""
+    if path.exists():
+        write_atomic(path, "".join(line + "\n" for line in metrics_cut(path, last_step).kept))
 
 
 def wandb_run_id(out: Path) -> str:

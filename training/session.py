@@ -2,8 +2,9 @@
 flag, the output folder checked to be one that every machine sees, then claimed or the checkpoint to resume
 found, the seed, the speed levers), the data and its steps and epochs, the model and optimizer prepared for
 the strategy (then checked against the request), the loaders, the launch record (with the device's peak
-FLOP/s and the link between processes, both measured) and config.json, the sinks (metrics.jsonl, W&B), the
-resume last, and the probe of the memory peak.
+FLOP/s and the link between processes, both measured), the sinks (metrics.jsonl, W&B), the resume, config.json,
+and the probe of the memory peak. A resume decides before anything is written (the checkpoint fits, its
+metrics.jsonl can be cut back) and writes only once its checkpoint has loaded.
 
 `set_up` returns a `Session`: what was set up, and the state the training loop (training/loop.py) advances.
 """
@@ -45,6 +46,7 @@ from training.checkpoint import (
     checkpoint_step,
     load_model_weights,
     load_states,
+    pickled_problem,
     read_train_state,
 )
 from training.config import TrainConfig
@@ -74,12 +76,13 @@ from training.resume import (
     resume_warnings,
     resumed_from,
     roll_back_past,
+    rolled_back_names,
     rolled_back_warning,
 )
 from training.rundir import (
     acquire_run_lock,
-    check_output_dir,
-    clear_run_files,
+    claim_output_dir,
+    metrics_cut,
     stale_lock_warning,
     truncate_metrics,
     wandb_run_id,
@@ -202,13 +205,16 @@ def set_up(cfg: TrainConfig) -> Session:
     record = dataclasses.replace(
         record, repeat=cfg.run.repeat, link=link, resumed_from=resumed, initialised_from=initialised
     )
-    resolved = _write_config(cfg, processes.accelerator, out, record)
+    resolved = {**cfg.to_dict(), "launch": record.to_dict()}  # config.json's content
     log_on_main(processes.accelerator, _start_line(record, data.geometry))
     session = _session(cfg, out, processes, data, trainable, loaders, record, peak.flops_per_s, wall_start)
     session.identity = identity
     _start_wandb(session, resolved, record)
     if resume_from is not None:
         _resume(session, resume_from, resumed)  # last: nothing after it draws from the random state it restores
+    # After the resume: one that fails to load leaves the run's config.json as it was.
+    if processes.accelerator.is_main_process:
+        write_atomic(out / "config.json", json.dumps(resolved, indent=2, default=str))
     session.memory = MemoryProbe(
         processes.accelerator.device,
         _probe_step(cfg, session.state.step, data.schedule),
@@ -439,14 +445,6 @@ def _launch_record(
     )
 
 
-def _write_config(cfg: TrainConfig, accelerator: Accelerator, out: Path, record: LaunchRecord) -> dict[str, Any]:
-    """Write config.json (the configuration as resolved, and the launch record); returns what it holds."""
-    resolved = {**cfg.to_dict(), "launch": record.to_dict()}
-    if accelerator.is_main_process:
-        write_atomic(out / "config.json", json.dumps(resolved, indent=2, default=str))
-    return resolved
-
-
 def _session(
     cfg: TrainConfig,
     out: Path,
@@ -570,24 +568,37 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
     """Who wrote `checkpoint`, as the run record notes it; RunError (one line) when this launch cannot continue it
     exactly or its origin.json cannot be read."""
     try:
-        failure = refusal(checkpoint, identity)
+        failure = refusal(checkpoint, identity) or _prefixed("--resume: ", pickled_problem(checkpoint))
         warnings, change = ([], None) if failure else resume_warnings(checkpoint, identity.optimisation)
     except (OSError, ValueError, TypeError) as exc:  # an origin.json that cannot be read
         failure = f"--resume: {checkpoint}: {exc}"
     if failure is not None:
         raise RunError(failure)
-    for line in warnings:
+    # Read now, written once the checkpoint has loaded: a metrics.jsonl that cannot be cut back refuses the resume.
+    cut = metrics_cut(checkpoint.parent.parent / "metrics.jsonl", checkpoint_step(checkpoint))
+    for line in [*warnings, *([cut.warning()] if cut.torn_line else [])]:
         print(line, flush=True)
     record = resumed_from(checkpoint, change)
-    renamed = roll_back_past(checkpoint) if roll_back else []
-    if renamed:
-        print(rolled_back_warning(checkpoint, renamed), flush=True)
-        record = dataclasses.replace(record, rolled_back=tuple(p.name for p in renamed))
+    aside = rolled_back_names(checkpoint) if roll_back else []
+    if aside:  # renamed once the checkpoint has loaded (_rewrite_after_load)
+        record = dataclasses.replace(record, rolled_back=tuple(aside))
     return record.to_dict()
 
 
+def _prefixed(prefix: str, problem: str | None) -> str | None:
+    return None if problem is None else prefix + problem
+
+
+def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) -> None:
+    """What a resume changes in the run folder, once its checkpoint has loaded (main process): the newer
+    checkpoints a --resume_step sets aside, and metrics.jsonl cut back to the checkpoint's step."""
+    if origin.rolled_back:
+        print(rolled_back_warning(checkpoint, roll_back_past(checkpoint)), flush=True)
+    truncate_metrics(out / "metrics.jsonl", checkpoint_step(checkpoint))
+
+
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
-    # Weights and optimizer re-sharded to this launch, grad scaler, random states.
+    # Weights and optimizer re-sharded to this launch, grad scaler, random states; nothing written before.
     load_states(s.accelerator, s.model, s.optimizer, checkpoint)
     if not origin.random_states_exact and s.cfg.model.dropout > 0:
         s.log(
@@ -599,11 +610,11 @@ def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
     s.state.load_state_dict(saved["state"])
     s.scheduler.load_state_dict(saved["scheduler"])
     follow_schedule(s.scheduler)  # a longer schedule than the checkpoint's applies from the next step
-    s.tracker.records = [StepRecord(**r) for r in s.state.records]
+    s.tracker.restore([StepRecord(**r) for r in s.state.records], s.state.unlogged)
     s.times = RunTimes(**s.state.times)
     s.last_checkpoint = s.state.step
     if s.is_main:
-        truncate_metrics(s.out / "metrics.jsonl", checkpoint_step(checkpoint))
+        _rewrite_after_load(s.out, checkpoint, origin)
     s.log(
         f"resumed from {checkpoint} at step {s.state.step}, written by {origin.strategy} on "
         f"{origin.num_processes} process(es)"
@@ -711,15 +722,9 @@ def _claim_as_main(cfg: TrainConfig, out: Path, restart: int) -> str | None:
     _lock, left = acquire_run_lock(out)  # held until this process exits (released at exit)
     if left is not None:
         print(stale_lock_warning(out, left), file=sys.stderr, flush=True)
-    # A torchrun restart reruns the same command: it must continue, not refuse the folder or start over.
-    auto_resume = cfg.run.auto_resume or restart > 0
-    # A restart continues from the newest checkpoint: --resume_step rolled back when the job first started.
-    resume_step = None if restart else cfg.run.resume_step
-    resume_from = check_output_dir(out, cfg.run.resume, cfg.run.overwrite and not restart, auto_resume, resume_step)
+    resume_from = claim_output_dir(out, cfg.run, restart)
     if restart:
         print(f"restart {restart} of the job: {_continuing(resume_from)}", file=sys.stderr, flush=True)
-    if (cfg.run.overwrite and not restart) or (auto_resume and resume_from is None):
-        clear_run_files(out)
     return str(resume_from) if resume_from is not None else None
 
 
