@@ -11,6 +11,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import socket
 import sys
 import threading
 from typing import TYPE_CHECKING, NoReturn
@@ -20,12 +21,15 @@ if TYPE_CHECKING:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from training.versions import version_problem
+    from training.versions import told_by, untested_releases, version_problem
 
     problem = version_problem()  # before anything imports torch or accelerate: one line, not a crash at step N
+    # Below the declared bounds it stops; above the newest tested it says so once and goes on.
+    kind, message = ("error", problem) if problem else ("warning", untested_releases())
+    line = told_by(kind, message, os.environ, socket.gethostname()) if message else None
+    if line:
+        print(line, file=sys.stderr, flush=True)
     if problem:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"error: {problem}", file=sys.stderr, flush=True)
         with contextlib.suppress(ImportError):  # no torch at all: no process group to leave
             _leave_together()
         return 2

@@ -75,7 +75,8 @@ class OutsideRange(RuntimeError):
 
 def install(requirements: list[str]) -> None:
     """pip-install `requirements`, never torch: the platform's CUDA build stays (pinned as a constraint). A torch
-    outside the project's range stops here, with the command that installs a tested one (then restart the kernel)."""
+    below the project's range stops here, with the command that installs a tested one of the same build (CUDA
+    version, or CPU), then restart the kernel."""
     if any(re.match(r"torch\b(?![-_])", r) for r in requirements):
         wanted = versions.parse(next(r for r in requirements if re.match(r"torch\b(?![-_])", r)))
         raise OutsideRange(f"{versions.refusal(wanted, _version('torch'))}, then restart the kernel")
@@ -88,6 +89,12 @@ def install(requirements: list[str]) -> None:
     finally:
         os.unlink(constraints.name)
     importlib.invalidate_caches()
+
+
+def release_note() -> str | None:
+    """The `warning:` line for a torch or accelerate newer than the newest tested (kept: the notebook goes on)."""
+    note = versions.untested_releases()
+    return f"warning: {note}" if note else None
 
 
 def _version(package: str) -> str | None:

@@ -43,8 +43,9 @@ CORE_TESTS = (
     "tests/test_train_run.py",
     "tests/test_versions.py",
 )
-# docs/compat.md's table: the declared minimum, one in the middle, CI's, the newest allowed here, and Colab's Python.
-DEFAULT_PAIRS = ("3.11:2.10.0", "3.11:2.12.0", "3.11:2.13.0", "3.11:2.14.1", "3.12:2.14.1")
+# docs/compat.md's table: every release series from the declared minimum to the newest tested (training/versions.py's
+# NEWEST_TESTED, which the newest pair here must be), CI's 2.13 among them, and Colab's Python.
+DEFAULT_PAIRS = ("3.11:2.10.0", "3.11:2.11.0", "3.11:2.12.0", "3.11:2.13.0", "3.11:2.14.1", "3.12:2.14.1")
 CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
@@ -110,7 +111,7 @@ def install(pair: Pair, venv: Path, index: str) -> str | None:
     torch_source = [] if index == "pypi" else ["--index-url", index, "--extra-index-url", "https://pypi.org/simple"]
     if run_logged([*pip, f"torch=={pair.torch}", *torch_source], log):
         return f"torch {pair.torch} install failed: {first_error(log)}"
-    # The requirements beside that torch, held to it: a torch that requirements.txt refuses fails here, not replaced.
+    # The requirements beside that torch, held to it: a torch below requirements.txt's bound fails here, not replaced.
     held = venv / "torch-constraint.txt"
     held.write_text(f"torch=={pair.torch}\n")
     if run_logged([*pip, "-r", str(ROOT / "requirements.txt"), "-c", str(held)], log):

@@ -44,6 +44,12 @@ import sys, torch
 if not torch.cuda.is_available():
     sys.exit("gpu_check: no CUDA device visible; this check needs one GPU")
 print(f"gpu_check: {torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda}")
+# The start-up refusal's install command names the build read from torch/version.py without importing torch:
+# on a CUDA torch it must be the build for the CUDA version the imported torch reports, never the CPU one.
+from training.versions import torch_build
+print(f"gpu_check: a refusal's install command here would name PyTorch's {torch_build()} build")
+if torch.version.cuda and torch_build() != "cu" + "".join(torch.version.cuda.split(".")[:2]):
+    sys.exit(f"gpu_check: torch/version.py read as {torch_build()}, torch.version.cuda is {torch.version.cuda}")
 EOF
 mkdir -p "$out"
 status=0

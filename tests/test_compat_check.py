@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from pathlib import Path
 
@@ -30,6 +31,20 @@ def test_the_default_pairs_lie_in_the_declared_range_and_include_its_minimum_and
     lowest = min(pairs, key=lambda pair: tuple(map(int, pair.torch.split("."))))
     assert f">={'.'.join(lowest.torch.split('.')[:2])}" in str(torch.specifier)  # the table starts at the minimum
     assert {pair.python for pair in pairs} >= {"3.11", "3.12"}
+
+
+def test_the_newest_tested_torch_is_the_newest_default_pair() -> None:
+    """NEWEST_TESTED moves up only with a pair that compat_check runs (and docs/compat.md's table shows)."""
+    torches = [compat_check.Pair.parse(text).torch for text in compat_check.DEFAULT_PAIRS]
+    newest = max(torches, key=lambda torch: tuple(map(int, torch.split("."))))
+    assert newest.rsplit(".", 1)[0] == versions.NEWEST_TESTED["torch"]
+
+
+def test_docs_compat_md_has_a_dated_row_for_every_default_pair() -> None:
+    table = (SCRIPT.parent.parent / "docs" / "compat.md").read_text()
+    for pair in map(compat_check.Pair.parse, compat_check.DEFAULT_PAIRS):
+        rows = re.findall(rf"^\| {re.escape(pair.python)} \| {re.escape(pair.torch)}\b.*$", table, re.MULTILINE)
+        assert rows and all(re.search(r"\| 20\d\d-\d\d-\d\d\b", row) for row in rows), (pair, rows)
 
 
 def test_the_first_error_is_pytests_first_failed_line(tmp_path: Path) -> None:

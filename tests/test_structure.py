@@ -300,7 +300,8 @@ _CONFLICT_MARKER = re.compile(r"^(<{7} |={7}$|>{7} )", re.MULTILINE)
 
 def _text_files() -> list[Path]:
     suffixes = {".py", ".md", ".yaml", ".toml", ".txt", ".sh", ".sbatch", ".ipynb"}
-    skipped = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "runs", "wandb"}
+    # .compat: scripts/compat_check.py's environments, other packages' files.
+    skipped = {".venv", ".compat", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "runs", "wandb"}
     return [
         p
         for p in REPO.rglob("*")

@@ -25,9 +25,10 @@ from accelerate.utils import DistributedType
 from training import registry
 from training.record import EffectiveRecord
 from training.registry import FsdpMode, Wrapper
+from training.versions import NEWEST_TESTED
 
-# accelerate versions with which `_enable_fsdp_on_cpu` was verified to take effect.
-_FSDP_ON_CPU_TESTED_ACCELERATE = ("1.16.",)
+# The accelerate series with which `_enable_fsdp_on_cpu` was verified to take effect: the newest tested.
+_FSDP_ON_CPU_TESTED_ACCELERATE = (f"{NEWEST_TESTED['accelerate']}.",)
 
 
 def _env_flag(env: Mapping[str, str], name: str, default: bool) -> bool:
@@ -281,7 +282,7 @@ def _enable_fsdp_on_cpu(accelerator: Accelerator, mixed_precision: str) -> None:
 
     if not accelerate.__version__.startswith(_FSDP_ON_CPU_TESTED_ACCELERATE):
         warnings.warn(
-            f"FSDP on CPU is verified with accelerate {_FSDP_ON_CPU_TESTED_ACCELERATE}, found "
+            f"FSDP on CPU is verified with accelerate {NEWEST_TESTED['accelerate']}, found "
             f"{accelerate.__version__}; the strategy guard will stop the run if sharding does not take",
             stacklevel=2,
         )
@@ -296,7 +297,8 @@ def _enable_fsdp_on_cpu(accelerator: Accelerator, mixed_precision: str) -> None:
     if accelerator.distributed_type != DistributedType.FSDP or accelerator.state.fsdp_plugin is not plugin:
         raise StrategyMismatch(
             f"could not switch accelerate {accelerate.__version__} to FSDP on CPU "
-            f"(distributed type stays {accelerator.distributed_type}); use a GPU or accelerate 1.16"
+            f"(distributed type stays {accelerator.distributed_type}); use a GPU or accelerate "
+            f"{NEWEST_TESTED['accelerate']}"
         )
 
 
