@@ -143,13 +143,18 @@ def launch_env() -> dict[str, str]:
     """The environment of a user without a W&B login: W&B at its default ("auto") logs offline.
 
     Whatever the machine running the tests is logged into is hidden, so no test uploads a run; tests
-    that turn W&B off say so with --wandb_mode disabled, next to a twin that keeps the default.
+    that turn W&B off say so with --wandb_mode disabled, next to a twin that keeps the default. The test-only
+    switches (fp16 on the CPU, injected faults) are dropped too: a test that wants one passes it in `env`, and
+    one exported in the shell would otherwise reach every launch.
     """
+    from training.faults import FAULT_VARIABLE
+    from training.strategy import CPU_FP16_VARIABLE
+
     env = {**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "NETRC": os.devnull}
     # The commands a user types (`python`, `accelerate`) are this interpreter's, as in an activated venv,
     # also when the tests were started by the venv's python without activating it.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    for name in ("RANK", "WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+    for name in ("RANK", "WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", CPU_FP16_VARIABLE, FAULT_VARIABLE):
         env.pop(name, None)
     return env
 

@@ -78,6 +78,16 @@ def test_an_overflow_fault_sets_the_last_element_of_the_first_gradient() -> None
     assert torch.equal(list(model.parameters())[1].grad, second)  # one element of one gradient, no more
 
 
+def test_a_switch_exported_in_the_shell_reaches_no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test passes GPT2S_FAULT or GPT2S_CPU_FP16 in its launch's env; one left exported would reach them all."""
+    monkeypatch.setenv("GPT2S_FAULT", "raise:step=1")
+    monkeypatch.setenv("GPT2S_CPU_FP16", "1")
+    env = launch_env()
+    assert "GPT2S_FAULT" not in env and "GPT2S_CPU_FP16" not in env
+    monkeypatch.setenv("GPT2S_OTHER", "kept")
+    assert launch_env()["GPT2S_OTHER"] == "kept"  # the rest of the shell's environment goes on
+
+
 def test_only_the_process_that_failed_tells_it() -> None:
     broken = RuntimeError("[../gloo/transport/tcp/pair.cc:538] Connection closed by peer [127.0.0.1]:1234")
     assert is_broken_collective(broken) and not is_broken_collective(OSError(28, "No space left on device"))
