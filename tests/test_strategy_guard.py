@@ -108,6 +108,38 @@ def test_the_test_only_switch_keeps_fp16_on_the_cpu_and_says_so() -> None:
     assert not cpu_fp16_switched_on({})
 
 
+@pytest.mark.parametrize("sharded", [False, True], ids=["one_process", "fsdp2"])
+def test_the_switch_sets_up_accelerates_gpu_scaler_and_fsdp2s_float16_policy(
+    sharded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_enable_fp16_on_cpu` as `create_accelerator` calls it, in one process without a launch: accelerate's own
+    scaler (torch.amp.GradScaler on the CPU, enabled, at torch's defaults), autocast on, and under FSDP2 the
+    MixedPrecisionPolicy a GPU gets, computing and reducing in float16."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from training.strategy import _enable_fp16_on_cpu, _enable_fsdp_on_cpu
+
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+        assert accelerator.scaler is None  # what accelerate leaves on the CPU
+        if sharded:
+            _enable_fsdp_on_cpu(accelerator, "fp16")
+        _enable_fp16_on_cpu(accelerator)
+        scaler = accelerator.scaler
+        assert type(scaler) is torch.amp.GradScaler and scaler.is_enabled() and accelerator.native_amp
+        assert scaler.state_dict() == torch.amp.GradScaler("cpu").state_dict()
+        assert accelerator.is_fsdp2 is sharded
+        if sharded:
+            policy = accelerator.state.fsdp_plugin.mixed_precision_policy
+            assert policy.param_dtype == policy.reduce_dtype == torch.float16
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
 ZERO2_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "false"}
 OFFLOAD_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true"}
 
