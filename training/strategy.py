@@ -215,7 +215,8 @@ def _enable_fp16_on_cpu(accelerator: Accelerator) -> None:
     """Set up fp16 on the CPU exactly as `Accelerator.__init__` does on a GPU, where it declines to on the CPU.
 
     accelerate 1.16 (accelerator.py, "Mixed precision attributes") turns on autocast in float16 (`native_amp`,
-    which `prepare()` wraps the model's forward in) and builds the grad scaler: `get_fsdp2_grad_scaler` under
+    which `prepare()` wraps the model's forward in, except under FSDP2, whose MixedPrecisionPolicy casts alone)
+    and builds the grad scaler: `get_fsdp2_grad_scaler` under
     FSDP2 (torch.amp.GradScaler, whose unscale of DTensor gradients finds an inf on any rank through DTensor's
     all-reduce of found_inf), `get_grad_scaler` otherwise (torch.amp.GradScaler("cpu") here). FSDP2's
     MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=float16) is set already, by `_enable_fsdp_on_cpu`'s
