@@ -15,8 +15,8 @@
 #      memory, and how much of each prediction is CUDA autocast's fp32 LayerNorm inputs (the error with and
 #      without them). This step records: its result does not change the exit status (OUT_DIR/planner/check.txt);
 #   4. the five metrics of every run of step 2 side by side (the report's table), then step 3's lines again;
-#   5. the fp16 cases of tests/test_fp16.py (which runs them on the CPU by GPT2S_CPU_FP16=1) on this GPU, with
-#      CUDA's grad scaler: every fp16 run of step 2 has an overflow injected at step 3
+#   5. the fp16 cases of tests/test_fp16.py and test_fp16_resume.py (which run them on the CPU by
+#      GPT2S_CPU_FP16=1) on this GPU, with CUDA's grad scaler: every fp16 run of step 2 has an overflow injected at step 3
 #      (GPT2S_FAULT=inf_grad:step=3), which it must skip; the tiny preset in fp16 under fsdp (one process) with
 #      the same overflow, run to step 8 with a checkpoint every step, then again stopped by SIGTERM during step 5
 #      (GPT2S_FAULT=term:step=5) and resumed: step 3 skipped, the scale halved, the weights after step 3 equal
@@ -149,7 +149,7 @@ EOF
     || echo "gpu_check: scripts/gpu_terms.py failed (recorded, exit status unaffected)" >&2
   echo "== planner: $((SECONDS - start)) s"
 fi
-# 5. tests/test_fp16.py's cases with CUDA's grad scaler: the tiny preset in fp16 under fsdp on one process, an
+# 5. tests/test_fp16*.py's cases with CUDA's grad scaler: the tiny preset in fp16 under fsdp on one process, an
 # overflow at step 3, to step 8 of a 12-step schedule; once whole, once stopped by SIGTERM during step 5 and resumed.
 if [ "${GPU_CHECK_FP16:-1}" != 0 ]; then
   echo "== fp16: an overflow, a SIGTERM and a resume (tiny, fsdp, one process)"
