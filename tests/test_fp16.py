@@ -42,7 +42,7 @@ FP32_REL = 2.0**-10
 STRATEGIES = ("single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload", "hsdp")
 SHARDED = ("fsdp", "fsdp_zero2", "fsdp_offload", "hsdp")
 AFTER = FP16_OVERFLOW_STEP
-# How far ddp's loss falls over its 6 steps at least (they learn).
+# How far ddp's loss falls over its 6 steps at least (they learn; 0.51 measured).
 LEARNED = 0.3
 # The runs that overflow at step 3, which train alike throughout, and the one that takes every step fp32 takes.
 EARLY = tuple(s for s in STRATEGIES if fp16_overflow_step(s) == AFTER)
