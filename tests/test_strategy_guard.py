@@ -140,6 +140,24 @@ def test_the_switch_sets_up_accelerates_gpu_scaler_and_fsdp2s_float16_policy(
         AcceleratorState._reset_state(reset_partial_state=True)
 
 
+@pytest.mark.parametrize("autocast", [True, False], ids=["autocast", "none"])
+def test_the_observer_records_the_autocast_the_first_block_runs_under(autocast: bool) -> None:
+    import contextlib
+
+    import torch
+
+    from model import GPT2, GPT2Config
+    from training.strategy import ShardingObserver
+
+    model = GPT2(GPT2Config.from_preset("tiny"))
+    observer = ShardingObserver(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    ids = torch.zeros((1, 8), dtype=torch.long)
+    with torch.autocast("cpu", dtype=torch.float16) if autocast else contextlib.nullcontext():
+        model(ids, ids)
+    assert observer.result["autocast_dtype_in_forward"] == ("float16" if autocast else None)
+    assert observer.result["block_param_dtype_in_forward"] == "float32"
+
+
 ZERO2_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "false"}
 OFFLOAD_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true"}
 
