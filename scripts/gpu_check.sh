@@ -15,8 +15,8 @@
 #      memory, and how much of each prediction is CUDA autocast's fp32 LayerNorm inputs (the error with and
 #      without them). This step records: its result does not change the exit status (OUT_DIR/planner/check.txt);
 #   4. the five metrics of every run of step 2 side by side (the report's table), then step 3's lines again;
-#   5. the fp16 cases of tests/test_fp16.py (which runs them on the CPU by GPT2S_CPU_FP16=1) on this GPU, with
-#      CUDA's grad scaler: every fp16 run of step 2 has an overflow injected at step 3
+#   5. the fp16 cases of tests/test_fp16.py and test_fp16_resume.py (which run them on the CPU by
+#      GPT2S_CPU_FP16=1) on this GPU, with CUDA's grad scaler: every fp16 run of step 2 has an overflow injected at step 3
 #      (GPT2S_FAULT=inf_grad:step=3), which it must skip; the tiny preset in fp16 under fsdp (one process) with
 #      the same overflow, run to step 8 with a checkpoint every step, then again stopped by SIGTERM during step 5
 #      (GPT2S_FAULT=term:step=5) and resumed: step 3 skipped, the scale halved, the weights after step 3 equal
@@ -155,7 +155,7 @@ EOF
     || echo "gpu_check: scripts/gpu_terms.py failed (recorded, exit status unaffected)" >&2
   echo "== planner: $((SECONDS - start)) s"
 fi
-# 5. tests/test_fp16.py's cases with CUDA's grad scaler: the tiny preset in fp16 under fsdp on one process, an
+# 5. tests/test_fp16*.py's cases with CUDA's grad scaler: the tiny preset in fp16 under fsdp on one process, an
 # overflow at step 3, to step 8 of a 12-step schedule; once whole, once stopped by SIGTERM during step 5 and resumed.
 if [ "${GPU_CHECK_FP16:-1}" != 0 ]; then
   echo "== fp16: an overflow, a SIGTERM and a resume (tiny, fsdp, one process)"
@@ -164,6 +164,12 @@ if [ "${GPU_CHECK_FP16:-1}" != 0 ]; then
   tiny=(--preset tiny --data "$out/corpus.jsonl" --strategy fsdp --max_steps 12 --stop_after_steps 8
         --checkpoint_interval 1 --keep_checkpoints 8 --eval_blocks 16 --wandb_mode disabled --no-export_hf)
   fp16=(accelerate launch --config_file accelerate_configs/fsdp.yaml --num_processes 1 --mixed_precision fp16 train.py)
+  # The resume is checked for exact equality: these three runs (only these) take cuBLAS's fixed workspace and
+  # torch's deterministic kernels, through a sitecustomize of their own (warn_only: an op without a deterministic
+  # kernel is named in the log, and the equality check then says whether it mattered).
+  mkdir -p "$out/fp16/site"
+  echo "import torch; torch.use_deterministic_algorithms(True, warn_only=True)" > "$out/fp16/site/sitecustomize.py"
+  fp16=(env CUBLAS_WORKSPACE_CONFIG=:4096:8 PYTHONPATH="$out/fp16/site${PYTHONPATH:+:$PYTHONPATH}" "${fp16[@]}")
   # The stopped launch ends non-zero (the signal's status): its lines are kept, its status is not the check's.
   GPT2S_FAULT=inf_grad:step=3 "${fp16[@]}" "${tiny[@]}" --output_dir "$out/fp16/whole" --overwrite 2>&1 \
     | grep -E "^(run|done|stopped|error)" || status=1

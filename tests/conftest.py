@@ -16,6 +16,7 @@ folders (under one lock each), so each run is still launched once per session, w
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,11 +27,11 @@ from tests.launch import (
     FP16_ENV,
     FP16_EXTRA,
     FP16_HSDP_LAYOUT,
-    FP16_OVERFLOW,
     FP16_STRATEGY_EXTRA,
     MACHINES,
     OFFLINE,
     PROCESSES_PER_MACHINE,
+    fp16_overflow_step,
     shared_args,
     shared_flags,
     train,
@@ -171,17 +172,28 @@ def bf16_runs(shared_runs: SharedRuns) -> dict[str, Path]:
 FP16_STRATEGIES = ("single", "ddp", "fsdp", "fsdp_zero2", "fsdp_offload", "hsdp")
 
 
-@pytest.fixture(scope="session")
-def fp16_runs(shared_runs: SharedRuns) -> dict[str, Path]:
-    """Every strategy on the GPU's fp16 path on the CPU, with an overflow at step 3 (tests/launch.py FP16_*),
-    each launched once per session on first use."""
-    return {
-        name: shared_runs.launch(
+class Fp16Runs:
+    """The shared fp16 runs by strategy (tests/launch.py FP16_*), each launched once per session on first use, as
+    SharedRuns' own: a file that needs two of them launches those two."""
+
+    def __init__(self, shared_runs: SharedRuns) -> None:
+        self.shared_runs = shared_runs
+
+    def __getitem__(self, name: str) -> Path:
+        return self.shared_runs.launch(
             f"{name}-fp16",
             name,
             [*FP16_EXTRA, *FP16_STRATEGY_EXTRA.get(name, [])],
-            env={**FP16_ENV, "GPT2S_FAULT": FP16_OVERFLOW},
+            env={**FP16_ENV, "GPT2S_FAULT": f"inf_grad:step={fp16_overflow_step(name)}"},
             layout=FP16_HSDP_LAYOUT,
         )
-        for name in FP16_STRATEGIES
-    }
+
+    def items(self) -> Iterator[tuple[str, Path]]:
+        return ((name, self[name]) for name in FP16_STRATEGIES)
+
+
+@pytest.fixture(scope="session")
+def fp16_runs(shared_runs: SharedRuns) -> Fp16Runs:
+    """Every strategy on the GPU's fp16 path on the CPU, with an overflow (tests/launch.py FP16_*), each launched
+    once per session on first use."""
+    return Fp16Runs(shared_runs)

@@ -55,30 +55,44 @@ BF16_EXTRA = ["--max_steps", str(BF16_STEPS), "--checkpoint_interval", str(BF16_
 
 
 # The shared fp16 runs (tests/conftest.py `fp16_runs`): the GPU's fp16 path on the CPU (GPT2S_CPU_FP16), every
-# strategy on the shared runs' flags and global batch, stopped after 8 steps of their 12-step schedule, each with
-# an fp16 overflow at step 3 (GPT2S_FAULT), W&B off and no export. The sharded ones hold the element overflowed on
-# one rank of each replica only (training/faults.py poison_gradient). HSDP runs as 2 "machines" x 2 processes (the
-# config's own example shape), on the global batch of 16 blocks the others train on.
-FP16_STEPS = 8
+# strategy on the shared runs' flags and global batch, stopped after 6 steps of their 12-step schedule, each with
+# an fp16 overflow (GPT2S_FAULT) at step 3, ddp's at its last step (so that one fp16 run trains every step fp32
+# takes and is compared with it throughout), validation on 2 blocks, W&B off and no export. The sharded ones hold
+# the element overflowed on one rank of each replica only (training/faults.py poison_gradient). fsdp_zero2
+# accumulates 2 micro-batches per process (FSDP2's fp16 gradients kept unreduced between them). HSDP runs as
+# 2 "machines" x 2 processes (the config's own example shape), on the global batch of 16 blocks the others train on.
+FP16_STEPS = 6
 FP16_OVERFLOW_STEP = 3
+FP16_OVERFLOW_STEPS = {"ddp": FP16_STEPS}  # by strategy, where not FP16_OVERFLOW_STEP
 FP16_ENV = {"GPT2S_CPU_FP16": "1"}
 FP16_OVERFLOW = f"inf_grad:step={FP16_OVERFLOW_STEP}"
-# Their checkpoints (every 3 steps, and at the stop) all kept: step 3's holds the scale the overflow halved.
+# Their checkpoints (every 3 steps, the last at the stop) all kept: step 3's holds the scale the overflow halved.
 FP16_EXTRA = [
     "--stop_after_steps",
     str(FP16_STEPS),
+    "--eval_blocks",
+    "2",
     "--keep_checkpoints",
     "3",
     "--wandb_mode",
     "disabled",
     "--no-export_hf",
 ]
-# fsdp checkpoints every step (its weights before and after the overflow are compared) and keeps them all.
 FP16_STRATEGY_EXTRA = {
-    "fsdp": ["--checkpoint_interval", "1", "--keep_checkpoints", str(FP16_STEPS)],
+    "fsdp_zero2": ["--micro_batch_size", "4"],
     "fsdp_offload": SHARED_EXTRA["fsdp_offload"],
     "hsdp": ["--micro_batch_size", "4"],
 }
+# fsdp stopped by SIGTERM (tests/test_fp16_resume.py) checkpoints every step and keeps them all: its weights
+# before and after the overflow are compared.
+FP16_STOPPED_EXTRA = ["--checkpoint_interval", "1", "--keep_checkpoints", str(FP16_STEPS)]
+
+
+def fp16_overflow_step(strategy: str) -> int:
+    """The step at which `strategy`'s shared fp16 run overflows."""
+    return FP16_OVERFLOW_STEPS.get(strategy, FP16_OVERFLOW_STEP)
+
+
 FP16_HSDP_LAYOUT = (2, 2)
 
 
@@ -143,13 +157,18 @@ def launch_env() -> dict[str, str]:
     """The environment of a user without a W&B login: W&B at its default ("auto") logs offline.
 
     Whatever the machine running the tests is logged into is hidden, so no test uploads a run; tests
-    that turn W&B off say so with --wandb_mode disabled, next to a twin that keeps the default.
+    that turn W&B off say so with --wandb_mode disabled, next to a twin that keeps the default. The test-only
+    switches (fp16 on the CPU, injected faults) are dropped too: a test that wants one passes it in `env`, and
+    one exported in the shell would otherwise reach every launch.
     """
+    from training.faults import FAULT_VARIABLE
+    from training.strategy import CPU_FP16_VARIABLE
+
     env = {**os.environ, **OFFLINE, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "NETRC": os.devnull}
     # The commands a user types (`python`, `accelerate`) are this interpreter's, as in an activated venv,
     # also when the tests were started by the venv's python without activating it.
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    for name in ("RANK", "WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL"):
+    for name in ("RANK", "WANDB_MODE", "WANDB_API_KEY", "WANDB_BASE_URL", CPU_FP16_VARIABLE, FAULT_VARIABLE):
         env.pop(name, None)
     return env
 

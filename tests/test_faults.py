@@ -8,6 +8,7 @@ so the shared DDP run is the uninterrupted reference at no extra cost.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -78,6 +79,29 @@ def test_an_overflow_fault_sets_the_last_element_of_the_first_gradient() -> None
     grad = list(model.parameters())[0].grad
     assert grad[-1, -1] == float("inf") and torch.equal(grad.flatten()[:-1], first.flatten()[:-1])
     assert torch.equal(list(model.parameters())[1].grad, second)  # one element of one gradient, no more
+
+
+def test_a_switch_exported_in_the_shell_reaches_no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A test passes GPT2S_FAULT or GPT2S_CPU_FP16 in its launch's env; one left exported would reach them all."""
+    monkeypatch.setenv("GPT2S_FAULT", "raise:step=1")
+    monkeypatch.setenv("GPT2S_CPU_FP16", "1")
+    env = launch_env()
+    assert "GPT2S_FAULT" not in env and "GPT2S_CPU_FP16" not in env
+    monkeypatch.setenv("GPT2S_OTHER", "kept")
+    assert launch_env()["GPT2S_OTHER"] == "kept"  # the rest of the shell's environment goes on
+
+
+def test_a_term_fault_sends_one_sigterm_per_step_however_many_micro_batches(monkeypatch: pytest.MonkeyPatch) -> None:
+    import training.faults as faults
+
+    sent: list[tuple[int, int]] = []
+    monkeypatch.setattr(faults, "_this_process_fault", lambda: (parse_fault("term:step=2"),))
+    monkeypatch.setattr(faults.os, "kill", lambda pid, sig: sent.append((pid, sig)))
+    assert faults.with_step_faults(1, None, None) is None  # not its step: nothing added
+    after_backward = faults.with_step_faults(2, None, None)
+    for _ in range(3):  # three micro-batches' backwards
+        after_backward()
+    assert sent == [(os.getpid(), signal.SIGTERM)]
 
 
 def test_only_the_process_that_failed_tells_it() -> None:

@@ -108,6 +108,56 @@ def test_the_test_only_switch_keeps_fp16_on_the_cpu_and_says_so() -> None:
     assert not cpu_fp16_switched_on({})
 
 
+@pytest.mark.parametrize("sharded", [False, True], ids=["one_process", "fsdp2"])
+def test_the_switch_sets_up_accelerates_gpu_scaler_and_fsdp2s_float16_policy(
+    sharded: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_enable_fp16_on_cpu` as `create_accelerator` calls it, in one process without a launch: accelerate's own
+    scaler (torch.amp.GradScaler on the CPU, enabled, at torch's defaults), autocast on, and under FSDP2 the
+    MixedPrecisionPolicy a GPU gets, computing and reducing in float16."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.state import AcceleratorState
+
+    from training.strategy import _enable_fp16_on_cpu, _enable_fsdp_on_cpu
+
+    monkeypatch.setenv("FSDP_VERSION", "2")
+    AcceleratorState._reset_state(reset_partial_state=True)
+    try:
+        accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+        assert accelerator.scaler is None  # what accelerate leaves on the CPU
+        if sharded:
+            _enable_fsdp_on_cpu(accelerator, "fp16")
+        _enable_fp16_on_cpu(accelerator)
+        scaler = accelerator.scaler
+        assert type(scaler) is torch.amp.GradScaler and scaler.is_enabled() and accelerator.native_amp
+        assert scaler.state_dict() == torch.amp.GradScaler("cpu").state_dict()
+        assert accelerator.is_fsdp2 is sharded
+        if sharded:
+            policy = accelerator.state.fsdp_plugin.mixed_precision_policy
+            assert policy.param_dtype == policy.reduce_dtype == torch.float16
+    finally:
+        AcceleratorState._reset_state(reset_partial_state=True)
+
+
+@pytest.mark.parametrize("autocast", [True, False], ids=["autocast", "none"])
+def test_the_observer_records_the_autocast_the_first_block_runs_under(autocast: bool) -> None:
+    import contextlib
+
+    import torch
+
+    from model import GPT2, GPT2Config
+    from training.strategy import ShardingObserver
+
+    model = GPT2(GPT2Config.from_preset("tiny"))
+    observer = ShardingObserver(model, torch.optim.SGD(model.parameters(), lr=0.0))
+    ids = torch.zeros((1, 8), dtype=torch.long)
+    with torch.autocast("cpu", dtype=torch.float16) if autocast else contextlib.nullcontext():
+        model(ids, ids)
+    assert observer.result["autocast_dtype_in_forward"] == ("float16" if autocast else None)
+    assert observer.result["block_param_dtype_in_forward"] == "float32"
+
+
 ZERO2_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "false", "FSDP_OFFLOAD_PARAMS": "false"}
 OFFLOAD_LAUNCH = {**FSDP_LAUNCH, "FSDP_RESHARD_AFTER_FORWARD": "true", "FSDP_OFFLOAD_PARAMS": "true"}
 

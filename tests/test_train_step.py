@@ -148,23 +148,35 @@ def test_data_order_depends_only_on_seed_and_epoch() -> None:
 
 @pytest.fixture
 def fp16_accelerator() -> Iterator[Accelerator]:
-    """An fp16 Accelerator in a fresh accelerate state (it is a process-wide singleton), reset again after."""
+    """An fp16 Accelerator in a fresh accelerate state (it is a process-wide singleton), reset again after, set up
+    by the project's GPT2S_CPU_FP16 path: autocast float16 and accelerate's own GradScaler, as on a GPU."""
     from accelerate.state import AcceleratorState
 
-    AcceleratorState._reset_state(reset_partial_state=True)
-    yield Accelerator(cpu=True, mixed_precision="fp16")
-    AcceleratorState._reset_state(reset_partial_state=True)
+    from training.strategy import _enable_fp16_on_cpu
 
-
-def test_a_step_the_fp16_grad_scaler_skips_holds_the_schedule_and_is_counted(fp16_accelerator: Accelerator) -> None:
-    # accelerate makes no grad scaler on CPU; the same GradScaler class GPUs use is given to it by hand, and
-    # a gradient hook injects the inf that an fp16 overflow produces.
-    accelerator = fp16_accelerator
-    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**8)
-    accelerator.native_amp = True
+    AcceleratorState._reset_state(reset_partial_state=True)
+    accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+    _enable_fp16_on_cpu(accelerator)
     accelerator.gradient_accumulation_steps = 1
+    yield accelerator
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
+# fused: AdamW's fused kernel, the GPU's default (training/speed_levers.py), which GradScaler.step always calls and
+# which skips inside itself; foreach: PyTorch's default, which GradScaler.step leaves uncalled on an overflow.
+ADAMW_KINDS = pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
+
+
+@ADAMW_KINDS
+def test_a_step_the_fp16_grad_scaler_skips_holds_the_schedule_and_is_counted(
+    fp16_accelerator: Accelerator, fused: bool
+) -> None:
+    # A gradient hook injects the inf that an fp16 overflow produces.
+    from training.step import make_optimizer
+
+    accelerator = fp16_accelerator
     model = _tiny_model()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = make_optimizer(model, OptimConfig(lr=1e-3), fused=fused)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, 4, 10, 0.1))
     model, optimizer = accelerator.prepare(model, optimizer)
     tracker = MetricsTracker(accelerator, ThroughputFacts(32, 1, 1, 1.0, 1.0), perf_warmup_steps=0)
@@ -195,19 +207,19 @@ def test_a_step_the_fp16_grad_scaler_skips_holds_the_schedule_and_is_counted(fp1
     assert len(finite) == 2 and means.grad_norm_mean == pytest.approx(sum(finite) / 2)
 
 
+@ADAMW_KINDS
 @pytest.mark.parametrize(("scale", "real_overflow"), [(2.0, False), (1.0, True)])
 def test_a_skip_at_the_minimum_loss_scale_is_a_real_overflow(
-    fp16_accelerator: Accelerator, scale: float, real_overflow: bool
+    fp16_accelerator: Accelerator, fused: bool, scale: float, real_overflow: bool
 ) -> None:
     """At scale 2 the scaler may still find a scale that fits; at 1 the gradients overflow fp16 unscaled."""
-    from training.step import MIN_LOSS_SCALE
+    from training.step import MIN_LOSS_SCALE, make_optimizer
 
     accelerator = fp16_accelerator
-    accelerator.scaler = torch.amp.GradScaler("cpu", init_scale=scale)
-    accelerator.native_amp = True
-    accelerator.gradient_accumulation_steps = 1
+    # The scale a run has backed off to, as a resume loads it (training/checkpoint.py).
+    accelerator.scaler.load_state_dict({**accelerator.scaler.state_dict(), "scale": scale})
     model = accelerator.prepare(_tiny_model())
-    optimizer = accelerator.prepare(torch.optim.AdamW(model.parameters(), lr=1e-3))
+    optimizer = accelerator.prepare(make_optimizer(model, OptimConfig(lr=1e-3), fused=fused))
     model.transformer.wte.weight.register_hook(lambda g: g * float("inf"))
     result = train_step(accelerator, model, optimizer, None, [_batch(2)], None, grad_clip=1.0)
     assert result.skipped and result.skipped_unscaled is real_overflow

@@ -124,16 +124,19 @@ def during_checkpoint_write(step: int) -> None:
 
 def with_step_faults(step: int, model: Any, after_backward: Callable[[], None] | None) -> Callable[[], None] | None:
     """`after_backward` (called after each backward of optimizer step `step`), with GPT2S_FAULT's faults of that
-    step added: an overflowing gradient (inf_grad, nan_grad) and a SIGTERM (term). Unchanged when none is due."""
+    step added: an overflowing gradient (inf_grad, nan_grad) after each backward, and a SIGTERM (term) once, as a
+    scheduler sends it. Unchanged when none is due."""
     value = float("inf") if _due(FaultKind.INF_GRAD, step) else float("nan") if _due(FaultKind.NAN_GRAD, step) else None
     term = _due(FaultKind.TERM, step)
     if value is None and not term:
         return after_backward
 
     def faults_then_after_backward() -> None:
+        nonlocal term
         if value is not None:
             poison_gradient(model, value)
         if term:
+            term = False
             os.kill(os.getpid(), signal.SIGTERM)  # the handler (training/stopping.py) sets a flag: nothing stops here
         if after_backward is not None:
             after_backward()

@@ -135,8 +135,8 @@ def train_step(
     for one that does, as it would with the scaler's own bookkeeping.
 
     The grad norm is the global L2 norm of all gradients before clipping, measured even when clipping
-    is off, and the same number under every strategy. Whether the step was skipped costs no extra host
-    sync: accelerate reads the grad scaler's scale on the host anyway, and without fp16 nothing is read.
+    is off, and the same number under every strategy. Without a grad scaler nothing is read on the host;
+    with one, whether the step was skipped is one read of the norm (`_overflowed`).
 
     `after_backward`, if given, is called after each micro-batch's backward (training/memory.py's probe).
     """
@@ -155,10 +155,23 @@ def train_step(
                 grad_norm = clip_gradients(accelerator, list(model.parameters()), grad_clip)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-    skipped = accelerator.optimizer_step_was_skipped
+    skipped = _overflowed(accelerator, grad_norm)
     if scheduler is not None and not skipped:
         scheduler.step()
     return StepResult(grad_norm, skipped, skipped and _skipped_at_scale(accelerator) <= MIN_LOSS_SCALE)
+
+
+def _overflowed(accelerator: Accelerator, grad_norm: torch.Tensor) -> bool:
+    """Whether the grad scaler skipped this step: its unscaled gradients held an inf or a nan.
+
+    Not accelerate's `optimizer_step_was_skipped`, which notices a skip only when `GradScaler.step` leaves
+    `optimizer.step` uncalled: a fused optimizer is always called and skips inside its kernel (accelerate issue
+    #4242), so with fused AdamW (the GPU's default) every overflow read as a step taken. The global norm of the
+    unscaled gradients is non-finite exactly when the scaler's found_inf is set (float64 holds the square of
+    any finite float32), and is reduced over every rank already, so every rank decides alike. Reading it is a
+    host sync that the foreach path's `GradScaler.step` makes anyway (it reads found_inf).
+    """
+    return accelerator.scaler is not None and not bool(torch.isfinite(grad_norm))
 
 
 def _skipped_at_scale(accelerator: Accelerator) -> float:

@@ -216,7 +216,8 @@ def _enable_fp16_on_cpu(accelerator: Accelerator) -> None:
     """Set up fp16 on the CPU exactly as `Accelerator.__init__` does on a GPU, where it declines to on the CPU.
 
     accelerate 1.16 (accelerator.py, "Mixed precision attributes") turns on autocast in float16 (`native_amp`,
-    which `prepare()` wraps the model's forward in) and builds the grad scaler: `get_fsdp2_grad_scaler` under
+    which `prepare()` wraps the model's forward in, except under FSDP2, whose MixedPrecisionPolicy casts alone)
+    and builds the grad scaler: `get_fsdp2_grad_scaler` under
     FSDP2 (torch.amp.GradScaler, whose unscale of DTensor gradients finds an inf on any rank through DTensor's
     all-reduce of found_inf), `get_grad_scaler` otherwise (torch.amp.GradScaler("cpu") here). FSDP2's
     MixedPrecisionPolicy(param_dtype=float16, reduce_dtype=float16) is set already, by `_enable_fsdp_on_cpu`'s
@@ -514,7 +515,7 @@ class ShardingObserver:
     and backward: whether the first block's parameters are then whole tensors (FSDP kept them gathered:
     zero2) or DTensor shards (resharded: full sharding), and how much of the block this rank holds. A
     post-step hook on the optimizer sees the gradients and optimizer state: their share and devices. A
-    pre-forward hook on the first block sees the dtype its parameters are computed in.
+    pre-forward hook on the first block sees the dtype its parameters are computed in and the autocast it runs under.
     The forward hooks remove themselves after their first call; the optimizer hook cannot (torch iterates over
     the live dict of step hooks, which another hook's removal would change under it), so it returns at
     once from the second step on.
@@ -533,8 +534,13 @@ class ShardingObserver:
 
     def _in_block_forward(self, module: nn.Module, args: Any) -> None:
         """The dtype the first block computes with: FSDP2's MixedPrecisionPolicy param_dtype, else the stored one
-        (autocast casts each operation's inputs, not the parameters)."""
+        (autocast casts each operation's inputs, not the parameters); and the autocast the block runs under, on
+        the device of its input (None: autocast off)."""
         self.result["block_param_dtype_in_forward"] = str(next(module.parameters()).dtype).removeprefix("torch.")
+        device = args[0].device.type if args and isinstance(args[0], torch.Tensor) else "cpu"
+        on = torch.is_autocast_enabled(device)
+        dtype = torch.get_autocast_dtype(device)
+        self.result["autocast_dtype_in_forward"] = str(dtype).removeprefix("torch.") if on else None
         self._handles[2].remove()
 
     def _after_forward(self, module: nn.Module, args: Any, output: Any) -> None:
