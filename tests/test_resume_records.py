@@ -34,7 +34,7 @@ from training.metrics import MetricsTracker, RunTimes, ThroughputFacts, eval_lin
 from training.presets import PRESETS
 from training.record import ResumedFromRecord
 from training.resume import origin_record
-from training.rundir import truncate_metrics
+from training.rundir import claim_output_dir, truncate_metrics
 from training.sinks import JsonlSink, WandbSink
 from training.stopping import StepHealth
 
@@ -103,6 +103,24 @@ def test_a_roll_back_renames_nothing_until_the_checkpoint_has_loaded(tmp_path: P
     record = session._resume_origin(checkpoint, SAVED, roll_back=True)
     assert record["rolled_back"] == ["step_0000006.rolled_back"]
     assert checkpoint_path(tmp_path, 6).is_dir()
+
+
+def test_a_restart_after_a_launch_that_failed_before_its_load_finishes_the_roll_back(tmp_path: Path) -> None:
+    """--resume_step 3 past a checkpoint of step 6: the first attempt decides, then fails before the load (the data,
+    prepare, out of memory, preempted). Its restart, which ignores --resume_step, continues step 3, not step 6, and
+    sets step 6 aside once loaded; the restart after that continues the newest again."""
+    run = RunConfig(output_dir=str(tmp_path), resume_step=3)
+    checkpoint = _resumable(tmp_path, later=6)
+    assert claim_output_dir(tmp_path, run, restart=0) == checkpoint
+    session._resume_origin(checkpoint, SAVED, roll_back=True)  # the first attempt's decision, then it fails
+    assert checkpoint_path(tmp_path, 6).is_dir()  # nothing renamed before the load
+    assert claim_output_dir(tmp_path, run, restart=1) == checkpoint
+    record = session._resume_origin(checkpoint, SAVED, roll_back=False)  # the restart's own decision
+    assert record["rolled_back"] == ["step_0000006.rolled_back"]
+    session._rewrite_after_load(tmp_path, checkpoint, ResumedFromRecord.from_dict(record))
+    assert (checkpoint.parent / "step_0000006.rolled_back").is_dir() and not checkpoint_path(tmp_path, 6).exists()
+    save_checkpoint(*_prepared(), tmp_path, 9, CONFIG.to_dict(), 3, {"state": {}}, origin_record("fsdp", 2, SAVED))
+    assert claim_output_dir(tmp_path, run, restart=2) == checkpoint_path(tmp_path, 9)
 
 
 # --------------------------------------------------------------------------------------------- every step's record

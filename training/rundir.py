@@ -22,7 +22,7 @@ from training.checkpoint import (
 )
 from training.durable import write_atomic
 from training.errors import RunError
-from training.resume import checkpoint_at_step
+from training.resume import checkpoint_at_step, pending_rollback
 
 if TYPE_CHECKING:
     from training.config import RunConfig
@@ -67,11 +67,14 @@ def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
 
     `restart`: which restart of a torchrun job this is. A restart reruns the same command: it must continue, not
     refuse the folder or start over, so it behaves as --auto_resume, ignores --overwrite, and continues the
-    newest checkpoint (--resume_step rolled back when the job first started).
+    newest checkpoint (--resume_step rolled back when the job first started), unless a roll-back decided by an
+    earlier launch is still to be done (`pending_rollback`): then it, and an --auto_resume or --resume, continues
+    that step's checkpoint and finishes the roll-back.
     """
     auto_resume = run.auto_resume or restart > 0
     overwrite = run.overwrite and not restart
-    resume_step = None if restart else run.resume_step
+    pending = pending_rollback(out) if (auto_resume or run.resume) and not overwrite else None
+    resume_step = run.resume_step if run.resume_step is not None and not restart else pending
     resume_from = check_output_dir(out, run.resume, overwrite, auto_resume, resume_step)
     if overwrite or (auto_resume and resume_from is None):
         clear_run_files(out)

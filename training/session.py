@@ -71,11 +71,13 @@ from training.record import (
 from training.resume import (
     Optimisation,
     ResumeIdentity,
+    finish_rollback,
     follow_schedule,
+    pending_rollback,
+    record_rollback,
     refusal,
     resume_warnings,
     resumed_from,
-    roll_back_past,
     rolled_back_names,
     rolled_back_warning,
 )
@@ -579,8 +581,11 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
     for line in [*warnings, *([cut.warning()] if cut.torn_line else [])]:
         print(line, flush=True)
     record = resumed_from(checkpoint, change)
-    aside = rolled_back_names(checkpoint) if roll_back else []
-    if aside:  # renamed once the checkpoint has loaded (_rewrite_after_load)
+    pending = pending_rollback(checkpoint.parent.parent) == checkpoint_step(checkpoint)  # an earlier launch's
+    aside = rolled_back_names(checkpoint) if roll_back or pending else []
+    if roll_back or pending:  # renamed once the checkpoint has loaded (_rewrite_after_load), recorded now
+        record_rollback(checkpoint, aside)
+    if aside:
         record = dataclasses.replace(record, rolled_back=tuple(aside))
     return record.to_dict()
 
@@ -593,7 +598,7 @@ def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) 
     """What a resume changes in the run folder, once its checkpoint has loaded (main process): the newer
     checkpoints a --resume_step sets aside, and metrics.jsonl cut back to the checkpoint's step."""
     if origin.rolled_back:
-        print(rolled_back_warning(checkpoint, roll_back_past(checkpoint)), flush=True)
+        print(rolled_back_warning(checkpoint, finish_rollback(checkpoint)), flush=True)
     truncate_metrics(out / "metrics.jsonl", checkpoint_step(checkpoint))
 
 
