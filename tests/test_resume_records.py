@@ -105,6 +105,22 @@ def test_a_roll_back_renames_nothing_until_the_checkpoint_has_loaded(tmp_path: P
     assert checkpoint_path(tmp_path, 6).is_dir()
 
 
+@pytest.mark.parametrize(
+    "index",
+    [b"", b"not a pickle", b"cno_such_module_anywhere\nThing\n.", b"cos\nno_such_function\n."],
+    ids=["empty", "not-a-pickle", "missing-module", "missing-name"],
+)
+def test_a_dcp_index_that_cannot_be_unpickled_is_refused_in_one_line(tmp_path: Path, index: bytes) -> None:
+    """The main process decides alone while the others wait for its outcome: whatever unpickling a changed .metadata
+    raises must become its one line, not a traceback of the main process alone."""
+    checkpoint = _resumable(tmp_path)
+    (checkpoint / "model" / ".metadata").write_bytes(index)
+    with pytest.raises(RunError) as refused:
+        session._resume_origin(checkpoint, SAVED)
+    message = str(refused.value)
+    assert "\n" not in message and "model/.metadata cannot be read" in message, message
+
+
 def test_a_restart_after_a_launch_that_failed_before_its_load_finishes_the_roll_back(tmp_path: Path) -> None:
     """--resume_step 3 past a checkpoint of step 6: the first attempt decides, then fails before the load (the data,
     prepare, out of memory, preempted). Its restart, which ignores --resume_step, continues step 3, not step 6, and

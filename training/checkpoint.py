@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -536,13 +537,38 @@ def pickled_refusal(folder: Path, names: list[str]) -> str:
     )
 
 
+# What unpickling a file that is not the pickle it should be raises, besides OSError and ValueError.
+UNPICKLING_ERRORS: tuple[type[Exception], ...] = (
+    pickle.UnpicklingError,
+    EOFError,
+    AttributeError,
+    ImportError,
+    IndexError,
+    KeyError,
+    TypeError,
+)
+
+
+def read_index(folder: Path) -> Any:
+    """DCP's index of `folder` (`.metadata`, unpickled: see docs/faults.md on trusting a source); ValueError, one
+    line, for one that cannot be read, whatever unpickling it raised."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        return dcp.FileSystemReader(str(folder)).read_metadata()
+    except (OSError, *UNPICKLING_ERRORS) as exc:  # changed since it was verified, or not DCP's
+        raise ValueError(f"{folder}/.metadata cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
 def pickled_problem(path: Path) -> str | None:
     """`pickled_refusal` for the first of a checkpoint's DCP folders (model, optimizer) that holds pickled objects;
     None when both hold tensors only. Reading each index unpickles it: see docs/faults.md on trusting a source."""
-    import torch.distributed.checkpoint as dcp
-
     for folder in (path / MODEL_DIR, path / OPTIMIZER_DIR):
-        names = pickled_entries(dcp.FileSystemReader(str(folder)).read_metadata())
+        try:
+            metadata = read_index(folder)
+        except ValueError as exc:
+            return str(exc)
+        names = pickled_entries(metadata)
         if names:
             return pickled_refusal(folder, names)
     return None
@@ -726,7 +752,7 @@ def load_model_state_dict(path: Path) -> dict[str, Any]:
         # ValueError: what the export and sampling commands report as one `error:` line.
         raise ValueError(earlier_layout_error(path) if read_origin(path) is None else f"{model_dir}: no DCP metadata")
     # Empty full-size tensors, laid out as DCP's metadata says, which it fills from whichever shards hold them.
-    metadata = dcp.FileSystemReader(str(model_dir)).read_metadata()
+    metadata = read_index(model_dir)
     pickled = pickled_entries(metadata)
     if pickled:
         raise ValueError(pickled_refusal(model_dir, pickled))

@@ -41,6 +41,7 @@ from data.errors import DataError
 from training import registry
 from training.batching import EpochOrderSampler
 from training.checkpoint import (
+    UNPICKLING_ERRORS,
     PendingSave,
     TrainState,
     checkpoint_step,
@@ -572,13 +573,13 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
     try:
         failure = refusal(checkpoint, identity) or _prefixed("--resume: ", pickled_problem(checkpoint))
         warnings, change = ([], None) if failure else resume_warnings(checkpoint, identity.optimisation)
-    except (OSError, ValueError, TypeError) as exc:  # an origin.json that cannot be read
-        failure = f"--resume: {checkpoint}: {exc}"
+        # Read now, written once the checkpoint has loaded: a metrics.jsonl that cannot be cut back refuses.
+        cut = None if failure else metrics_cut(checkpoint.parent.parent / "metrics.jsonl", checkpoint_step(checkpoint))
+    except (OSError, ValueError, *UNPICKLING_ERRORS) as exc:  # a file of it that cannot be read
+        failure = f"--resume: {checkpoint}: cannot be read ({type(exc).__name__}: {exc})"
     if failure is not None:
         raise RunError(failure)
-    # Read now, written once the checkpoint has loaded: a metrics.jsonl that cannot be cut back refuses the resume.
-    cut = metrics_cut(checkpoint.parent.parent / "metrics.jsonl", checkpoint_step(checkpoint))
-    for line in [*warnings, *([cut.warning()] if cut.torn_line else [])]:
+    for line in [*warnings, *([cut.warning()] if cut and cut.torn_line else [])]:
         print(line, flush=True)
     record = resumed_from(checkpoint, change)
     pending = pending_rollback(checkpoint.parent.parent) == checkpoint_step(checkpoint)  # an earlier launch's
