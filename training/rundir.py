@@ -20,7 +20,7 @@ from training.checkpoint import (
     nothing_to_continue,
     sweep_deletions,
 )
-from training.durable import write_atomic
+from training.durable import sync_folder, write_atomic
 from training.errors import RunError
 from training.resume import checkpoint_at_step, pending_rollback
 
@@ -79,14 +79,37 @@ def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
     if overwrite or (auto_resume and resume_from is None):
         clear_run_files(out)
     sweep_deletions(out)  # a deletion cut short by the launch before, not left until the next save
+    _sweep_cleared(out)
     return resume_from
 
 
+_CLEARING = ".deleting-"
+
+
 def clear_run_files(out: Path) -> None:
-    for name in _RUN_FILES:
+    """Delete a run's files. Its folders are first renamed out of the way (NAME.deleting-ID, synced), then the
+    files, summary.json first, then the folders' contents: a kill part-way leaves no checkpoints/ that a restart
+    would continue, only leftovers the next claim sweeps (`_sweep_cleared`)."""
+    doomed = [_renamed_for_deletion(out / name) for name in _RUN_DIRS if (out / name).exists()]
+    if doomed:
+        sync_folder(out)
+    for name in sorted(_RUN_FILES, key=lambda name: name != "summary.json"):
         (out / name).unlink(missing_ok=True)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _renamed_for_deletion(path: Path) -> Path:
+    target = path.with_name(f"{path.name}{_CLEARING}{uuid.uuid4().hex[:8]}")
+    path.rename(target)
+    return target
+
+
+def _sweep_cleared(out: Path) -> None:
+    """Remove what a clear cut short left (`clear_run_files`)."""
     for name in _RUN_DIRS:
-        shutil.rmtree(out / name, ignore_errors=True)
+        for leftover in out.glob(f"{name}{_CLEARING}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 @dataclass(frozen=True)
