@@ -240,6 +240,35 @@ def test_every_step_survives_a_resume_from_any_checkpoint(
         assert _epochs(resumed) == _epochs(whole), f"resumed from step {checkpoint}"
 
 
+class _MainOfTwo:
+    """The main process of a job of two, whose other process's answers the test gives."""
+
+    num_processes = 2
+
+    def __init__(self, accelerator: object) -> None:
+        self._accelerator = accelerator
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._accelerator, name)
+
+
+def test_a_resume_that_fails_on_another_process_changes_nothing_in_the_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_model_work: None
+) -> None:
+    """--resume_step 3 past step 6: the main process loads its part, the other fails on its own files (its random
+    states, say): the main process must not rename step 6 aside nor cut metrics.jsonl."""
+    _train_to(_session(tmp_path, 1), 6)
+    checkpoint, before = checkpoint_path(tmp_path, 3), (tmp_path / "metrics.jsonl").read_text()
+    s = _session(tmp_path, 1)
+    s.accelerator = _MainOfTwo(s.accelerator)
+    origin = ResumedFromRecord.from_dict(session._resume_origin(checkpoint, SAVED, roll_back=True))
+    monkeypatch.setattr(session, "gather_object", lambda own: [*own, "rank 1: FileNotFoundError: rank_1.json"])
+    with pytest.raises(RunError, match=r"did not load on every process \(rank 1: FileNotFoundError"):
+        session._resume(s, checkpoint, dataclasses.replace(origin, random_states_exact=True))
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+    assert checkpoint_path(tmp_path, 6).is_dir()
+
+
 # --------------------------------------------------------------------------------------------- launch
 
 

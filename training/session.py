@@ -604,6 +604,37 @@ def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) 
 
 
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
+    failure: Exception | None = None
+    try:
+        _restore(s, checkpoint, origin)
+    except Exception as exc:  # every rank must hear of it before the main process writes
+        failure = exc
+    _agree_restored(s.accelerator, checkpoint, failure)
+    if s.is_main:
+        _rewrite_after_load(s.out, checkpoint, origin)
+    s.log(
+        f"resumed from {checkpoint} at step {s.state.step}, written by {origin.strategy} on "
+        f"{origin.num_processes} process(es)"
+    )
+
+
+def _agree_restored(accelerator: Accelerator, checkpoint: Path, failure: Exception | None) -> None:
+    """Every rank learns whether every rank restored its part (one gather): a rank whose own files fail after the
+    shared load (its random states, the grad scaler) fails the resume on all, before anything is written. Its own
+    error is raised on it; the others stop with one line naming it."""
+    own = None if failure is None else f"rank {accelerator.process_index}: {type(failure).__name__}: {failure}"
+    failed = [own] if accelerator.num_processes == 1 else gather_object([own])
+    if failure is not None:
+        raise failure
+    others = [line for line in failed if line is not None]
+    if others:
+        raise RunError(
+            f"--resume: {checkpoint} did not load on every process ({'; '.join(others)}); nothing in the run folder "
+            f"was changed"
+        )
+
+
+def _restore(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
     # Weights and optimizer re-sharded to this launch, grad scaler, random states; nothing written before.
     load_states(s.accelerator, s.model, s.optimizer, checkpoint)
     if not origin.random_states_exact and s.cfg.model.dropout > 0:
@@ -619,12 +650,6 @@ def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
     s.tracker.restore([StepRecord(**r) for r in s.state.records], s.state.unlogged)
     s.times = RunTimes(**s.state.times)
     s.last_checkpoint = s.state.step
-    if s.is_main:
-        _rewrite_after_load(s.out, checkpoint, origin)
-    s.log(
-        f"resumed from {checkpoint} at step {s.state.step}, written by {origin.strategy} on "
-        f"{origin.num_processes} process(es)"
-    )
 
 
 def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path, timeout_s: int) -> Accelerator:
