@@ -100,6 +100,8 @@ ROLLED_BACK_SUFFIX = ".rolled_back"  # newer than a --resume_step (training/resu
 # A folder being deleted is renamed first: a deletion cut short (a crash, a kill) must not leave a folder
 # under a checkpoint's name whose complete.json still stands over half its shards.
 DELETING_SUFFIX = ".deleting"
+# A --resume_step's roll-back decided but not yet done (training/resume.py record_rollback).
+ROLLBACK_FILE = "rollback.json"
 
 
 def step_of_name(path: Path) -> int | None:
@@ -151,13 +153,24 @@ def set_aside(path: Path, suffix: str) -> Path:
 
 
 def kept_aside(output_dir: Path) -> list[Path]:
-    """The checkpoint folders set aside for a person to look at (damaged, rolled back), by name. No launch of the
-    project deletes them: only --overwrite, which replaces the whole run."""
+    """What checkpoints/ holds besides checkpoint folders and what the project may delete: the folders set aside for
+    a person to look at (damaged, rolled back), and anything else, such as a folder a person renamed to look at
+    (step_N.damaged-inspecting, step_N.bak). No launch of the project deletes them: only --overwrite, which
+    replaces the whole run."""
     root = output_dir / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
-    suffixes = (DAMAGED_SUFFIX, ROLLED_BACK_SUFFIX)
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and _has_suffix(p, suffixes))
+    return sorted(p for p in root.iterdir() if not _known(p))
+
+
+def _known(path: Path) -> bool:
+    """A checkpoint folder (complete or cut short), or what the project leaves to be deleted or finished: a deletion
+    cut short, a roll-back's note, a write's temporary file."""
+    if path.is_dir() and step_of_name(path) is not None:
+        return True
+    if path.name == ROLLBACK_FILE or (path.name.startswith(".") and path.name.endswith(".tmp")):
+        return True
+    return _has_suffix(path, (DELETING_SUFFIX,))
 
 
 def _has_suffix(path: Path, suffixes: tuple[str, ...]) -> bool:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from training.checkpoint import (
     CHECKPOINTS_DIR,
+    ROLLBACK_FILE,
     ROLLED_BACK_SUFFIX,
     aside_name,
     checkpoint_folders,
@@ -320,7 +321,6 @@ def _later(checkpoint: Path) -> list[Path]:
 # A --resume_step's roll-back, recorded before the launch can fail: a restart (which continues the newest
 # checkpoint) or an --auto_resume/--resume after a failed load finishes it instead of continuing the step rolled
 # back from.
-ROLLBACK_FILE = "rollback.json"
 
 
 def pending_rollback(output_dir: Path) -> int | None:
