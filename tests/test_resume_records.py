@@ -30,7 +30,7 @@ from training import loop, session
 from training.checkpoint import TrainState, checkpoint_path, save_checkpoint
 from training.config import ModelChoice, OptimConfig, RunConfig, TrainConfig
 from training.errors import RunError
-from training.metrics import MetricsTracker, RunTimes, ThroughputFacts, eval_line
+from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts, eval_line
 from training.presets import PRESETS
 from training.record import ResumedFromRecord
 from training.resume import origin_record
@@ -74,17 +74,22 @@ def _resumable(out: Path, later: int | None = None) -> Path:
     return checkpoint_path(out, 3)
 
 
-def test_the_resume_decision_warns_of_a_torn_last_line_and_writes_nothing(
+def test_a_torn_last_line_is_told_when_it_is_dropped_not_when_the_resume_is_decided(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The decision reads metrics.jsonl and writes nothing; the line is dropped, and said so, once loaded (a resume
+    that then fails to load must not have said it dropped a line it kept)."""
     checkpoint = _resumable(tmp_path)
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(_lines(range(1, 5)) + '{"kind": "tr')
     capsys.readouterr()
-    session._resume_origin(checkpoint, SAVED)
+    origin = ResumedFromRecord.from_dict(session._resume_origin(checkpoint, SAVED))
+    assert capsys.readouterr().out == ""
+    assert metrics.read_text() == _lines(range(1, 5)) + '{"kind": "tr'  # cut once the checkpoint has loaded
+    session._rewrite_after_load(tmp_path, checkpoint, origin)
     (warning,) = capsys.readouterr().out.splitlines()
     assert warning.startswith(f"warning: {metrics}: line 5 ") and "dropped" in warning, warning
-    assert metrics.read_text() == _lines(range(1, 5)) + '{"kind": "tr'  # cut once the checkpoint has loaded
+    assert metrics.read_text() == _lines(range(1, 4))
 
 
 def test_the_resume_decision_refuses_a_broken_line_before_anything_is_renamed(tmp_path: Path) -> None:
@@ -119,6 +124,16 @@ def test_a_dcp_index_that_cannot_be_unpickled_is_refused_in_one_line(tmp_path: P
         session._resume_origin(checkpoint, SAVED)
     message = str(refused.value)
     assert "\n" not in message and "model/.metadata cannot be read" in message, message
+
+
+@pytest.mark.parametrize("unlogged", [-1, 3])
+def test_a_train_state_whose_unlogged_steps_are_not_among_its_records_is_refused(unlogged: int) -> None:
+    """Two records, `unlogged` of them not yet in metrics.jsonl: only 0, 1 or 2 can be."""
+    tracker = MetricsTracker(_prepared()[0], ThroughputFacts(TOKENS_PER_STEP, 1, 1, 1.0, 1.0), perf_warmup_steps=1)
+    records = [StepRecord(s, 0, 64 * s, 1.0, 1.0, 1e-3, 0.1, False) for s in (1, 2)]
+    tracker.restore(records, 2)
+    with pytest.raises(ValueError, match=f"says {unlogged} of its 2 step records unlogged"):
+        tracker.restore(records, unlogged)
 
 
 def test_a_restart_after_a_launch_that_failed_before_its_load_finishes_the_roll_back(tmp_path: Path) -> None:

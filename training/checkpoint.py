@@ -447,6 +447,20 @@ def _save_small_states(accelerator: Accelerator, param_groups: list[dict[str, An
             (path / SCALER).write_text(json.dumps(accelerator.scaler.state_dict()))
 
 
+def _not_tensors(state: dict[str, Any], prefix: str = "") -> list[str]:
+    """The entries of a nested state dict that DCP would store as pickled objects (`pickled_entries`)."""
+    import torch
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    found = []
+    for key, value in state.items():
+        if isinstance(value, dict):
+            found += _not_tensors(value, f"{prefix}{key}.")
+        elif not isinstance(value, (torch.Tensor, ShardedTensor)):
+            found.append(f"{prefix}{key}")
+    return found
+
+
 def _save_tensors(
     states: tuple[dict[str, Any], dict[str, Any]],
     path: Path,
@@ -460,6 +474,9 @@ def _save_tensors(
     group of its own."""
     import torch.distributed.checkpoint as dcp
 
+    stored_pickled = [name for state in states for name in _not_tensors(state)]
+    if stored_pickled:  # DCP would pickle them, and every resume refuses a checkpoint that holds one
+        raise TypeError(f"a checkpoint stores tensors only; not tensors: {', '.join(stored_pickled)}")
     single = _single_process()
     if single and asynchronous:
         # async_save's thread saves after _one_process_quiet has left: the same message, dropped for the process.

@@ -167,11 +167,14 @@ def _record(line: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
+def truncate_metrics(path: Path, last_step: int) -> str | None:
     """After a resume, drop metric lines of steps that will be trained again, and a torn last line
-    (`metrics_cut`)."""
-    if path.exists():
-        write_atomic(path, "".join(line + "\n" for line in metrics_cut(path, last_step).kept))
+    (`metrics_cut`); returns the warning for a torn line it dropped."""
+    if not path.exists():
+        return None
+    cut = metrics_cut(path, last_step)
+    write_atomic(path, "".join(line + "\n" for line in cut.kept))
+    return cut.warning()
 
 
 def wandb_run_id(out: Path) -> str:

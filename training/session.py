@@ -574,12 +574,13 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
         failure = refusal(checkpoint, identity) or _prefixed("--resume: ", pickled_problem(checkpoint))
         warnings, change = ([], None) if failure else resume_warnings(checkpoint, identity.optimisation)
         # Read now, written once the checkpoint has loaded: a metrics.jsonl that cannot be cut back refuses.
-        cut = None if failure else metrics_cut(checkpoint.parent.parent / "metrics.jsonl", checkpoint_step(checkpoint))
+        if failure is None:
+            metrics_cut(checkpoint.parent.parent / "metrics.jsonl", checkpoint_step(checkpoint))
     except (OSError, ValueError, *UNPICKLING_ERRORS) as exc:  # a file of it that cannot be read
         failure = f"--resume: {checkpoint}: cannot be read ({type(exc).__name__}: {exc})"
     if failure is not None:
         raise RunError(failure)
-    for line in [*warnings, *([cut.warning()] if cut and cut.torn_line else [])]:
+    for line in warnings:  # a torn metrics line is told once it is dropped (_rewrite_after_load)
         print(line, flush=True)
     record = resumed_from(checkpoint, change)
     pending = pending_rollback(checkpoint.parent.parent) == checkpoint_step(checkpoint)  # an earlier launch's
@@ -600,7 +601,9 @@ def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) 
     checkpoints a --resume_step sets aside, and metrics.jsonl cut back to the checkpoint's step."""
     if origin.rolled_back:
         print(rolled_back_warning(checkpoint, finish_rollback(checkpoint)), flush=True)
-    truncate_metrics(out / "metrics.jsonl", checkpoint_step(checkpoint))
+    torn = truncate_metrics(out / "metrics.jsonl", checkpoint_step(checkpoint))
+    if torn is not None:
+        print(torn, flush=True)
 
 
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
