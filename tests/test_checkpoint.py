@@ -302,6 +302,21 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_before_any
         assert "\n" not in message and "transformer.wte.weight as pickled Python objects" in message, message
 
 
+def test_a_save_refuses_a_state_that_is_not_all_tensors(prepared, tmp_path: Path) -> None:
+    """DCP would pickle a value that is not a tensor, and every resume refuses such a checkpoint: a value added to
+    the optimizer's state one day must stop the save that would write it, not every resume after it."""
+    from training.checkpoint import complete_checkpoints
+
+    accelerator, model, optimizer = prepared
+    model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[1].backward()
+    optimizer.step()
+    first = next(iter(optimizer.optimizer.state.values()))
+    first["note"] = "not a tensor"
+    with pytest.raises(TypeError, match=r"not tensors: .*\.note"):
+        save(prepared, tmp_path, 2)
+    assert complete_checkpoints(tmp_path) == []
+
+
 @pytest.mark.parametrize("fused", ["on", "off"])
 def test_a_resume_runs_the_optimizer_implementation_this_launch_records(tmp_path: Path, fused: str) -> None:
     """--fused_adamw as this launch resolves it (the levers config.json records), not as the checkpoint's param

@@ -8,6 +8,7 @@ so the shared DDP run is the uninterrupted reference at no extra cost.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -182,6 +183,25 @@ def test_auto_resume_refuses_to_replace_a_finished_run_it_cannot_continue(tmp_pa
     assert sorted(p.name for p in tmp_path.iterdir()) == ["metrics.jsonl", "summary.json"]
     _complete(tmp_path, 3)  # one that stopped with a checkpoint continues
     assert check_output_dir(tmp_path, resume=False, overwrite=False, auto_resume=True).name == "step_0000003"
+
+
+@pytest.mark.parametrize("renamed", ["step_0000003.damaged-inspecting", "step_0000003.bak", "notes"])
+def test_a_fresh_start_deletes_nothing_in_checkpoints_it_does_not_know(tmp_path: Path, renamed: str) -> None:
+    """A person renamed a checkpoint folder to look at it; --auto_resume then finds no checkpoint to continue. It may
+    start afresh over an interrupted save and a deletion cut short, never over a folder it did not leave there."""
+    save(_prepared(), tmp_path, 3, keep=2)
+    root = tmp_path / "checkpoints"
+    kept = _digest(checkpoint_path(tmp_path, 3))
+    checkpoint_path(tmp_path, 3).rename(root / renamed)
+    (root / "step_0000006").mkdir()  # a save cut short
+    (root / "step_0000002.deleting").mkdir()  # a deletion cut short
+    run = RunConfig(output_dir=str(tmp_path), auto_resume=True)
+    with pytest.raises(RunError) as refused:
+        claim_output_dir(tmp_path, run, restart=0)
+    assert renamed in str(refused.value) and "\n" not in str(refused.value)
+    assert _digest(root / renamed) == kept
+    shutil.rmtree(root / renamed)  # what the project leaves is deleted by a fresh start
+    assert claim_output_dir(tmp_path, run, restart=0) is None and not root.exists()
 
 
 def _killed_with_damaged_checkpoints(run_dir: Path) -> dict[str, dict[str, str]]:

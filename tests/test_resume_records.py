@@ -30,11 +30,11 @@ from training import loop, session
 from training.checkpoint import TrainState, checkpoint_path, save_checkpoint
 from training.config import ModelChoice, OptimConfig, RunConfig, TrainConfig
 from training.errors import RunError
-from training.metrics import MetricsTracker, RunTimes, ThroughputFacts, eval_line
+from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts, eval_line
 from training.presets import PRESETS
 from training.record import ResumedFromRecord
 from training.resume import origin_record
-from training.rundir import truncate_metrics
+from training.rundir import claim_output_dir, truncate_metrics
 from training.sinks import JsonlSink, WandbSink
 from training.stopping import StepHealth
 
@@ -74,17 +74,22 @@ def _resumable(out: Path, later: int | None = None) -> Path:
     return checkpoint_path(out, 3)
 
 
-def test_the_resume_decision_warns_of_a_torn_last_line_and_writes_nothing(
+def test_a_torn_last_line_is_told_when_it_is_dropped_not_when_the_resume_is_decided(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """The decision reads metrics.jsonl and writes nothing; the line is dropped, and said so, once loaded (a resume
+    that then fails to load must not have said it dropped a line it kept)."""
     checkpoint = _resumable(tmp_path)
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text(_lines(range(1, 5)) + '{"kind": "tr')
     capsys.readouterr()
-    session._resume_origin(checkpoint, SAVED)
+    origin = ResumedFromRecord.from_dict(session._resume_origin(checkpoint, SAVED))
+    assert capsys.readouterr().out == ""
+    assert metrics.read_text() == _lines(range(1, 5)) + '{"kind": "tr'  # cut once the checkpoint has loaded
+    session._rewrite_after_load(tmp_path, checkpoint, origin)
     (warning,) = capsys.readouterr().out.splitlines()
     assert warning.startswith(f"warning: {metrics}: line 5 ") and "dropped" in warning, warning
-    assert metrics.read_text() == _lines(range(1, 5)) + '{"kind": "tr'  # cut once the checkpoint has loaded
+    assert metrics.read_text() == _lines(range(1, 4))
 
 
 def test_the_resume_decision_refuses_a_broken_line_before_anything_is_renamed(tmp_path: Path) -> None:
@@ -103,6 +108,50 @@ def test_a_roll_back_renames_nothing_until_the_checkpoint_has_loaded(tmp_path: P
     record = session._resume_origin(checkpoint, SAVED, roll_back=True)
     assert record["rolled_back"] == ["step_0000006.rolled_back"]
     assert checkpoint_path(tmp_path, 6).is_dir()
+
+
+@pytest.mark.parametrize(
+    "index",
+    [b"", b"not a pickle", b"cno_such_module_anywhere\nThing\n.", b"cos\nno_such_function\n."],
+    ids=["empty", "not-a-pickle", "missing-module", "missing-name"],
+)
+def test_a_dcp_index_that_cannot_be_unpickled_is_refused_in_one_line(tmp_path: Path, index: bytes) -> None:
+    """The main process decides alone while the others wait for its outcome: whatever unpickling a changed .metadata
+    raises must become its one line, not a traceback of the main process alone."""
+    checkpoint = _resumable(tmp_path)
+    (checkpoint / "model" / ".metadata").write_bytes(index)
+    with pytest.raises(RunError) as refused:
+        session._resume_origin(checkpoint, SAVED)
+    message = str(refused.value)
+    assert "\n" not in message and "model/.metadata cannot be read" in message, message
+
+
+@pytest.mark.parametrize("unlogged", [-1, 3])
+def test_a_train_state_whose_unlogged_steps_are_not_among_its_records_is_refused(unlogged: int) -> None:
+    """Two records, `unlogged` of them not yet in metrics.jsonl: only 0, 1 or 2 can be."""
+    tracker = MetricsTracker(_prepared()[0], ThroughputFacts(TOKENS_PER_STEP, 1, 1, 1.0, 1.0), perf_warmup_steps=1)
+    records = [StepRecord(s, 0, 64 * s, 1.0, 1.0, 1e-3, 0.1, False) for s in (1, 2)]
+    tracker.restore(records, 2)
+    with pytest.raises(ValueError, match=f"says {unlogged} of its 2 step records unlogged"):
+        tracker.restore(records, unlogged)
+
+
+def test_a_restart_after_a_launch_that_failed_before_its_load_finishes_the_roll_back(tmp_path: Path) -> None:
+    """--resume_step 3 past a checkpoint of step 6: the first attempt decides, then fails before the load (the data,
+    prepare, out of memory, preempted). Its restart, which ignores --resume_step, continues step 3, not step 6, and
+    sets step 6 aside once loaded; the restart after that continues the newest again."""
+    run = RunConfig(output_dir=str(tmp_path), resume_step=3)
+    checkpoint = _resumable(tmp_path, later=6)
+    assert claim_output_dir(tmp_path, run, restart=0) == checkpoint
+    session._resume_origin(checkpoint, SAVED, roll_back=True)  # the first attempt's decision, then it fails
+    assert checkpoint_path(tmp_path, 6).is_dir()  # nothing renamed before the load
+    assert claim_output_dir(tmp_path, run, restart=1) == checkpoint
+    record = session._resume_origin(checkpoint, SAVED, roll_back=False)  # the restart's own decision
+    assert record["rolled_back"] == ["step_0000006.rolled_back"]
+    session._rewrite_after_load(tmp_path, checkpoint, ResumedFromRecord.from_dict(record))
+    assert (checkpoint.parent / "step_0000006.rolled_back").is_dir() and not checkpoint_path(tmp_path, 6).exists()
+    save_checkpoint(*_prepared(), tmp_path, 9, CONFIG.to_dict(), 3, {"state": {}}, origin_record("fsdp", 2, SAVED))
+    assert claim_output_dir(tmp_path, run, restart=2) == checkpoint_path(tmp_path, 9)
 
 
 # --------------------------------------------------------------------------------------------- every step's record
@@ -204,6 +253,35 @@ def test_every_step_survives_a_resume_from_any_checkpoint(
         assert _records(resumed) == _records(whole), f"resumed from step {checkpoint}"
         assert _logged(out) == _logged(whole.out), f"resumed from step {checkpoint}"
         assert _epochs(resumed) == _epochs(whole), f"resumed from step {checkpoint}"
+
+
+class _MainOfTwo:
+    """The main process of a job of two, whose other process's answers the test gives."""
+
+    num_processes = 2
+
+    def __init__(self, accelerator: object) -> None:
+        self._accelerator = accelerator
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._accelerator, name)
+
+
+def test_a_resume_that_fails_on_another_process_changes_nothing_in_the_run_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_model_work: None
+) -> None:
+    """--resume_step 3 past step 6: the main process loads its part, the other fails on its own files (its random
+    states, say): the main process must not rename step 6 aside nor cut metrics.jsonl."""
+    _train_to(_session(tmp_path, 1), 6)
+    checkpoint, before = checkpoint_path(tmp_path, 3), (tmp_path / "metrics.jsonl").read_text()
+    s = _session(tmp_path, 1)
+    s.accelerator = _MainOfTwo(s.accelerator)
+    origin = ResumedFromRecord.from_dict(session._resume_origin(checkpoint, SAVED, roll_back=True))
+    monkeypatch.setattr(session, "gather_object", lambda own: [*own, "rank 1: FileNotFoundError: rank_1.json"])
+    with pytest.raises(RunError, match=r"did not load on every process \(rank 1: FileNotFoundError"):
+        session._resume(s, checkpoint, dataclasses.replace(origin, random_states_exact=True))
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+    assert checkpoint_path(tmp_path, 6).is_dir()
 
 
 # --------------------------------------------------------------------------------------------- launch

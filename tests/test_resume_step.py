@@ -27,7 +27,7 @@ from training.checkpoint import checkpoint_path, checkpoint_problem
 from training.config import RunConfig
 from training.errors import RunError
 from training.resume import ROLLED_BACK_SUFFIX, checkpoint_at_step, roll_back_past, rolled_back_warning
-from training.rundir import check_output_dir
+from training.rundir import check_output_dir, claim_output_dir
 
 
 @pytest.fixture()
@@ -181,6 +181,25 @@ def test_only_the_jobs_first_launch_rolls_back(three: Path, restart: int, monkey
     assert (claim.resume_from, claim.roll_back) == (
         (checkpoint_path(three, 2), True) if restart == 0 else (checkpoint_path(three, 6), False)
     )
+
+
+def test_an_overwrite_killed_while_deleting_leaves_no_checkpoint_its_restart_would_continue(
+    three: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--overwrite clears the old run; a kill during the deletion, then the job's restart (which continues the
+    newest checkpoint it finds): it must start afresh, not continue the run the user asked to replace."""
+    from training import rundir
+
+    def killed(path: Path, ignore_errors: bool = False) -> None:
+        raise KeyboardInterrupt  # the first folder's deletion is where the kill lands
+
+    (three / "metrics.jsonl").write_text("{}\n")
+    with monkeypatch.context() as patched:
+        patched.setattr(rundir.shutil, "rmtree", killed)
+        with pytest.raises(KeyboardInterrupt):
+            claim_output_dir(three, RunConfig(output_dir=str(three), overwrite=True), restart=0)
+    assert claim_output_dir(three, RunConfig(output_dir=str(three), overwrite=True), restart=1) is None
+    assert sorted(os.listdir(three)) == []  # the leftovers swept by the claim
 
 
 def test_a_folder_set_aside_is_synced_so_a_power_loss_cannot_bring_its_name_back(

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import pickle
 import re
 import shutil
 import sys
@@ -99,6 +100,8 @@ ROLLED_BACK_SUFFIX = ".rolled_back"  # newer than a --resume_step (training/resu
 # A folder being deleted is renamed first: a deletion cut short (a crash, a kill) must not leave a folder
 # under a checkpoint's name whose complete.json still stands over half its shards.
 DELETING_SUFFIX = ".deleting"
+# A --resume_step's roll-back decided but not yet done (training/resume.py record_rollback).
+ROLLBACK_FILE = "rollback.json"
 
 
 def step_of_name(path: Path) -> int | None:
@@ -150,13 +153,24 @@ def set_aside(path: Path, suffix: str) -> Path:
 
 
 def kept_aside(output_dir: Path) -> list[Path]:
-    """The checkpoint folders set aside for a person to look at (damaged, rolled back), by name. No launch of the
-    project deletes them: only --overwrite, which replaces the whole run."""
+    """What checkpoints/ holds besides checkpoint folders and what the project may delete: the folders set aside for
+    a person to look at (damaged, rolled back), and anything else, such as a folder a person renamed to look at
+    (step_N.damaged-inspecting, step_N.bak). No launch of the project deletes them: only --overwrite, which
+    replaces the whole run."""
     root = output_dir / CHECKPOINTS_DIR
     if not root.is_dir():
         return []
-    suffixes = (DAMAGED_SUFFIX, ROLLED_BACK_SUFFIX)
-    return sorted(p for p in root.iterdir() if p.is_dir() and p.name.startswith("step_") and _has_suffix(p, suffixes))
+    return sorted(p for p in root.iterdir() if not _known(p))
+
+
+def _known(path: Path) -> bool:
+    """A checkpoint folder (complete or cut short), or what the project leaves to be deleted or finished: a deletion
+    cut short, a roll-back's note, a write's temporary file."""
+    if path.is_dir() and step_of_name(path) is not None:
+        return True
+    if path.name == ROLLBACK_FILE or (path.name.startswith(".") and path.name.endswith(".tmp")):
+        return True
+    return _has_suffix(path, (DELETING_SUFFIX,))
 
 
 def _has_suffix(path: Path, suffixes: tuple[str, ...]) -> bool:
@@ -433,6 +447,20 @@ def _save_small_states(accelerator: Accelerator, param_groups: list[dict[str, An
             (path / SCALER).write_text(json.dumps(accelerator.scaler.state_dict()))
 
 
+def _not_tensors(state: dict[str, Any], prefix: str = "") -> list[str]:
+    """The entries of a nested state dict that DCP would store as pickled objects (`pickled_entries`)."""
+    import torch
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    found = []
+    for key, value in state.items():
+        if isinstance(value, dict):
+            found += _not_tensors(value, f"{prefix}{key}.")
+        elif not isinstance(value, (torch.Tensor, ShardedTensor)):
+            found.append(f"{prefix}{key}")
+    return found
+
+
 def _save_tensors(
     states: tuple[dict[str, Any], dict[str, Any]],
     path: Path,
@@ -446,6 +474,9 @@ def _save_tensors(
     group of its own."""
     import torch.distributed.checkpoint as dcp
 
+    stored_pickled = [name for state in states for name in _not_tensors(state)]
+    if stored_pickled:  # DCP would pickle them, and every resume refuses a checkpoint that holds one
+        raise TypeError(f"a checkpoint stores tensors only; not tensors: {', '.join(stored_pickled)}")
     single = _single_process()
     if single and asynchronous:
         # async_save's thread saves after _one_process_quiet has left: the same message, dropped for the process.
@@ -536,13 +567,38 @@ def pickled_refusal(folder: Path, names: list[str]) -> str:
     )
 
 
+# What unpickling a file that is not the pickle it should be raises, besides OSError and ValueError.
+UNPICKLING_ERRORS: tuple[type[Exception], ...] = (
+    pickle.UnpicklingError,
+    EOFError,
+    AttributeError,
+    ImportError,
+    IndexError,
+    KeyError,
+    TypeError,
+)
+
+
+def read_index(folder: Path) -> Any:
+    """DCP's index of `folder` (`.metadata`, unpickled: see docs/faults.md on trusting a source); ValueError, one
+    line, for one that cannot be read, whatever unpickling it raised."""
+    import torch.distributed.checkpoint as dcp
+
+    try:
+        return dcp.FileSystemReader(str(folder)).read_metadata()
+    except (OSError, *UNPICKLING_ERRORS) as exc:  # changed since it was verified, or not DCP's
+        raise ValueError(f"{folder}/.metadata cannot be read ({type(exc).__name__}: {exc})") from exc
+
+
 def pickled_problem(path: Path) -> str | None:
     """`pickled_refusal` for the first of a checkpoint's DCP folders (model, optimizer) that holds pickled objects;
     None when both hold tensors only. Reading each index unpickles it: see docs/faults.md on trusting a source."""
-    import torch.distributed.checkpoint as dcp
-
     for folder in (path / MODEL_DIR, path / OPTIMIZER_DIR):
-        names = pickled_entries(dcp.FileSystemReader(str(folder)).read_metadata())
+        try:
+            metadata = read_index(folder)
+        except ValueError as exc:
+            return str(exc)
+        names = pickled_entries(metadata)
         if names:
             return pickled_refusal(folder, names)
     return None
@@ -726,7 +782,7 @@ def load_model_state_dict(path: Path) -> dict[str, Any]:
         # ValueError: what the export and sampling commands report as one `error:` line.
         raise ValueError(earlier_layout_error(path) if read_origin(path) is None else f"{model_dir}: no DCP metadata")
     # Empty full-size tensors, laid out as DCP's metadata says, which it fills from whichever shards hold them.
-    metadata = dcp.FileSystemReader(str(model_dir)).read_metadata()
+    metadata = read_index(model_dir)
     pickled = pickled_entries(metadata)
     if pickled:
         raise ValueError(pickled_refusal(model_dir, pickled))

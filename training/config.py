@@ -104,13 +104,16 @@ class RunConfig:
     auto_resume: bool = _help(
         "continue from the newest complete checkpoint in --output_dir when there is one, else start afresh "
         "(replacing what a crashed attempt left): the same command for the first launch and every restart "
-        "(a re-run notebook cell, a requeued SLURM job); a torchrun restart (--max_restarts) does this anyway",
+        "(a re-run notebook cell, a requeued SLURM job); a torchrun restart (--max_restarts) does this anyway; "
+        "load only checkpoints you trust: the index of their tensors (.metadata) is a Python pickle, which can "
+        "run code (docs/faults.md)",
         default=False,
     )
     resume_step: int | None = _help(
         "continue from the verified checkpoint of this step in --output_dir, not the newest (roll back past a "
         "loss spike): the newer checkpoints are renamed step_N.rolled_back (kept, never counted or resumed "
-        "from) and metrics.jsonl is cut back to this step; implies --resume",
+        "from) and metrics.jsonl is cut back to this step; implies --resume; load only checkpoints you trust: "
+        "the index of their tensors (.metadata) is a Python pickle, which can run code (docs/faults.md)",
         default=None,
     )
     init_from: str | None = _help(

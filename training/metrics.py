@@ -129,6 +129,8 @@ class MetricsTracker:
 
     def restore(self, records: list[StepRecord], unlogged: int) -> None:
         """The records a checkpoint held; the newest `unlogged` of them go into the next metrics line."""
+        if not 0 <= unlogged <= len(records):  # a hand-edited or foreign train state: refused, not misread
+            raise ValueError(f"a checkpoint's train state says {unlogged} of its {len(records)} step records unlogged")
         self.records = list(records)
         self._logged = len(self.records) - unlogged
 

@@ -15,12 +15,14 @@ schedule would silently follow a new --warmup_steps or --max_steps.
 
 from __future__ import annotations
 
+import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from training.checkpoint import (
     CHECKPOINTS_DIR,
+    ROLLBACK_FILE,
     ROLLED_BACK_SUFFIX,
     aside_name,
     checkpoint_folders,
@@ -32,6 +34,7 @@ from training.checkpoint import (
     set_aside,
     step_of_name,
 )
+from training.durable import sync_folder, write_atomic
 from training.errors import RunError
 from training.record import ResumedFromRecord
 
@@ -313,6 +316,46 @@ def rolled_back_names(checkpoint: Path) -> list[str]:
 def _later(checkpoint: Path) -> list[Path]:
     step = checkpoint_step(checkpoint)
     return [p for p in checkpoint_folders(checkpoint.parent.parent) if (step_of_name(p) or 0) > step]
+
+
+# A --resume_step's roll-back, recorded before the launch can fail: a restart (which continues the newest
+# checkpoint) or an --auto_resume/--resume after a failed load finishes it instead of continuing the step rolled
+# back from.
+
+
+def pending_rollback(output_dir: Path) -> int | None:
+    """The step of a roll-back decided but not yet done (`record_rollback`), if any."""
+    path = output_dir / CHECKPOINTS_DIR / ROLLBACK_FILE
+    if not path.is_file():
+        return None
+    try:
+        return int(json.loads(path.read_text())["step"])
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RunError(
+            f"{path} cannot be read ({exc}): it names the step a --resume_step rolls back to; "
+            f"resume again with --resume_step N"
+        ) from None
+
+
+def record_rollback(checkpoint: Path, aside: list[str]) -> None:
+    """Durably note that the run rolls back to `checkpoint` when folders are to be set aside (else drop a note
+    left by an earlier decision): renaming waits for the load, but a launch that fails before then must not leave
+    its restart to continue a checkpoint the user rolled back from. Main process only."""
+    path = checkpoint.parent / ROLLBACK_FILE
+    if aside:
+        write_atomic(path, json.dumps({"step": checkpoint_step(checkpoint), "rolled_back": aside}), sync=True)
+    elif path.exists():
+        path.unlink()
+    else:
+        return
+    sync_folder(path.parent)
+
+
+def finish_rollback(checkpoint: Path) -> list[Path]:
+    """Once `checkpoint` has loaded: set the newer folders aside (`roll_back_past`), then drop the note."""
+    renamed = roll_back_past(checkpoint)
+    record_rollback(checkpoint, [])
+    return renamed
 
 
 def rolled_back_warning(checkpoint: Path, renamed: list[Path]) -> str:

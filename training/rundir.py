@@ -20,9 +20,9 @@ from training.checkpoint import (
     nothing_to_continue,
     sweep_deletions,
 )
-from training.durable import write_atomic
+from training.durable import sync_folder, write_atomic
 from training.errors import RunError
-from training.resume import checkpoint_at_step
+from training.resume import checkpoint_at_step, pending_rollback
 
 if TYPE_CHECKING:
     from training.config import RunConfig
@@ -67,23 +67,49 @@ def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
 
     `restart`: which restart of a torchrun job this is. A restart reruns the same command: it must continue, not
     refuse the folder or start over, so it behaves as --auto_resume, ignores --overwrite, and continues the
-    newest checkpoint (--resume_step rolled back when the job first started).
+    newest checkpoint (--resume_step rolled back when the job first started), unless a roll-back decided by an
+    earlier launch is still to be done (`pending_rollback`): then it, and an --auto_resume or --resume, continues
+    that step's checkpoint and finishes the roll-back.
     """
     auto_resume = run.auto_resume or restart > 0
     overwrite = run.overwrite and not restart
-    resume_step = None if restart else run.resume_step
+    pending = pending_rollback(out) if (auto_resume or run.resume) and not overwrite else None
+    resume_step = run.resume_step if run.resume_step is not None and not restart else pending
     resume_from = check_output_dir(out, run.resume, overwrite, auto_resume, resume_step)
     if overwrite or (auto_resume and resume_from is None):
         clear_run_files(out)
     sweep_deletions(out)  # a deletion cut short by the launch before, not left until the next save
+    _sweep_cleared(out)
     return resume_from
 
 
+_CLEARING = ".deleting-"
+
+
 def clear_run_files(out: Path) -> None:
-    for name in _RUN_FILES:
+    """Delete a run's files. Its folders are first renamed out of the way (NAME.deleting-ID, synced), then the
+    files, summary.json first, then the folders' contents: a kill part-way leaves no checkpoints/ that a restart
+    would continue, only leftovers the next claim sweeps (`_sweep_cleared`)."""
+    doomed = [_renamed_for_deletion(out / name) for name in _RUN_DIRS if (out / name).exists()]
+    if doomed:
+        sync_folder(out)
+    for name in sorted(_RUN_FILES, key=lambda name: name != "summary.json"):
         (out / name).unlink(missing_ok=True)
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _renamed_for_deletion(path: Path) -> Path:
+    target = path.with_name(f"{path.name}{_CLEARING}{uuid.uuid4().hex[:8]}")
+    path.rename(target)
+    return target
+
+
+def _sweep_cleared(out: Path) -> None:
+    """Remove what a clear cut short left (`clear_run_files`)."""
     for name in _RUN_DIRS:
-        shutil.rmtree(out / name, ignore_errors=True)
+        for leftover in out.glob(f"{name}{_CLEARING}*"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 @dataclass(frozen=True)
@@ -141,11 +167,14 @@ def _record(line: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def truncate_metrics(path: Path, last_step: int) -> None:
+def truncate_metrics(path: Path, last_step: int) -> str | None:
     """After a resume, drop metric lines of steps that will be trained again, and a torn last line
-    (`metrics_cut`)."""
-    if path.exists():
-        write_atomic(path, "".join(line + "\n" for line in metrics_cut(path, last_step).kept))
+    (`metrics_cut`); returns the warning for a torn line it dropped."""
+    if not path.exists():
+        return None
+    cut = metrics_cut(path, last_step)
+    write_atomic(path, "".join(line + "\n" for line in cut.kept))
+    return cut.warning()
 
 
 def wandb_run_id(out: Path) -> str:

@@ -41,6 +41,7 @@ from data.errors import DataError
 from training import registry
 from training.batching import EpochOrderSampler
 from training.checkpoint import (
+    UNPICKLING_ERRORS,
     PendingSave,
     TrainState,
     checkpoint_step,
@@ -71,11 +72,13 @@ from training.record import (
 from training.resume import (
     Optimisation,
     ResumeIdentity,
+    finish_rollback,
     follow_schedule,
+    pending_rollback,
+    record_rollback,
     refusal,
     resume_warnings,
     resumed_from,
-    roll_back_past,
     rolled_back_names,
     rolled_back_warning,
 )
@@ -570,17 +573,21 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
     try:
         failure = refusal(checkpoint, identity) or _prefixed("--resume: ", pickled_problem(checkpoint))
         warnings, change = ([], None) if failure else resume_warnings(checkpoint, identity.optimisation)
-    except (OSError, ValueError, TypeError) as exc:  # an origin.json that cannot be read
-        failure = f"--resume: {checkpoint}: {exc}"
+        # Read now, written once the checkpoint has loaded: a metrics.jsonl that cannot be cut back refuses.
+        if failure is None:
+            metrics_cut(checkpoint.parent.parent / "metrics.jsonl", checkpoint_step(checkpoint))
+    except (OSError, ValueError, *UNPICKLING_ERRORS) as exc:  # a file of it that cannot be read
+        failure = f"--resume: {checkpoint}: cannot be read ({type(exc).__name__}: {exc})"
     if failure is not None:
         raise RunError(failure)
-    # Read now, written once the checkpoint has loaded: a metrics.jsonl that cannot be cut back refuses the resume.
-    cut = metrics_cut(checkpoint.parent.parent / "metrics.jsonl", checkpoint_step(checkpoint))
-    for line in [*warnings, *([cut.warning()] if cut.torn_line else [])]:
+    for line in warnings:  # a torn metrics line is told once it is dropped (_rewrite_after_load)
         print(line, flush=True)
     record = resumed_from(checkpoint, change)
-    aside = rolled_back_names(checkpoint) if roll_back else []
-    if aside:  # renamed once the checkpoint has loaded (_rewrite_after_load)
+    pending = pending_rollback(checkpoint.parent.parent) == checkpoint_step(checkpoint)  # an earlier launch's
+    aside = rolled_back_names(checkpoint) if roll_back or pending else []
+    if roll_back or pending:  # renamed once the checkpoint has loaded (_rewrite_after_load), recorded now
+        record_rollback(checkpoint, aside)
+    if aside:
         record = dataclasses.replace(record, rolled_back=tuple(aside))
     return record.to_dict()
 
@@ -593,11 +600,44 @@ def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) 
     """What a resume changes in the run folder, once its checkpoint has loaded (main process): the newer
     checkpoints a --resume_step sets aside, and metrics.jsonl cut back to the checkpoint's step."""
     if origin.rolled_back:
-        print(rolled_back_warning(checkpoint, roll_back_past(checkpoint)), flush=True)
-    truncate_metrics(out / "metrics.jsonl", checkpoint_step(checkpoint))
+        print(rolled_back_warning(checkpoint, finish_rollback(checkpoint)), flush=True)
+    torn = truncate_metrics(out / "metrics.jsonl", checkpoint_step(checkpoint))
+    if torn is not None:
+        print(torn, flush=True)
 
 
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
+    failure: Exception | None = None
+    try:
+        _restore(s, checkpoint, origin)
+    except Exception as exc:  # every rank must hear of it before the main process writes
+        failure = exc
+    _agree_restored(s.accelerator, checkpoint, failure)
+    if s.is_main:
+        _rewrite_after_load(s.out, checkpoint, origin)
+    s.log(
+        f"resumed from {checkpoint} at step {s.state.step}, written by {origin.strategy} on "
+        f"{origin.num_processes} process(es)"
+    )
+
+
+def _agree_restored(accelerator: Accelerator, checkpoint: Path, failure: Exception | None) -> None:
+    """Every rank learns whether every rank restored its part (one gather): a rank whose own files fail after the
+    shared load (its random states, the grad scaler) fails the resume on all, before anything is written. Its own
+    error is raised on it; the others stop with one line naming it."""
+    own = None if failure is None else f"rank {accelerator.process_index}: {type(failure).__name__}: {failure}"
+    failed = [own] if accelerator.num_processes == 1 else gather_object([own])
+    if failure is not None:
+        raise failure
+    others = [line for line in failed if line is not None]
+    if others:
+        raise RunError(
+            f"--resume: {checkpoint} did not load on every process ({'; '.join(others)}); nothing in the run folder "
+            f"was changed"
+        )
+
+
+def _restore(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
     # Weights and optimizer re-sharded to this launch, grad scaler, random states; nothing written before.
     load_states(s.accelerator, s.model, s.optimizer, checkpoint)
     if not origin.random_states_exact and s.cfg.model.dropout > 0:
@@ -613,12 +653,6 @@ def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
     s.tracker.restore([StepRecord(**r) for r in s.state.records], s.state.unlogged)
     s.times = RunTimes(**s.state.times)
     s.last_checkpoint = s.state.step
-    if s.is_main:
-        _rewrite_after_load(s.out, checkpoint, origin)
-    s.log(
-        f"resumed from {checkpoint} at step {s.state.step}, written by {origin.strategy} on "
-        f"{origin.num_processes} process(es)"
-    )
 
 
 def _start_accelerator(requested: RequestedLaunch, wandb_mode: str, out: Path, timeout_s: int) -> Accelerator:
