@@ -16,6 +16,7 @@ import json
 import shutil
 import subprocess
 import sys
+import traceback
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -26,14 +27,14 @@ import torch
 from tests.launch import CONFIGS, REPO, accelerate_command, launch_env, run
 from tests.test_checkpoint_keeping import CONFIG, _prepared
 from tests.test_resume_refusal import SAVED
-from training import loop, session
+from training import loop, resume, session
 from training.checkpoint import TrainState, checkpoint_path, save_checkpoint
 from training.config import ModelChoice, OptimConfig, RunConfig, TrainConfig
 from training.errors import RunError
 from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts, eval_line
 from training.presets import PRESETS
 from training.record import ResumedFromRecord
-from training.resume import origin_record
+from training.resume import origin_record, pending_rollback
 from training.rundir import claim_output_dir, truncate_metrics
 from training.sinks import JsonlSink, WandbSink
 from training.stopping import StepHealth
@@ -112,8 +113,8 @@ def test_a_roll_back_renames_nothing_until_the_checkpoint_has_loaded(tmp_path: P
 
 @pytest.mark.parametrize(
     "index",
-    [b"", b"not a pickle", b"cno_such_module_anywhere\nThing\n.", b"cos\nno_such_function\n."],
-    ids=["empty", "not-a-pickle", "missing-module", "missing-name"],
+    [b"", b"not a pickle", b"cno_such_module_anywhere\nThing\n.", b"cos\nno_such_function\n.", b"\x80\x09"],
+    ids=["empty", "not-a-pickle", "missing-module", "missing-name", "newer-protocol"],
 )
 def test_a_dcp_index_that_cannot_be_unpickled_is_refused_in_one_line(tmp_path: Path, index: bytes) -> None:
     """The main process decides alone while the others wait for its outcome: whatever unpickling a changed .metadata
@@ -136,14 +137,17 @@ def test_a_train_state_whose_unlogged_steps_are_not_among_its_records_is_refused
         tracker.restore(records, unlogged)
 
 
-def test_a_restart_after_a_launch_that_failed_before_its_load_finishes_the_roll_back(tmp_path: Path) -> None:
-    """--resume_step 3 past a checkpoint of step 6: the first attempt decides, then fails before the load (the data,
-    prepare, out of memory, preempted). Its restart, which ignores --resume_step, continues step 3, not step 6, and
-    sets step 6 aside once loaded; the restart after that continues the newest again."""
+@pytest.mark.parametrize("dies", ["before-the-decision", "after-the-decision"])
+def test_a_restart_after_a_launch_that_failed_before_its_load_finishes_the_roll_back(tmp_path: Path, dies: str) -> None:
+    """--resume_step 3 past a checkpoint of step 6: the first attempt claims the folder, then fails before the load
+    (building the data, before or after deciding the resume; prepare, out of memory, preempted). Its restart, which
+    ignores --resume_step, continues step 3, not step 6, and sets step 6 aside once loaded; the restart after that
+    continues the newest again."""
     run = RunConfig(output_dir=str(tmp_path), resume_step=3)
     checkpoint = _resumable(tmp_path, later=6)
     assert claim_output_dir(tmp_path, run, restart=0) == checkpoint
-    session._resume_origin(checkpoint, SAVED, roll_back=True)  # the first attempt's decision, then it fails
+    if dies == "after-the-decision":
+        session._resume_origin(checkpoint, SAVED, roll_back=True)
     assert checkpoint_path(tmp_path, 6).is_dir()  # nothing renamed before the load
     assert claim_output_dir(tmp_path, run, restart=1) == checkpoint
     record = session._resume_origin(checkpoint, SAVED, roll_back=False)  # the restart's own decision
@@ -152,6 +156,35 @@ def test_a_restart_after_a_launch_that_failed_before_its_load_finishes_the_roll_
     assert (checkpoint.parent / "step_0000006.rolled_back").is_dir() and not checkpoint_path(tmp_path, 6).exists()
     save_checkpoint(*_prepared(), tmp_path, 9, CONFIG.to_dict(), 3, {"state": {}}, origin_record("fsdp", 2, SAVED))
     assert claim_output_dir(tmp_path, run, restart=2) == checkpoint_path(tmp_path, 9)
+
+
+def test_a_refused_resume_step_leaves_no_roll_back_for_a_later_launch(tmp_path: Path) -> None:
+    """The claim notes the roll-back; a decision that refuses the checkpoint drops the note with it, so that a later
+    --resume continues the newest checkpoint as if the refused launch had never run."""
+    run = RunConfig(output_dir=str(tmp_path), resume_step=3)
+    checkpoint = _resumable(tmp_path, later=6)
+    claim_output_dir(tmp_path, run, restart=0)
+    assert pending_rollback(tmp_path) == 3
+    with pytest.raises(RunError, match="seed"):
+        session._resume_origin(checkpoint, dataclasses.replace(SAVED, seed=SAVED.seed + 1), roll_back=True)
+    assert pending_rollback(tmp_path) is None
+    assert claim_output_dir(tmp_path, RunConfig(output_dir=str(tmp_path), resume=True), 0) == checkpoint_path(
+        tmp_path, 6
+    )
+
+
+def test_a_roll_back_note_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk while the claim notes the roll-back: one line (every process stops with it), nothing renamed."""
+    checkpoint = _resumable(tmp_path, later=6)
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(resume, "write_atomic", full)
+    with pytest.raises(RunError, match=r"rollback\.json cannot be written \(OSError: .*No space left") as refused:
+        claim_output_dir(tmp_path, RunConfig(output_dir=str(tmp_path), resume_step=3), restart=0)
+    assert "\n" not in str(refused.value)
+    assert checkpoint_path(tmp_path, 6).is_dir() and checkpoint.is_dir()
 
 
 # --------------------------------------------------------------------------------------------- every step's record
@@ -282,6 +315,66 @@ def test_a_resume_that_fails_on_another_process_changes_nothing_in_the_run_folde
         session._resume(s, checkpoint, dataclasses.replace(origin, random_states_exact=True))
     assert (tmp_path / "metrics.jsonl").read_text() == before
     assert checkpoint_path(tmp_path, 6).is_dir()
+
+
+def _dcp_failure() -> BaseException:
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException("load", {0: (RuntimeError("size mismatch\nfor wte"), traceback.StackSummary())})
+
+
+@pytest.mark.parametrize(
+    "failure",
+    [lambda: RuntimeError("Error(s) in loading state_dict:\n\tMissing key(s): wte"), _dcp_failure],
+    ids=["torch-multi-line", "dcp-checkpoint-exception"],
+)
+def test_a_load_that_fails_on_this_process_is_one_line_and_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_model_work: None, failure
+) -> None:
+    """torch's load errors span lines, and DCP's report of every rank's failures is a BaseException, not an
+    Exception: either is one RunError line naming the rank, with metrics.jsonl and the later checkpoint as they
+    were."""
+    _train_to(_session(tmp_path, 1), 6)
+    checkpoint, before = checkpoint_path(tmp_path, 3), (tmp_path / "metrics.jsonl").read_text()
+    s = _session(tmp_path, 1)
+    origin = ResumedFromRecord.from_dict(session._resume_origin(checkpoint, SAVED, roll_back=True))
+
+    def fails(*_args: object) -> None:
+        raise failure()
+
+    monkeypatch.setattr(session, "_restore", fails)
+    with pytest.raises(RunError, match=r"did not load on every process \(rank 0: ") as refused:
+        session._resume(s, checkpoint, origin)
+    message = str(refused.value)
+    assert (
+        "\n" not in message
+        and "Traceback" not in message
+        and ("Missing key(s): wte" in message or "RuntimeError: size mismatch for wte" in message)
+    ), message
+    assert (tmp_path / "metrics.jsonl").read_text() == before
+    assert checkpoint_path(tmp_path, 6).is_dir()
+
+
+def test_a_roll_back_whose_renames_fail_after_the_load_stops_every_process_in_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, without_model_work: None
+) -> None:
+    """The renames after the load are the main process's: one that fails is shared with every process (which must not
+    train on without it) as one line, and the note stays for the next launch to finish the roll-back."""
+    _train_to(_session(tmp_path, 1), 6)
+    checkpoint = checkpoint_path(tmp_path, 3)
+    s = _session(tmp_path, 1)
+    origin = ResumedFromRecord.from_dict(session._resume_origin(checkpoint, SAVED, roll_back=True))
+    shared: list[str | None] = []
+    monkeypatch.setattr(session, "_share_outcome", lambda failure: shared.append(failure) or failure)
+
+    def refused_rename(_path: Path, _suffix: str) -> Path:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(resume, "set_aside", refused_rename)
+    with pytest.raises(RunError, match=r"loaded, but the run folder could not be updated: .*cut short") as refused:
+        session._resume(s, checkpoint, origin)
+    assert "\n" not in str(refused.value) and shared == [str(refused.value)]
+    assert pending_rollback(tmp_path) == 3 and checkpoint_path(tmp_path, 6).is_dir()
 
 
 # --------------------------------------------------------------------------------------------- launch

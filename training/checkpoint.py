@@ -586,7 +586,7 @@ def read_index(folder: Path) -> Any:
 
     try:
         return dcp.FileSystemReader(str(folder)).read_metadata()
-    except (OSError, *UNPICKLING_ERRORS) as exc:  # changed since it was verified, or not DCP's
+    except (OSError, ValueError, *UNPICKLING_ERRORS) as exc:  # changed since it was verified, or not DCP's
         raise ValueError(f"{folder}/.metadata cannot be read ({type(exc).__name__}: {exc})") from exc
 
 

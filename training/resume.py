@@ -342,18 +342,25 @@ def record_rollback(checkpoint: Path, aside: list[str]) -> None:
     left by an earlier decision): renaming waits for the load, but a launch that fails before then must not leave
     its restart to continue a checkpoint the user rolled back from. Main process only."""
     path = checkpoint.parent / ROLLBACK_FILE
-    if aside:
-        write_atomic(path, json.dumps({"step": checkpoint_step(checkpoint), "rolled_back": aside}), sync=True)
-    elif path.exists():
-        path.unlink()
-    else:
-        return
-    sync_folder(path.parent)
+    try:
+        if aside:
+            write_atomic(path, json.dumps({"step": checkpoint_step(checkpoint), "rolled_back": aside}), sync=True)
+        elif path.exists():
+            path.unlink()
+        else:
+            return
+        sync_folder(path.parent)
+    except OSError as exc:  # a full or read-only disk: one line on every process, not a traceback on one
+        raise RunError(f"{path} cannot be written ({type(exc).__name__}: {exc})") from exc
 
 
 def finish_rollback(checkpoint: Path) -> list[Path]:
-    """Once `checkpoint` has loaded: set the newer folders aside (`roll_back_past`), then drop the note."""
-    renamed = roll_back_past(checkpoint)
+    """Once `checkpoint` has loaded: set the newer folders aside (`roll_back_past`), then drop the note. A rename
+    that fails leaves the note, so that the next launch finishes the roll-back."""
+    try:
+        renamed = roll_back_past(checkpoint)
+    except OSError as exc:
+        raise RunError(f"the roll-back to {checkpoint} was cut short ({type(exc).__name__}: {exc})") from exc
     record_rollback(checkpoint, [])
     return renamed
 

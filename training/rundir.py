@@ -22,7 +22,7 @@ from training.checkpoint import (
 )
 from training.durable import sync_folder, write_atomic
 from training.errors import RunError
-from training.resume import checkpoint_at_step, pending_rollback
+from training.resume import checkpoint_at_step, pending_rollback, record_rollback, rolled_back_names
 
 if TYPE_CHECKING:
     from training.config import RunConfig
@@ -76,6 +76,10 @@ def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
     pending = pending_rollback(out) if (auto_resume or run.resume) and not overwrite else None
     resume_step = run.resume_step if run.resume_step is not None and not restart else pending
     resume_from = check_output_dir(out, run.resume, overwrite, auto_resume, resume_step)
+    if resume_from is not None and run.resume_step is not None and not restart:
+        # Noted now, before the data and the model are built: a first attempt that dies there must not leave its
+        # restart to continue the checkpoint the user rolled back from.
+        record_rollback(resume_from, rolled_back_names(resume_from))
     if overwrite or (auto_resume and resume_from is None):
         clear_run_files(out)
     sweep_deletions(out)  # a deletion cut short by the launch before, not left until the next save

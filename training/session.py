@@ -579,6 +579,8 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
     except (OSError, ValueError, *UNPICKLING_ERRORS) as exc:  # a file of it that cannot be read
         failure = f"--resume: {checkpoint}: cannot be read ({type(exc).__name__}: {exc})"
     if failure is not None:
+        if roll_back:  # the roll-back noted when the folder was claimed is refused with it: nothing is left to finish
+            record_rollback(checkpoint, [])
         raise RunError(failure)
     for line in warnings:  # a torn metrics line is told once it is dropped (_rewrite_after_load)
         print(line, flush=True)
@@ -607,34 +609,48 @@ def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) 
 
 
 def _resume(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
-    failure: Exception | None = None
+    from torch.distributed.checkpoint.api import CheckpointException  # DCP's report of every rank's failures
+
+    failure: BaseException | None = None
     try:
         _restore(s, checkpoint, origin)
-    except Exception as exc:  # every rank must hear of it before the main process writes
+    except (Exception, CheckpointException) as exc:  # every rank must hear of it before the main process writes
         failure = exc
     _agree_restored(s.accelerator, checkpoint, failure)
+    written = None
     if s.is_main:
-        _rewrite_after_load(s.out, checkpoint, origin)
+        try:
+            _rewrite_after_load(s.out, checkpoint, origin)
+        except (OSError, RunError) as exc:  # the others must not go on training without the main process
+            written = f"--resume: {checkpoint} loaded, but the run folder could not be updated: {_one_line(exc)}"
+    written = _share_outcome(written)
+    if written is not None:
+        raise RunError(written)
     s.log(
         f"resumed from {checkpoint} at step {s.state.step}, written by {origin.strategy} on "
         f"{origin.num_processes} process(es)"
     )
 
 
-def _agree_restored(accelerator: Accelerator, checkpoint: Path, failure: Exception | None) -> None:
+def _agree_restored(accelerator: Accelerator, checkpoint: Path, failure: BaseException | None) -> None:
     """Every rank learns whether every rank restored its part (one gather): a rank whose own files fail after the
-    shared load (its random states, the grad scaler) fails the resume on all, before anything is written. Its own
-    error is raised on it; the others stop with one line naming it."""
-    own = None if failure is None else f"rank {accelerator.process_index}: {type(failure).__name__}: {failure}"
+    shared load (its random states, the grad scaler) fails the resume on all, before anything is written. Every
+    rank stops with the same one line naming the ranks that failed and why (torch's load errors span lines)."""
+    own = None if failure is None else f"rank {accelerator.process_index}: {_one_line(failure)}"
     failed = [own] if accelerator.num_processes == 1 else gather_object([own])
-    if failure is not None:
-        raise failure
-    others = [line for line in failed if line is not None]
-    if others:
+    lines = [line for line in failed if line is not None]
+    if lines:
         raise RunError(
-            f"--resume: {checkpoint} did not load on every process ({'; '.join(others)}); nothing in the run folder "
+            f"--resume: {checkpoint} did not load on every process ({'; '.join(lines)}); nothing in the run folder "
             f"was changed"
-        )
+        ) from failure
+
+
+def _one_line(exc: BaseException) -> str:
+    failures = getattr(exc, "failures", None)  # DCP's CheckpointException: each rank's error, not its traceback
+    if isinstance(failures, dict):
+        return "; ".join(f"DCP rank {rank}: {_one_line(own)}" for rank, (own, _trace) in failures.items())
+    return " ".join(f"{type(exc).__name__}: {exc}".split())
 
 
 def _restore(s: Session, checkpoint: Path, origin: ResumedFromRecord) -> None:
