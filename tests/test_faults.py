@@ -204,6 +204,21 @@ def test_a_fresh_start_deletes_nothing_in_checkpoints_it_does_not_know(tmp_path:
     assert claim_output_dir(tmp_path, run, restart=0) is None and not root.exists()
 
 
+def test_a_claim_sweeps_only_the_leftovers_it_names_itself(tmp_path: Path) -> None:
+    """A resume sweeps a deletion or a clear cut short (step_N.deleting, checkpoints.deleting-ID); folders a person
+    named alike (step_3.damaged.deleting-later, checkpoints.deleting-old) are theirs and stay."""
+    save(_prepared(), tmp_path, 6, keep=2)
+    root = tmp_path / "checkpoints"
+    ours = [root / "step_0000002.deleting", root / "step_0000004.deleting.1", tmp_path / "hf.deleting-0123abcd"]
+    theirs = [root / "step_0000003.damaged.deleting-later", tmp_path / "checkpoints.deleting-old"]
+    for folder in (*ours, *theirs):
+        folder.mkdir()
+    assert claim_output_dir(tmp_path, RunConfig(output_dir=str(tmp_path), resume=True), restart=0) == checkpoint_path(
+        tmp_path, 6
+    )
+    assert [p.exists() for p in ours] == [False] * len(ours) and all(p.is_dir() for p in theirs)
+
+
 def _killed_with_damaged_checkpoints(run_dir: Path) -> dict[str, dict[str, str]]:
     """A run killed in its first epoch (no summary.json) whose checkpoints at steps 3 and 6 a bad disk damaged;
     returns each checkpoint's files (their digests) by the name it has once set aside."""

@@ -238,7 +238,8 @@ def prune_checkpoints(output_dir: Path, just_written: Path, keep: int) -> None:
 def sweep_deletions(output_dir: Path) -> None:
     """Remove what a deletion cut short left (step_N.deleting): never a checkpoint, nor a folder set aside."""
     for leftover in (output_dir / CHECKPOINTS_DIR).glob(f"*{DELETING_SUFFIX}*"):
-        shutil.rmtree(leftover, ignore_errors=True)
+        if _has_suffix(leftover, (DELETING_SUFFIX,)):  # step_3.damaged.deleting-later is a person's, not ours
+            shutil.rmtree(leftover, ignore_errors=True)
 
 
 def delete_folder(path: Path) -> None:

@@ -6,6 +6,7 @@ import atexit
 import fcntl
 import json
 import os
+import re
 import shutil
 import socket
 import uuid
@@ -113,7 +114,8 @@ def _sweep_cleared(out: Path) -> None:
     """Remove what a clear cut short left (`clear_run_files`)."""
     for name in _RUN_DIRS:
         for leftover in out.glob(f"{name}{_CLEARING}*"):
-            shutil.rmtree(leftover, ignore_errors=True)
+            if re.fullmatch(rf"{name}{_CLEARING}[0-9a-f]{{8}}", leftover.name):  # the name _renamed_for_deletion gives
+                shutil.rmtree(leftover, ignore_errors=True)
 
 
 @dataclass(frozen=True)
