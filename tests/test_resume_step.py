@@ -183,19 +183,23 @@ def test_only_the_jobs_first_launch_rolls_back(three: Path, restart: int, monkey
     )
 
 
+@pytest.mark.parametrize("kill_at", ["sync_folder", "rmtree"])
 def test_an_overwrite_killed_while_deleting_leaves_no_checkpoint_its_restart_would_continue(
-    three: Path, monkeypatch: pytest.MonkeyPatch
+    three: Path, monkeypatch: pytest.MonkeyPatch, kill_at: str
 ) -> None:
-    """--overwrite clears the old run; a kill during the deletion, then the job's restart (which continues the
-    newest checkpoint it finds): it must start afresh, not continue the run the user asked to replace."""
+    """--overwrite clears the old, finished run; a kill part-way (once its folders are renamed, before summary.json
+    is deleted; or during the first folder's deletion), then the job's restart (which continues the newest
+    checkpoint it finds, and refuses a finished run): it must start afresh, not continue the run the user asked
+    to replace nor refuse it as finished."""
     from training import rundir
 
-    def killed(path: Path, ignore_errors: bool = False) -> None:
-        raise KeyboardInterrupt  # the first folder's deletion is where the kill lands
+    def killed(*_args: object, **_kwargs: object) -> None:
+        raise KeyboardInterrupt
 
     (three / "metrics.jsonl").write_text("{}\n")
+    (three / "summary.json").write_text("{}")
     with monkeypatch.context() as patched:
-        patched.setattr(rundir.shutil, "rmtree", killed)
+        patched.setattr(rundir.shutil if kill_at == "rmtree" else rundir, kill_at, killed)
         with pytest.raises(KeyboardInterrupt):
             claim_output_dir(three, RunConfig(output_dir=str(three), overwrite=True), restart=0)
     assert claim_output_dir(three, RunConfig(output_dir=str(three), overwrite=True), restart=1) is None

@@ -74,6 +74,8 @@ def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
     """
     auto_resume = run.auto_resume or restart > 0
     overwrite = run.overwrite and not restart
+    if run.overwrite and restart and _cleared_in_part(out):  # the first attempt was killed while replacing the run
+        clear_run_files(out)
     pending = pending_rollback(out) if (auto_resume or run.resume) and not overwrite else None
     resume_step = run.resume_step if run.resume_step is not None and not restart else pending
     resume_from = check_output_dir(out, run.resume, overwrite, auto_resume, resume_step)
@@ -112,10 +114,18 @@ def _renamed_for_deletion(path: Path) -> Path:
 
 def _sweep_cleared(out: Path) -> None:
     """Remove what a clear cut short left (`clear_run_files`)."""
-    for name in _RUN_DIRS:
-        for leftover in out.glob(f"{name}{_CLEARING}*"):
-            if re.fullmatch(rf"{name}{_CLEARING}[0-9a-f]{{8}}", leftover.name):  # the name _renamed_for_deletion gives
-                shutil.rmtree(leftover, ignore_errors=True)
+    for leftover in _cleared_in_part(out):
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _cleared_in_part(out: Path) -> list[Path]:
+    """The folders a clear renamed for deletion and has not deleted yet (the names `_renamed_for_deletion` gives)."""
+    return [
+        leftover
+        for name in _RUN_DIRS
+        for leftover in out.glob(f"{name}{_CLEARING}*")
+        if re.fullmatch(rf"{name}{_CLEARING}[0-9a-f]{{8}}", leftover.name)
+    ]
 
 
 @dataclass(frozen=True)
