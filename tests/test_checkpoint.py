@@ -314,7 +314,7 @@ def test_a_save_refuses_a_state_that_is_not_all_tensors(prepared, tmp_path: Path
     first["note"] = "not a tensor"
     with pytest.raises(TypeError, match=r"not tensors: .*\.note"):
         save(prepared, tmp_path, 2)
-    assert complete_checkpoints(tmp_path) == []
+    assert complete_checkpoints(tmp_path) == [] and not checkpoint_path(tmp_path, 2).exists()  # nothing written
 
 
 @pytest.mark.parametrize("fused", ["on", "off"])

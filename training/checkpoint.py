@@ -346,6 +346,9 @@ def start_checkpoint(
 
     # By parameter name, whatever wraps the model (DDP's `module.`, FSDP2's DTensor shards, checkpoint wrappers).
     model_state, optimizer_state = get_state_dict(model, _unwrapped(optimizer))
+    stored_pickled = [name for state in (model_state, optimizer_state["state"]) for name in _not_tensors(state)]
+    if stored_pickled:  # DCP would pickle them, and every resume refuses a checkpoint that holds one: before any write
+        raise TypeError(f"a checkpoint stores tensors only; not tensors: {', '.join(stored_pickled)}")
     # The small files first, so that they are there when a background thread lists this rank's files.
     path.mkdir(parents=True, exist_ok=True)
     _save_small_states(accelerator, optimizer_state["param_groups"], path)
@@ -475,9 +478,6 @@ def _save_tensors(
     group of its own."""
     import torch.distributed.checkpoint as dcp
 
-    stored_pickled = [name for state in states for name in _not_tensors(state)]
-    if stored_pickled:  # DCP would pickle them, and every resume refuses a checkpoint that holds one
-        raise TypeError(f"a checkpoint stores tensors only; not tensors: {', '.join(stored_pickled)}")
     single = _single_process()
     if single and asynchronous:
         # async_save's thread saves after _one_process_quiet has left: the same message, dropped for the process.
