@@ -173,6 +173,23 @@ def test_a_refused_resume_step_leaves_no_roll_back_for_a_later_launch(tmp_path: 
     )
 
 
+@pytest.mark.parametrize("also_resume", [False, True], ids=["resume_step", "resume-and-resume_step"])
+def test_an_unreadable_roll_back_note_is_replaced_by_the_resume_step_its_error_asks_for(
+    tmp_path: Path, also_resume: bool
+) -> None:
+    """A rollback.json cut short stops a plain --resume in one line that asks for --resume_step N; that launch
+    (with --resume too or not) then claims, decides and notes its own roll-back instead of refusing the note
+    again."""
+    checkpoint = _resumable(tmp_path, later=6)
+    (checkpoint.parent / "rollback.json").write_text('{"step": ')
+    with pytest.raises(RunError, match=r"rollback\.json cannot be read .*resume again with --resume_step N"):
+        claim_output_dir(tmp_path, RunConfig(output_dir=str(tmp_path), resume=True), restart=0)
+    again = RunConfig(output_dir=str(tmp_path), resume=also_resume, resume_step=3)
+    assert claim_output_dir(tmp_path, again, restart=0) == checkpoint
+    assert session._resume_origin(checkpoint, SAVED, roll_back=True)["rolled_back"] == ["step_0000006.rolled_back"]
+    assert pending_rollback(tmp_path) == 3
+
+
 def test_a_roll_back_note_that_cannot_be_written_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A full disk while the claim notes the roll-back: one line (every process stops with it), nothing renamed."""
     checkpoint = _resumable(tmp_path, later=6)

@@ -76,8 +76,9 @@ def claim_output_dir(out: Path, run: RunConfig, restart: int) -> Path | None:
     overwrite = run.overwrite and not restart
     if run.overwrite and restart and _cleared_in_part(out):  # the first attempt was killed while replacing the run
         clear_run_files(out)
-    pending = pending_rollback(out) if (auto_resume or run.resume) and not overwrite else None
-    resume_step = run.resume_step if run.resume_step is not None and not restart else pending
+    own_step = None if restart else run.resume_step  # the user's own choice replaces a note left unreadable
+    pending = pending_rollback(out) if own_step is None and (auto_resume or run.resume) and not overwrite else None
+    resume_step = own_step if own_step is not None else pending
     resume_from = check_output_dir(out, run.resume, overwrite, auto_resume, resume_step)
     if resume_from is not None and run.resume_step is not None and not restart:
         # Noted now, before the data and the model are built: a first attempt that dies there must not leave its

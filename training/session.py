@@ -585,7 +585,7 @@ def _resume_origin(checkpoint: Path, identity: ResumeIdentity, roll_back: bool =
     for line in warnings:  # a torn metrics line is told once it is dropped (_rewrite_after_load)
         print(line, flush=True)
     record = resumed_from(checkpoint, change)
-    pending = pending_rollback(checkpoint.parent.parent) == checkpoint_step(checkpoint)  # an earlier launch's
+    pending = not roll_back and pending_rollback(checkpoint.parent.parent) == checkpoint_step(checkpoint)
     aside = rolled_back_names(checkpoint) if roll_back or pending else []
     if roll_back or pending:  # renamed once the checkpoint has loaded (_rewrite_after_load), recorded now
         record_rollback(checkpoint, aside)
