@@ -6,6 +6,7 @@ from pathlib import Path
 
 from analysis.report import agreement_lines, build_reading, fairness, fairness_lines, loss_agreement
 from analysis.runs import Run, assign_labels, load_run, sort_runs
+from analysis.uncertainty import THROUGHPUT, build_statistics
 from tests.analysis_fixtures import three_strategies
 
 
@@ -43,6 +44,13 @@ def test_one_run_each_names_the_leader_and_what_would_establish_it(tmp_path: Pat
     assert "1.20x fsdp (1 run each): not established: 4 runs each would establish it" in text
     assert "1.80x single (1 run each): not established: 3 runs each would establish it" in text
     assert "(run-to-run spread 5.0%, assumed: no strategy has 2 runs to measure it)" in text
+
+
+def test_one_run_each_has_no_interval_and_at_most_three_answer_lines(tmp_path: Path) -> None:
+    """Without --target_loss too: one run's step-time noise makes no interval, and the answer stays three lines."""
+    runs = runs_of(tmp_path)
+    assert all(summary.ci95 is None for summary in build_statistics(runs).summaries[THROUGHPUT].values())
+    assert 1 <= len(build_reading(runs, []).answer) <= 3
 
 
 def test_fastest_strategy_over_repeats(tmp_path: Path) -> None:

@@ -48,6 +48,8 @@ def test_three_runs_each_establish_the_speed_and_memory_answer_first(three_each:
     assert speed.startswith("Speed: use **ddp**, ") and speed.endswith("established.")
     assert re.search(r"1\.\d\dx single \(95% CI 1\.\d\d-1\.\d\d, 3 runs each\)", speed)
     assert re.search(r"1\.0\dx fsdp \(95% CI 1\.\d\d-1\.\d\d, 3 runs each\)", speed)
+    single_fsdp = [c for c in report["comparisons"] if (c["figure"], c["a"], c["b"]) == (THROUGHPUT, "single", "fsdp")]
+    assert [(c["status"], c["direction"]) for c in single_fsdp] == [("established", "lower")]
     assert memory.startswith("Memory: use **fsdp**, step peak 330.4 MiB; 0.94x ddp (exact, 3 runs each)")
     assert target.startswith("Time to loss 9.5: use **ddp**")
     text = (out / "report.md").read_text()

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
+from analysis.answer import answer_lines
 from analysis.runs import Run
 from analysis.uncertainty import (
     EQUIVALENT,
@@ -118,6 +119,29 @@ def test_a_gap_inside_the_noise_is_not_established_never_equivalent() -> None:
     c = pair(build_statistics(runs), THROUGHPUT, "ddp", "fsdp")
     assert c.status == NOT_ESTABLISHED and c.direction is None
     assert c.units_needed is not None and c.units_needed > 3 and c.spread_measured
+    assert c.units_needed == units_for_power(c.ratio, c.spread, 1, 0.02)  # from the spread it reports, measured
+
+
+def test_a_ratio_inside_the_margin_whose_interval_is_not_is_not_established_and_says_so() -> None:
+    """Equivalence needs the whole interval inside the margin, not the ratio: 1.005x with 0.84-1.20 is not."""
+    runs = [*throughputs("ddp", [1000.0, 1060.0]), *throughputs("fsdp", [1005.0, 1045.0])]
+    statistics = build_statistics(runs)
+    c = pair(statistics, THROUGHPUT, "ddp", "fsdp")
+    assert inside(c.ratio, 0.02) and not inside(c.ci95[1], 0.02)
+    assert (c.status, c.direction) == (NOT_ESTABLISHED, None)
+    speed = answer_lines(json_ready(statistics.to_dict()))[0]
+    assert "not established (the ratio is inside the 2% margin, its interval is not)" in speed, speed
+
+
+def test_a_significant_gap_whose_interval_reaches_into_the_margin_is_not_established() -> None:
+    """p < 5% is not enough: 1.02x with 1.006-1.034 may be a gap under the 2% margin, so neither word is earned."""
+    runs = [
+        *throughputs("ddp", [1010.0, 1030.0, 1025.0, 1015.0]),
+        *throughputs("fsdp", [1000.0, 1001.0, 999.0, 1000.5]),
+    ]
+    c = pair(build_statistics(runs), THROUGHPUT, "ddp", "fsdp")
+    assert c.p_adjusted < 0.05 and inside(c.ci95[0], 0.02) and not inside(c.ci95[1], 0.02)
+    assert (c.status, c.direction) == (NOT_ESTABLISHED, None)
 
 
 def test_equivalent_only_when_the_whole_interval_lies_inside_the_margin() -> None:
@@ -231,6 +255,17 @@ def test_a_seeds_repeats_are_one_unit_of_a_loss_and_decide_nothing_more() -> Non
     pooled = stats.ttest_ind(np.log([6.0, 6.0, 6.0, 6.2, 6.2, 6.2]), np.log([6.25] * 3 + [6.45] * 3), equal_var=False)
     assert pooled.pvalue < 0.01  # what counting the copies as runs would have called a difference
     assert repeated.summaries[THROUGHPUT]["ddp"].units == 6  # time and memory: every run counts
+
+
+def test_one_seeds_gpu_repeats_give_one_unit_of_the_validation_loss() -> None:
+    """Three repeats of one seed on a GPU differ by their kernels' noise only: still one seed a side."""
+    runs = [*_seeded("ddp", {1: 6.0}, 1), *_seeded("fsdp", {1: 6.3}, 1)]
+    runs += [
+        make_run(s, seed=1, final_val_loss=v, device_type="cuda", name=f"s1-r{k}")
+        for s, v, k in (("ddp", 6.01, 1), ("ddp", 5.99, 2), ("fsdp", 6.31, 1), ("fsdp", 6.29, 2))
+    ]
+    c = pair(build_statistics(runs), FINAL_VAL_LOSS, "ddp", "fsdp")
+    assert (c.units_a, c.units_b, c.status) == (1, 1, NOT_ESTABLISHED)
 
 
 def test_units_average_a_seeds_repeats() -> None:
