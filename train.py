@@ -45,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     from data import DataError
-    from training import registry
-    from training.faults import RankFailed
+    from training.distributed import registry
+    from training.distributed.faults import RankFailed
+    from training.distributed.strategy import StrategyMismatch
     from training.loop import RunError, run_training
-    from training.strategy import StrategyMismatch
 
     if config.run.strategy == registry.AUTO and os.environ.get("RANK", "0") == "0":
         _say_what_the_plan_picks(config)
@@ -78,7 +78,7 @@ def _tell_rank_failure(failure: Exception, output_dir: str) -> int:
     import traceback
     from pathlib import Path
 
-    from training.faults import EXIT_RANK_FAILED
+    from training.distributed.faults import EXIT_RANK_FAILED
 
     if failure.quiet:
         return 128 + signal.SIGTERM  # stopped by the launcher after another process failed
@@ -95,9 +95,13 @@ def _tell_rank_failure(failure: Exception, output_dir: str) -> int:
 
 def _say_what_the_plan_picks(config: TrainConfig) -> None:
     """--strategy auto on a GPU: one line when the plan, on this device, would launch another strategy."""
+    import torch
+
+    if not torch.cuda.is_available():  # no GPU, nothing to plan: the planner is not even imported
+        return
     from planner.launch import cuda_device, startup_note
     from planner.request import DEFAULT_MFU
-    from training.strategy import precision_name, requested_from_env
+    from training.distributed.strategy import precision_name, requested_from_env
 
     launched = requested_from_env(os.environ)
     device = cuda_device(launched.world_size or 1)

@@ -19,7 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
-from training.checkpoint import checkpoint_step, newest_checkpoint
+from training.checkpoints.store import checkpoint_step, newest_checkpoint
 
 
 class _Launch(Protocol):

@@ -48,8 +48,8 @@ from typing import TYPE_CHECKING
 
 from analysis import scaling
 from analysis.scaling import price_text
-from training import registry
 from training.cli import DefaultsHelpFormatter, OneLineParser, add_flags, config_from, flag, run_main
+from training.distributed import registry
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens, smallest_fitting
 from training.versions import version_problem
 
@@ -350,7 +350,7 @@ def world_sizes(
 
 def preset_defaults(preset: str) -> dict[str, object]:
     """The preset's values, from the training side's own table."""
-    from training.presets import preset_overrides  # a plain dict table: cheap to import
+    from training.config import preset_overrides  # a plain dict table: cheap to import
 
     try:
         return preset_overrides(preset)

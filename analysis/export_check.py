@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from training.cli import EXIT_BAD_INPUT, OneLineParser, run_main
-from training.run_schema import FINAL_VAL_LOSS
+from training.records.schema import FINAL_VAL_LOSS
 
 METRIC_DIR = Path(__file__).resolve().parent / "metrics" / "perplexity"
 # The loss is the same model on the same blocks computed by a second implementation (Hugging Face's GPT-2

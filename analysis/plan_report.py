@@ -11,8 +11,8 @@ from analysis.runs import Run
 from analysis.scaling import comparable_single
 from analysis.table import Cell, Table
 from planner.errors import PlanError, error_pct
-from training import registry
-from training.registry import Communication
+from training.distributed import registry
+from training.distributed.registry import Communication
 
 MIB = 2**20
 FLAG_PCT = 15.0  # errors above this are flagged

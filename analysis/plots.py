@@ -18,8 +18,8 @@ from matplotlib.ticker import EngFormatter, FuncFormatter, MaxNLocator
 
 from analysis.runs import Run, recorded
 from analysis.uncertainty import group_by_strategy, warmup_steps
-from training import registry
-from training import run_schema as schema
+from training.distributed import registry
+from training.records import schema as schema
 
 # One colour and marker per strategy in every figure (each registry entry's), so a reader learns them once;
 # strategies no entry has get spare colours and the fallback marker. The runs of one strategy are its

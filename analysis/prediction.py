@@ -1,8 +1,8 @@
 """The plan's wall time for a whole experiment, said before it launches and set against the runs after.
 
 The planner (planner/plan.py) predicts each strategy's optimizer step time at the experiment's batch on the
-GPU given (`--gpu`, its datasheet peak) or, without one, on this machine's CPU (its measured fp32 matmul rate
-per process, training/hardware.py), at the planner's default MFU. The experiment's prediction is the sum over
+GPU given (`--gpu`, its datasheet peak, at the planner's default MFU) or, without one, on this machine's CPU
+at the MFU, peak, AdamW rate and link its profile measured per process count (`python -m planner measure`). The experiment's prediction is the sum over
 strategies of step time x steps x runs (seeds x repeats): training steps only, so start-up, evaluation and
 checkpoints come on top. It is written to OUT/prediction.json, which the report reads back beside the runs'
 training times (summary.json total.train_time_s) and the wall time they took (runs/order.json).
@@ -70,26 +70,30 @@ def cpu_threads() -> int:
 
 
 def hardware_for(gpu: str | None, memory_gib: float | None, precision: str) -> tuple[Any, str]:
-    """The planner's hardware and its description: the GPU named, else one CPU process at its measured peak."""
+    """The planner's hardware and its description: the GPU named, else this CPU's processes as this machine's
+    profile measured them (`python -m planner measure`; PlanError, one line, when there is none)."""
     from planner.plan import hardware
 
     if gpu is not None:
         hw = hardware(gpu, precision, memory_gib, None)
         return hw, f"{hw.name} ({precision}, {hw.peak_flops / 1e12:,.1f} TFLOP/s peak, link {hw.link_name})"
-    from training.hardware import cpu_peak_flops, default_cache_dir
+    from planner.profile import default_profile_path, read_profile
 
-    peak = cpu_peak_flops(default_cache_dir(), cpu_threads()).flops_per_s
+    path = default_profile_path()
+    profile = read_profile(path)
     cpu = hardware(None, "fp32", memory_gib or 1.0, None)  # the memory only sizes fits, unused here
+    # The peak and link are per process count: predict() takes them from the profile for each strategy.
     return (
-        replace(cpu, name=CPU_PROCESS, peak_flops=peak, reserve_gib=0.0),
-        f"this CPU (fp32, {peak / 1e9:,.1f} GFLOP/s measured per process of {cpu_threads()} thread(s), "
-        f"link {cpu.link.gb_s:g} GB/s assumed)",
+        replace(cpu, name=CPU_PROCESS, peak_flops=0.0, reserve_gib=0.0, link_name=str(path)),
+        f"this CPU (fp32, {cpu_threads()} thread(s) per process, as the machine profile {path} measured it on "
+        f"{profile.measured_at})",
     )
 
 
 def predict(plans: list[Planned], workload_args: dict[str, Any], hw: Any, basis: str) -> Prediction | None:
     """Each strategy's planned step time (planner.plan.plan_strategy) x its steps and runs; None when the
-    hardware has no peak FLOP/s (a GPU given only by its memory)."""
+    hardware has no peak FLOP/s (a GPU given only by its memory). On this CPU each strategy is priced at the
+    MFU, peak, AdamW rate and link the machine profile measured for its process count."""
     from planner.plan import plan_strategy, workload_for
     from planner.request import DEFAULT_MFU, PlanRequest
 
@@ -99,12 +103,36 @@ def predict(plans: list[Planned], workload_args: dict[str, Any], hw: Any, basis:
     for item in plans:
         args = PlanRequest(num_gpus=item.world_size, **workload_args)
         w = workload_for(args, item.strategy)
+        priced, mfu = hw, DEFAULT_MFU
         if hw.name == CPU_PROCESS:  # what a CPU process runs: fp32 and torch's per-tensor (unfused) AdamW
             w = replace(w, precision="fp32", fused_adamw=False, device="cpu")
-        step_s[item.strategy] = plan_strategy(w, item.strategy, hw, DEFAULT_MFU, "full")["predicted_step_s"]
+            priced, mfu = _profiled_cpu(hw, workload_args["preset"], item.world_size)
+        step_s[item.strategy] = plan_strategy(w, item.strategy, priced, mfu, "full")["predicted_step_s"]
         seconds[item.strategy] = step_s[item.strategy] * item.steps * item.runs
         runs[item.strategy] = item.runs
-    return Prediction(f"{basis}, MFU {DEFAULT_MFU:g} assumed", step_s, seconds, runs)
+    assumed = "" if hw.name == CPU_PROCESS else f", MFU {DEFAULT_MFU:g} assumed"
+    return Prediction(f"{basis}{assumed}", step_s, seconds, runs)
+
+
+def _profiled_cpu(hw: Any, preset: str, processes: int) -> tuple[Any, float]:
+    """The CPU hardware for `processes` processes of `preset` from the machine profile hw names, and its MFU."""
+    from planner.errors import PlanError
+    from planner.plan import link_from_record
+    from planner.profile import MEASURE_COMMAND, read_profile
+
+    profile = read_profile(Path(hw.link_name))
+    rate = profile.compute_for(preset, processes, cpu_threads())
+    if rate is None:
+        raise PlanError(
+            f"the machine profile has no compute rate for {preset} on {processes} process(es) of {cpu_threads()} "
+            f"thread(s): {MEASURE_COMMAND} --presets {preset} --processes {processes}"
+        )
+    link = hw.link
+    if processes > 1:
+        if profile.link is None or profile.link.get("world_size") != processes:
+            raise PlanError(f"the machine profile has no link between {processes} processes: {MEASURE_COMMAND}")
+        link = link_from_record(profile.link)
+    return replace(hw, peak_flops=rate.peak_flops, link=replace(link, host_update_gb_s=rate.adamw_gb_s)), rate.mfu
 
 
 def write_prediction(out: Path, prediction: Prediction) -> Path:

@@ -39,8 +39,8 @@ from analysis.uncertainty import (
     build_statistics,
     group_by_strategy,
 )
-from training import run_schema as schema
 from training.durable import write_atomic
+from training.records import schema as schema
 
 # Facts that must be equal across runs for the comparison to be like for like, with their names.
 FAIRNESS_FACTS = {
@@ -55,7 +55,7 @@ FAIRNESS_FACTS = {
 }
 
 # The peak MFU is divided by, and when it was measured: runs compared on MFU must share one measurement,
-# since a CPU peak is the best measurement seen so far and can rise between runs (training/hardware.py).
+# since a CPU peak is the best measurement seen so far and can rise between runs (training/records/peaks.py).
 PEAK_FACTS = ("peak_flops_per_device", "peak_flops_measured_at")
 
 # Two curves with independent noise of std sigma differ by sqrt(2)*sigma RMS; 2*sigma leaves room for
@@ -113,7 +113,7 @@ def _and(items: list[str]) -> str:
 
 
 def on_cpu(runs: list[Run]) -> bool:
-    """On CPU both memory keys hold the process's peak resident set size (see training/hardware.py)."""
+    """On CPU both memory keys hold the process's peak resident set size (see training/records/peaks.py)."""
     return bool(runs) and all(run.fact("device_type") == "cpu" for run in runs)
 
 
@@ -377,7 +377,7 @@ STATISTICS_METHOD = (
     "the practical margin (2% for times and throughput, 1% for memory, 0.5% for losses); equivalent when the "
     "whole 95% interval lies inside it; otherwise not established, with the runs per strategy that give 80% "
     "power at the spread measured here. One run each establishes nothing but exact counts. Rules and their "
-    "measured false-verdict rates: docs/statistics.md; every figure and comparison: report.json."
+    "measured false-verdict rates: lab/results/aa_calibration.md; every figure and comparison: report.json."
 )
 
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from training import registry
 from training.config import arm_index
-from training.record import EpochFigures, EvalLine, Record, RunSummary, RunTotals, TrainLine
-from training.run_schema import LINE_KIND_KEY, Metric, Scope
+from training.distributed import registry
+from training.records.record import EpochFigures, EvalLine, Record, RunSummary, RunTotals, TrainLine
+from training.records.schema import LINE_KIND_KEY, Metric, Scope
 
 CONFIG_FILE = "config.json"
 METRICS_FILE = "metrics.jsonl"
@@ -25,7 +25,7 @@ SUMMARY_FILE = "summary.json"
 class Run:
     """One training run as read from its directory; `summary` is None when it could not be read.
 
-    `summary` is summary.json's object as read; `record` is the same read into training.record's types,
+    `summary` is summary.json's object as read; `record` is the same read into training.records.record's types,
     and `total` and `epochs` are its figures as the run schema's records, as `train` and `evals` are
     metrics.jsonl's lines.
     """
@@ -40,7 +40,7 @@ class Run:
 
     @property
     def record(self) -> RunSummary | None:
-        """The summary as training.record.RunSummary (read afresh, so it follows edits to `summary`)."""
+        """The summary as training.records.record.RunSummary (read afresh, so it follows edits to `summary`)."""
         return None if self.summary is None else RunSummary.from_dict(self.summary)
 
     @property

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from analysis.runs import Run, recorded
 from analysis.table import COLUMNS, Column, fixed
-from training import registry
-from training.run_schema import MFU, TABLE, THROUGHPUT, THROUGHPUT_EXCL_WARMUP, Metric
+from training.distributed import registry
+from training.records.schema import MFU, TABLE, THROUGHPUT, THROUGHPUT_EXCL_WARMUP, Metric
 
 # A multi-device run scales against a single run only when these agree: the same device, the same model,
 # the same sequence length and global batch (the same work per optimizer step) and the same precision.

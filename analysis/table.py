@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from analysis.runs import Run, recorded
-from training.run_schema import TABLE, TableColumn
+from training.records.schema import TABLE, TableColumn
 
 Cell = str | int | float | bool | None
 

@@ -13,7 +13,7 @@ A pair of strategies, a / b, on one figure:
 - one unit on a side and nothing exact: the ratio only.
 
 Status: **established** (the figure is higher or lower) when the adjusted p is below 5% and the ratio lies
-outside the figure's practical margin (training/run_schema.py), or the exact ratio does; **equivalent** when
+outside the figure's practical margin (training/records/schema.py), or the exact ratio does; **equivalent** when
 the whole 95% interval (or the exact ratio) lies inside the margin; **not established** otherwise, with the
 units per strategy that would give 80% power at the spread these runs measured (or an assumed one, said so).
 """
@@ -30,8 +30,8 @@ from scipy import stats
 
 from analysis.runs import Run, number, recorded
 from analysis.scaling import ranked_throughput, throughput, throughput_name
-from training import run_schema as schema
 from training.config import RunConfig
+from training.records import schema as schema
 
 CONFIDENCE = 0.95
 SIGNIFICANCE = 0.05

@@ -17,8 +17,8 @@ from typing import Any
 
 from analysis.report import write_atomic
 from analysis.runs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, number
-from training.record import BatchRecord, EpochFigures, LaunchRecord, RunFacts, RunTotals, run_summary
-from training.run_schema import (
+from training.records.record import BatchRecord, EpochFigures, LaunchRecord, RunFacts, RunTotals, run_summary
+from training.records.schema import (
     ELAPSED,
     LINE_GRAD_NORM,
     LINE_KIND_KEY,
@@ -31,7 +31,7 @@ from training.run_schema import (
     in_scope,
     only_in,
 )
-from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
+from training.records.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
 
 # What an eval line holds besides its step (W&B's own step axis), and what only an eval line holds:
 # W&B merges the eval line of a step into the train line's row, and this splits them again.
@@ -79,7 +79,7 @@ def epochs_from_metrics(metrics: list[dict[str, Any]], world_size: int, warmup_s
     """Per-epoch figures from the logged lines (see the module docstring for what is approximate); what
     the lines cannot tell (whether the epoch was partial, the skipped steps) is None.
 
-    Means follow train.py's own definition (training.steady_mean.steady_mean, the same warm-up rule and
+    Means follow train.py's own definition (training.records.steady_mean.steady_mean, the same warm-up rule and
     non-finite handling), over the logged steps instead of every step.
     """
     epochs: list[EpochFigures] = []
@@ -123,7 +123,7 @@ def _last_values(lines: list[dict[str, Any]], evals: list[dict[str, Any]]) -> di
 
 
 def _step_means(lines: list[dict[str, Any]], warmup_steps: int) -> dict[str, Any]:
-    from training.steady_mean import steady_mean
+    from training.records.steady_mean import steady_mean
 
     loss, norm = (
         steady_mean(((line["step"], line.get(key)) for line in lines), warmup_steps)
@@ -150,7 +150,7 @@ def run_files_from_wandb(
 ) -> RunFiles:
     """Rebuild a run directory's three files from a W&B run's config, summary and history.
 
-    The summary is laid out by the same function as train.py's (training.record.run_summary) from the
+    The summary is laid out by the same function as train.py's (training.records.record.run_summary) from the
     launch record W&B holds in the config; what W&B does not hold (the memory probe, the observed sharding,
     the skipped steps) is left out (null) rather than guessed.
     """

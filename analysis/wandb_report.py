@@ -5,8 +5,8 @@ grouped by arm: the strategy, or ddp#2 in an A/A experiment), line plots against
 charts of the whole-run figures, and the local report's reading. `--dry_run` writes that specification as JSON and needs neither network nor
 login; otherwise `to_wandb_report` turns it into wandb-workspaces objects and `save_report` sends it.
 
-Panels are declared in the run schema (training/run_schema.py) by the metrics they plot and are
-resolved through the names train.py logs to W&B (training/sinks.py), so a renamed metric fails here
+Panels are declared in the run schema (training/records/schema.py) by the metrics they plot and are
+resolved through the names train.py logs to W&B (training/records/sinks.py), so a renamed metric fails here
 instead of leaving a panel empty. Exit status: 0 when the report was saved (or written with
 --dry_run); 2 on bad arguments, without a W&B login, or when W&B could not be asked.
 """
@@ -30,8 +30,8 @@ from analysis.table import to_markdown
 from analysis.uncertainty import build_statistics
 from training.cli import DefaultsHelpFormatter, OneLineParser, run_main
 from training.config import RunConfig
-from training.run_schema import BARS, CURVES, X_AXIS, X_TITLE
-from training.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key
+from training.records.schema import BARS, CURVES, X_AXIS, X_TITLE
+from training.records.sinks import WANDB_KEYS, wandb_logged_in, wandb_summary_key
 
 EXIT_OK, EXIT_ERROR = 0, 2
 PROG = "python -m analysis.wandb_report"
@@ -47,7 +47,7 @@ class ReportError(RuntimeError):
 
 
 # ---------------------------------------------------------------------------------------------
-# The panels: declared in the run schema (training/run_schema.py), laid out here
+# The panels: declared in the run schema (training/records/schema.py), laid out here
 
 
 def wandb_metric(key: str) -> str:
@@ -55,7 +55,9 @@ def wandb_metric(key: str) -> str:
     try:
         return WANDB_KEYS[key]
     except KeyError:
-        raise ReportError(f"panel metric {key!r} is not logged to W&B (not in training.sinks.WANDB_KEYS)") from None
+        raise ReportError(
+            f"panel metric {key!r} is not logged to W&B (not in training.records.sinks.WANDB_KEYS)"
+        ) from None
 
 
 # ---------------------------------------------------------------------------------------------

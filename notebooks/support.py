@@ -26,7 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from training import registry, versions
+from training import versions
+from training.distributed import registry
 
 if TYPE_CHECKING:
     from analysis.experiment import ExperimentSpec
@@ -151,8 +152,10 @@ class Devices:
         return "\n".join(lines)
 
     def compile_note(self) -> str:
-        """What train.py's --compile auto does on these GPUs (training/speed_levers.py decides it at start-up)."""
-        from training.speed_levers import COMPILE_MIN_CAPABILITY  # imports torch: the requirements are installed by now
+        """What train.py's --compile auto does on these GPUs (training/distributed/speed_levers.py decides it at start-up)."""
+        from training.distributed.speed_levers import (
+            COMPILE_MIN_CAPABILITY,  # imports torch: the requirements are installed by now
+        )
 
         on = all(tuple(gpu["capability"]) >= COMPILE_MIN_CAPABILITY for gpu in self.gpus)
         least = ".".join(map(str, COMPILE_MIN_CAPABILITY))
@@ -404,7 +407,7 @@ def _key_from_secrets() -> str:
     if key:
         os.environ[SECRET_NAME] = key.strip()
         return source
-    from training.sinks import wandb_logged_in  # a `wandb login` on this machine (netrc)
+    from training.records.sinks import wandb_logged_in  # a `wandb login` on this machine (netrc)
 
     return "wandb login (netrc)" if wandb_logged_in() else ""
 
@@ -461,7 +464,7 @@ def estimate_minutes(preset: str, max_steps: int, strategies: list[str], process
     hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
     minutes = {}
     for strategy in strategies:
-        plan = plan_strategy(workload_for(args, strategy), strategy, hw, args.mfu, args.overlap)
+        plan = plan_strategy(workload_for(args, strategy), strategy, hw, args.assumed_mfu, args.overlap)
         minutes[strategy] = (max_steps * plan["predicted_step_s"] + STARTUP_S) / 60
     return minutes
 
@@ -473,7 +476,7 @@ def estimate_assumptions() -> str:
     args = _plan_request("gpt2", 2)
     hw = hardware(args.gpu, args.precision, args.gpu_memory_gib, args.link_gb_s)
     return (
-        f"assumed (the planner's defaults, python -m planner): {args.mfu:.0%} MFU of the {hw.name}'s "
+        f"assumed (the planner's defaults, python -m planner): {args.assumed_mfu:.0%} MFU of the {hw.name}'s "
         f"{hw.peak_flops / 1e12:.0f} TFLOP/s {args.precision}, {hw.link.gb_s:g} GB/s between the GPUs, "
         f"{hw.link_name}; communication overlap: {args.overlap}; {STARTUP_S} s per strategy to start, "
         "evaluate and save"

@@ -2,12 +2,12 @@
 
 Every formula follows what this project's code allocates (model/gpt2.py, training/step.py, accelerate's
 DDP and FSDP2 wrapping), checked tensor by tensor against PyTorch's MemTracker on the CPU; the
-derivation and sources of each term are in docs/planning.md. Arithmetic only: nothing is allocated.
+derivation and sources of each term are in docs/design/planning_model.md. Arithmetic only: nothing is allocated.
 
 Bytes are per device (per process). "Device" memory is where the step computes; with FSDP's CPU offload
 the sharded model state lives in host memory instead, and is reported as `host`.
 
-Strategies are told apart by their traits in training/registry.py (whether they shard, offload, how they
+Strategies are told apart by their traits in training/distributed/registry.py (whether they shard, offload, how they
 communicate and gather), never by name: a strategy that shards and communicates like an existing one is
 counted by these formulas without a line here. Functions take a strategy's name (or its registry entry).
 """
@@ -20,8 +20,8 @@ from typing import Any
 
 from model.config import GPT2Config
 from model.shapes import WTE, flops_per_token, parameter_shapes, total_parameters
-from training import registry
-from training.registry import Communication, Strategy
+from training.distributed import registry
+from training.distributed.registry import Communication, Strategy
 
 DTYPE_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
 ADAMW_STATE_BYTES = 8  # exp_avg and exp_avg_sq in fp32, whatever the training precision
@@ -437,14 +437,14 @@ ADAMW_HOST_DECAY_PASS = ("param.mul_(1 - lr * weight_decay)", 8)
 # accelerate launch sets OMP_NUM_THREADS=1 in every process it starts (one core each), so the update runs
 # on one core: the rate below is one core's, for these passes (the compute of sqrt, lerp and addcdiv
 # included), not the socket's memory bandwidth. 10 GB/s is assumed for a cloud vCPU; a 2-core development
-# VM measured 13 GB/s for a single 8M-element tensor (docs/planning.md, "Step time").
+# VM measured 13 GB/s for a single 8M-element tensor (lab/results/planning_checks.md).
 HOST_UPDATE_CORE_GB_S = 10.0
 
 
 # A collective's per-call cost on a GPU link when none was measured (alpha of the alpha-beta model): NCCL's
 # small-message all-reduce between two GPUs of one machine takes about 10-30 us (nccl-tests, 8-byte
 # all_reduce_perf), and the wrapper's launch of it (DDP's bucket hook, FSDP2's copy-in and copy-out) adds
-# some; 30 us is assumed. A multi-process run measures its own (training/link.py, `latency_s`).
+# some; 30 us is assumed. A multi-process run measures its own (planner/link.py, `latency_s`).
 GPU_COLLECTIVE_LATENCY_S = 30e-6
 DDP_BUCKET_BYTES = 25 * 2**20  # DistributedDataParallel's bucket_cap_mb default
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: the first bucket rebuilt is 1 MiB
@@ -461,7 +461,7 @@ class Link:
     # sharding sends only its replicas' all-reduce over it, every device of the machine at once.
     inter_node_gb_s: float | None = None
     latency_s: float = GPU_COLLECTIVE_LATENCY_S  # per collective call, whatever its size (alpha)
-    # FSDP's own collectives, where a run measured them (training/link.py `sharded_calls`); None: priced as
+    # FSDP's own collectives, where a run measured them (planner/link.py `sharded_calls`); None: priced as
     # the all-reduce is (`gb_s`, `latency_s`). The bandwidths are bus bandwidths, 10^9 bytes/s, of an
     # all-gather and a reduce-scatter of the run's message ((N-1)/N of it over each link); the latencies are
     # seconds per call of one FSDP2 unit's all-gather and reduce-scatter as FSDP2 issues them: the copy-in
@@ -542,7 +542,7 @@ NO_COLLECTIVES = Schedule(0.0, 0.0, 0.0, 0)
 
 def step_time(w: Workload, strategy: str | Strategy, peak_flops: float, mfu: float, link: Link) -> StepTime:
     """Compute at `mfu` of `peak_flops`, plus the step's collectives over `link`, overlapped as the schedule of
-    each strategy under accumulation allows (docs/planning.md, "Step time").
+    each strategy under accumulation allows (docs/design/planning_model.md, "Step time").
 
     Each collective costs `link.seconds`: a per-call latency plus its ring bytes over the bus bandwidth (an
     all-reduce sends 2(N-1)/N of the buffer from every device, an all-gather or a reduce-scatter (N-1)/N).

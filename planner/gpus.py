@@ -1,6 +1,6 @@
 """The planner's GPUs: memory, the link between two of them, and the datasheet peak each is planned at.
 
-The peaks themselves are training/gpu_peaks.py's, which MFU reads too.
+The peaks themselves are training/records/gpu_peaks.py's, which MFU reads too.
 """
 
 from __future__ import annotations

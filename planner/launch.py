@@ -28,8 +28,8 @@ from planner.errors import PlanError
 from planner.gpus import PLANNER_GPUS
 from planner.plan import hardware, plan_strategy, planned_strategies, recommend, workload_for
 from planner.request import PlanRequest
-from training import registry
-from training.presets import preset_overrides
+from training.config import preset_overrides
+from training.distributed import registry
 
 if TYPE_CHECKING:
     from training.config import TrainConfig
@@ -81,7 +81,7 @@ def _plan_way(args: PlanRequest, strategy: str, way: Way, hw: Any) -> dict[str, 
     w = workload_for(shaped, strategy)
     if args.cpu:  # what a CPU process runs: fp32 and torch's per-tensor (unfused) AdamW
         w = replace(w, precision="fp32", fused_adamw=False, device="cpu")
-    return {**plan_strategy(w, strategy, hw, args.mfu, args.overlap), "way": way}
+    return {**plan_strategy(w, strategy, hw, args.assumed_mfu, args.overlap), "way": way}
 
 
 def candidate(args: PlanRequest, strategy: str, hw: Any) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +26,11 @@ from planner.cost_model import (
 from planner.errors import PlanError, error_pct
 from planner.gpus import PLANNER_GPUS, planner_gpu
 from planner.request import DEFAULT_MFU, OVERLAP_MEANING, PlanRequest
-from training import registry
-from training.config import ModelChoice
+from training.config import ModelChoice, preset_overrides
+from training.distributed import registry
 from training.geometry import BatchError, batch_defaults, divide, micro_step_tokens
-from training.gpu_peaks import datasheet_entry
-from training.presets import preset_overrides
-from training.steady_mean import steady_mean
+from training.records.gpu_peaks import datasheet_entry
+from training.records.steady_mean import steady_mean
 
 GIB = 2**30
 # A step "fits" when its predicted peak of allocated bytes, grown by the caching allocator's slack (it
@@ -40,7 +40,7 @@ GIB = 2**30
 ALLOCATOR_SLACK = 1.10
 CUDA_RESERVE_GIB = 0.5
 
-# The planner's uncertainty, from the assumptions it makes (docs/planning.md, "How sure the speed is"):
+# The planner's uncertainty, from the assumptions it makes (docs/design/planning_model.md, "How sure the speed is"):
 MFU_SPREAD = 0.25  # the MFU, relative: 0.30 stands for 0.225-0.375, the 25-40% eager PyTorch reaches
 LINK_SPREAD_ASSUMED = 0.30  # a link from the GPU table: T4 pairs measure 5-8 GB/s against the 6 assumed
 LINK_SPREAD_MEASURED = 0.15  # a link given or measured: run-to-run and message-size differences remain
@@ -114,31 +114,38 @@ def _hardware(
 
 
 def measured_link(config: dict[str, Any], run_dir: Path) -> Link:
-    """The link a multi-process run measured at start (config.json's launch "link"), as the alpha-beta model
-    takes it: the latency of a one-element all-reduce, and the bus bandwidth of the bucket-sized all-reduce
-    net of that latency (its time less one call's). Runs from before the latency was measured: bandwidth only."""
+    """The link a multi-process run measured at start (config.json's launch "link", recorded by runs from before
+    the machine profile held it), as the alpha-beta model takes it (`link_from_record`)."""
     launch = config.get("launch") or {}
     link = launch.get("link") if isinstance(launch, dict) else None
     link = link if isinstance(link, dict) else {}
-    figure, latency, seconds = (link.get(k) for k in ("bus_gb_s", "latency_s", "seconds_per_all_reduce"))
-    if not _positive(figure):
+    if not _positive(link.get("bus_gb_s")):
         raise PlanError(
-            f"{run_dir} recorded no measured link (a one-process run, or one from before links were "
-            "measured): use a multi-process run or --link_gb_s"
+            f"{run_dir} recorded no measured link (runs measure none now): use --link_gb_s, or the link "
+            "python -m planner measure keeps in this machine's profile"
         )
-    if not (_positive(latency) and _positive(seconds) and latency < seconds):
-        return Link(float(figure))
     effective = launch.get("effective") if isinstance(launch, dict) else None
     machines = (effective if isinstance(effective, dict) else {}).get("num_machines")
+    return link_from_record(link, machines if _positive(machines) else 1)
+
+
+def link_from_record(link: dict[str, Any], num_machines: int = 1) -> Link:
+    """A measured link record (planner/link.py's fields) as the alpha-beta model takes it: the latency of a
+    one-element all-reduce, and the bus bandwidth of the bucket-sized all-reduce net of that latency (its time
+    less one call's), with a sharding measurement's own collectives (`sharded_link`). A record without the
+    latency: bandwidth only."""
+    figure, latency, seconds = (link.get(k) for k in ("bus_gb_s", "latency_s", "seconds_per_all_reduce"))
+    if not (_positive(latency) and _positive(seconds) and latency < seconds):
+        return Link(float(figure))
     return Link(
         float(figure) * seconds / (seconds - latency),
         latency_s=float(latency),
-        **sharded_link(link, machines if _positive(machines) else 1),
+        **sharded_link(link, num_machines),
     )
 
 
 def sharded_link(link: dict[str, Any], num_machines: int = 1) -> dict[str, Any]:
-    """The FSDP collectives' own alpha-beta from a sharding run's link record (training/link.py
+    """The FSDP collectives' own alpha-beta from a sharding run's link record (planner/link.py
     `sharded_calls`), as Link's fields: each kind's bus bandwidth, (N-1)/N x the message over its time net of
     its one-element call, FSDP2's per-unit calls as their latencies, and the processes and machines the
     collectives spanned (`num_machines`, the run's: all of them, or one under hybrid sharding). A figure
@@ -422,8 +429,8 @@ def _hardware_for(args: PlanRequest) -> tuple[Hardware, list[str]]:
     run's measured figures not carried into the plan (Link field names)."""
     left_out: list[str] = []
     if args.link_from is not None:
-        config = _read_json(args.link_from / "config.json")
-        measured = measured_link(config, args.link_from)
+        record = _link_record_from(args.link_from)
+        measured = link_from_record(record, _record_machines(record))
         hw = hardware(
             args.gpu,
             args.precision,
@@ -435,7 +442,7 @@ def _hardware_for(args: PlanRequest) -> tuple[Hardware, list[str]]:
         sharded = {k: getattr(measured, k) for k in ("gather_gb_s", "scatter_gb_s", "sharded_span")}
         # FSDP2's per-unit calls are mostly host time in its hooks: a gloo (CPU) run's milliseconds would say
         # nothing of a GPU's, so only a GPU run's are carried into this (GPU) plan.
-        cpu_run = ((config.get("launch") or {}).get("link") or {}).get("backend") == "gloo"
+        cpu_run = record.get("backend") == "gloo"
         for key in PER_CALL_FIELDS:
             if not cpu_run:
                 sharded[key] = getattr(measured, key)
@@ -449,12 +456,36 @@ def _hardware_for(args: PlanRequest) -> tuple[Hardware, list[str]]:
     return hw, left_out
 
 
+def _link_record_from(source: Path) -> dict[str, Any]:
+    """--link_from: a machine profile's link (a file, `python -m planner measure`) or the one a run recorded at
+    start (a run folder from before the profile held it)."""
+    if source.is_file():
+        from planner.profile import read_profile
+
+        link = read_profile(source).link
+        if link is None or not _positive(link.get("bus_gb_s")):
+            raise PlanError(
+                f"{source}: the profile measured one process, no link: python -m planner measure --processes 2"
+            )
+        return link
+    config = read_json(source / "config.json")
+    measured_link(config, source)  # refuses a run that recorded none, in one line
+    link = dict(config["launch"]["link"])
+    effective = config["launch"].get("effective") or {}
+    return {**link, "_machines": effective.get("num_machines")}
+
+
+def _record_machines(record: dict[str, Any]) -> int:
+    machines = record.get("_machines")
+    return int(machines) if _positive(machines) else 1
+
+
 def plan(args: PlanRequest) -> dict[str, Any]:
     hw, left_out = _hardware_for(args)
     if args.host_update_gb_s is not None:
         hw = replace(hw, link=replace(hw.link, host_update_gb_s=args.host_update_gb_s))
     strategies = planned_strategies(args.num_gpus, args.num_nodes)
-    plans = [plan_strategy(workload_for(args, s), s, hw, args.mfu, args.overlap) for s in strategies]
+    plans = [plan_strategy(workload_for(args, s), s, hw, args.assumed_mfu, args.overlap) for s in strategies]
     first = workload_for(args, strategies[0])
     return {
         "workload": {
@@ -466,7 +497,7 @@ def plan(args: PlanRequest) -> dict[str, Any]:
             "num_gpus": args.num_gpus,
             "global_batch_tokens": first.micro_batch_size * first.block_size * first.grad_accum_steps,
             "activation_checkpointing": first.activation_checkpointing,
-            "mfu_assumed": args.mfu,
+            "mfu_assumed": args.assumed_mfu,
             "overlap": args.overlap,
             "parameters": total_parameters(first.model),
             **({"num_nodes": args.num_nodes} if args.num_nodes > 1 else {}),
@@ -524,11 +555,15 @@ def run_workload(config: dict[str, Any], summary: dict[str, Any]) -> tuple[Workl
     return w, summary["strategy"], on_cpu
 
 
-def compare_run(run_dir: Path, mfu: float = DEFAULT_MFU, host_update_gb_s: float | None = None) -> dict[str, Any]:
-    """A finished run beside its plan: memory per rank, and the step time at `mfu` of the run's own peak over
-    the link it measured (one core's AdamW rate `host_update_gb_s`, where the update runs on the host)."""
-    config = _read_json(run_dir / "config.json")
-    summary = _read_json(run_dir / "summary.json")
+def compare_run(
+    run_dir: Path, mfu: float | None = None, host_update_gb_s: float | None = None, profile: Path | None = None
+) -> dict[str, Any]:
+    """A finished run beside its plan: memory per rank, and the step time at the MFU and AdamW rate this
+    machine's profile measured for the run's preset and process layout (planner/profile.py; `profile` names
+    one, else this machine's), over the link the run or the profile measured. `mfu` and `host_update_gb_s`
+    replace the profile's figures; with no profile, the planner's assumptions stand in, and the entry says so."""
+    config = read_json(run_dir / "config.json")
+    summary = read_json(run_dir / "summary.json")
     try:
         w, strategy, on_cpu = run_workload(config, summary)
     except (KeyError, TypeError, ValueError) as exc:
@@ -542,71 +577,159 @@ def compare_run(run_dir: Path, mfu: float = DEFAULT_MFU, host_update_gb_s: float
         "world_size": w.world_size,
         "device": summary.get("device_name"),
         "probe_step": memory.get("probe_step"),
-        "ranks": [],
+        "ranks": [_rank_entry(w, strategy, rank, memory, on_cpu) for rank in range(w.world_size)],
     }
-    states = memory.get("model_state_bytes") or []
-    peaks = memory.get("step_peak_bytes") or []
-    for rank in range(w.world_size):
-        predicted_state = model_state(w, strategy, rank)
-        predicted_peak = step_memory(w, strategy, rank, host_is_device=on_cpu)
-        measured = {
-            **(states[rank] if rank < len(states) and states[rank] else {}),
-            **({"step_peak": peaks[rank]} if rank < len(peaks) and peaks[rank] is not None else {}),
-        }
-        predicted = {
-            "parameters": predicted_state.parameters,
-            "gradients": predicted_state.gradients,
-            "optimizer": predicted_state.optimizer,
-            "step_peak": predicted_peak.total,
-        }
-        entry["ranks"].append(
-            {
-                "rank": rank,
-                "predicted": predicted,
-                "measured": measured,
-                "peak_phase": predicted_peak.peak_phase,
-                "predicted_peak": predicted_peak.to_dict(),  # the step peak by kind, at its phase
-                "error_pct": {k: error_pct(predicted[k], measured[k]) for k in predicted if measured.get(k)},
-            }
-        )
     entry["predicted"], entry["measured"], entry["error_pct"] = (
         entry["ranks"][0][k] for k in ("predicted", "measured", "error_pct")
     )
-    entry["step_time"] = _compare_step_time(w, strategy, config, summary, run_dir, mfu, host_update_gb_s)
+    basis = _speed_basis(run_dir, summary, w.world_size, mfu, host_update_gb_s, profile)
+    entry["step_time"] = _compare_step_time(w, strategy, config, summary, run_dir, basis)
     entry["notes"] = _run_notes(config, summary, on_cpu)
     return entry
 
 
-def _compare_step_time(
-    w: Workload,
-    strategy: str,
-    config: dict[str, Any],
-    summary: dict[str, Any],
+def _rank_entry(w: Workload, strategy: str, rank: int, memory: dict[str, Any], on_cpu: bool) -> dict[str, Any]:
+    states = memory.get("model_state_bytes") or []
+    peaks = memory.get("step_peak_bytes") or []
+    predicted_state = model_state(w, strategy, rank)
+    predicted_peak = step_memory(w, strategy, rank, host_is_device=on_cpu)
+    measured = {
+        **(states[rank] if rank < len(states) and states[rank] else {}),
+        **({"step_peak": peaks[rank]} if rank < len(peaks) and peaks[rank] is not None else {}),
+    }
+    predicted = {
+        "parameters": predicted_state.parameters,
+        "gradients": predicted_state.gradients,
+        "optimizer": predicted_state.optimizer,
+        "step_peak": predicted_peak.total,
+    }
+    return {
+        "rank": rank,
+        "predicted": predicted,
+        "measured": measured,
+        "peak_phase": predicted_peak.peak_phase,
+        "predicted_peak": predicted_peak.to_dict(),  # the step peak by kind, at its phase
+        "error_pct": {k: error_pct(predicted[k], measured[k]) for k in predicted if measured.get(k)},
+    }
+
+
+# The link record's all-reduce fields: all a strategy that does not shard is priced with.
+LINK_RECORD_ALL_REDUCE = frozenset(
+    {"backend", "world_size", "message_bytes", "dtype", "iterations", "seconds_per_all_reduce", "algorithm_gb_s"}
+    | {"bus_gb_s", "latency_s"}
+)
+
+
+@dataclass(frozen=True)
+class SpeedBasis:
+    """What a run's predicted step rests on: the MFU, the AdamW rate, the peak and link, and where each came from."""
+
+    mfu: float
+    host_update_gb_s: float | None  # None: the planner's assumed rate
+    peak_flops: float | None  # None: the run's own recorded peak
+    profile_link: dict[str, Any] | None
+    source: str  # one line: the profile and its age, or why the planner's assumptions stand in
+
+
+def _speed_basis(
     run_dir: Path,
-    mfu: float,
+    summary: dict[str, Any],
+    world_size: int,
+    mfu: float | None,
     host_update_gb_s: float | None,
+    profile_path: Path | None,
+) -> SpeedBasis:
+    from planner.profile import age_note, default_profile_path, read_profile
+
+    path = profile_path or default_profile_path(_profile_device(summary))
+    try:
+        profile = read_profile(path)
+    except PlanError as exc:
+        if profile_path is not None:  # asked for by name: a missing or broken one is an error, not a fallback
+            raise
+        why = f"{exc}; MFU {DEFAULT_MFU:g} assumed" if mfu is None else str(exc)
+        return SpeedBasis(mfu or DEFAULT_MFU, host_update_gb_s, None, None, why)
+    preset, threads, precision = summary.get("preset"), summary.get("threads_per_process"), summary.get("precision")
+    rate = profile.compute_for(preset, world_size, threads, precision)
+    started = datetime.fromtimestamp((run_dir / "config.json").stat().st_mtime, UTC).isoformat()
+    source = f"machine profile {path}, {age_note(profile, started)}"
+    if rate is None:
+        source += (
+            f"; it has no {precision} compute rate for {preset} on {world_size} process(es) of {threads} thread(s) "
+            f"(python -m planner measure --presets {preset} --processes {world_size} measures fp32): MFU "
+            f"{mfu or DEFAULT_MFU:g} {'given' if mfu else 'assumed'}"
+        )
+    return SpeedBasis(
+        mfu or (rate.mfu if rate else DEFAULT_MFU),
+        host_update_gb_s or (rate.adamw_gb_s if rate else None),
+        rate.peak_flops if rate else None,
+        profile.link,
+        source,
+    )
+
+
+def _profile_device(summary: dict[str, Any]) -> str:
+    name = summary.get("device_name")
+    return "cpu" if summary.get("device_type") == "cpu" or not name else str(name)
+
+
+def _run_link(w: Workload, strategy: str, config: dict[str, Any], run_dir: Path, basis: SpeedBasis) -> Link:
+    """The run's link: none for one process; the one the run recorded (runs from before the profile); else the
+    profile's, measured between as many processes."""
+    if w.world_size == 1:
+        return Link(1.0)  # one process: no link used
+    launch = config.get("launch") or {}
+    if isinstance(launch.get("link"), dict):
+        return measured_link(config, run_dir)
+    link = basis.profile_link
+    if link is None or not _positive(link.get("bus_gb_s")):
+        raise PlanError(
+            f"{run_dir} recorded no link and no machine profile holds one: python -m planner measure --processes "
+            f"{w.world_size}, or --link_gb_s"
+        )
+    if not registry.get(strategy).shards:  # a profile measured FSDP's collectives too, which DDP does not run
+        link = {k: v for k, v in link.items() if k in LINK_RECORD_ALL_REDUCE}
+    if link.get("world_size") != w.world_size:
+        raise PlanError(
+            f"the machine profile's link was measured between {link.get('world_size')} processes, the run has "
+            f"{w.world_size}: python -m planner measure --processes {w.world_size}"
+        )
+    return link_from_record(link)
+
+
+def _link_record(config: dict[str, Any], basis: SpeedBasis) -> dict[str, Any]:
+    """The link record a prediction used: the run's own (runs from before the profile), else the profile's."""
+    recorded = (config.get("launch") or {}).get("link")
+    return recorded if isinstance(recorded, dict) else (basis.profile_link or {})
+
+
+def _compare_step_time(
+    w: Workload, strategy: str, config: dict[str, Any], summary: dict[str, Any], run_dir: Path, basis: SpeedBasis
 ) -> dict[str, Any]:
     """The predicted step (and its range over the shared assumptions) beside the run's steady-state mean step."""
     warmup = (config.get("run") or {}).get("perf_warmup_steps") or 0
     times = summary.get("step_times_s") or []
     measured = steady_mean(enumerate(times, start=1), warmup)
-    peak = summary.get("peak_flops_per_device")
+    recorded = summary.get("peak_flops_per_device")
+    peak = recorded if _positive(recorded) else basis.peak_flops
     result: dict[str, Any] = {
         "measured_s": measured.value if measured.steps else None,
         "measured_steps": measured.steps,
         "warmup_steps_left_out": warmup,
-        "mfu_given": mfu,
+        "mfu_given": basis.mfu,
         "peak_flops": peak,
+        "basis": basis.source,
     }
     try:
-        link = measured_link(config, run_dir) if w.world_size > 1 else Link(1.0)  # one process: no link used
+        link = _run_link(w, strategy, config, run_dir, basis)
     except PlanError as exc:
         return {**result, "predicted_s": None, "range_s": None, "error_pct": None, "why_not": str(exc)}
     if not _positive(peak):
-        why = "no peak FLOP/s recorded"
+        why = "no peak FLOP/s recorded (python -m planner measure measures this CPU's)"
         return {**result, "predicted_s": None, "range_s": None, "error_pct": None, "why_not": why}
-    if host_update_gb_s is not None:
-        link = replace(link, host_update_gb_s=host_update_gb_s)
+    if basis.host_update_gb_s is not None:
+        link = replace(link, host_update_gb_s=basis.host_update_gb_s)
+    mfu = basis.mfu
     hw = Hardware("run", float("nan"), float(peak), link, "measured by the run", LINK_SPREAD_MEASURED)
     predicted = step_time(w, strategy, float(peak), mfu, link).step_s
     tokens = w.micro_batch_size * w.block_size * w.grad_accum_steps * w.world_size
@@ -618,7 +741,7 @@ def _compare_step_time(
         "error_pct": error_pct(predicted, measured.value) if measured.steps else None,
         "link_gb_s": link.gb_s if w.world_size > 1 else None,
         "latency_s": link.latency_s if w.world_size > 1 else None,
-        "latency_measured": _positive(((config.get("launch") or {}).get("link") or {}).get("latency_s")),
+        "latency_measured": _positive(_link_record(config, basis).get("latency_s")) if w.world_size > 1 else None,
         "host_update_gb_s": link.host_update_gb_s,
         # FSDP's own collectives where the run measured them (None: priced as the all-reduce)
         "all_gather_gb_s": link.gather_gb_s,
@@ -642,7 +765,7 @@ def _run_notes(config: dict[str, Any], summary: dict[str, Any], on_cpu: bool) ->
     return notes
 
 
-def _read_json(path: Path) -> dict[str, Any]:
+def read_json(path: Path) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -753,7 +876,7 @@ def assumptions_text(result: dict[str, Any]) -> list[str]:
         f"usable memory {gpu['memory_gib']:.2f} GiB per GPU "
         f"({gpu['memory_source']}); offloaded AdamW on one host core at {gpu['host_update_gb_s']:g} GB/s",
         f"fits: peak x {margin['allocator_slack']:.2f} (allocator fragmentation) + {margin['cuda_reserve_gib']:g} "
-        "GiB (CUDA context, cuBLAS workspaces, NCCL buffers) within the usable memory; formulas: docs/planning.md",
+        "GiB (CUDA context, cuBLAS workspaces, NCCL buffers) within the usable memory; formulas: docs/design/planning_model.md",
     ]
 
 
@@ -790,13 +913,14 @@ def _step_time_lines(t: dict[str, Any]) -> list[str]:
         ""
         if t.get("link_gb_s") is None
         else f", link {t['link_gb_s']:.3g} GB/s + {t['latency_s'] * 1e6:,.0f} us per call "
-        f"({'measured by the run' if t.get('latency_measured') else 'bandwidth measured by the run, latency assumed'})"
+        f"({'measured' if t.get('latency_measured') else 'bandwidth measured, latency assumed'})"
     )
     return [
         row,
-        f"  note: step time at MFU {t['mfu_given']:g} of the run's peak {t['peak_flops'] / 1e9:,.1f} GFLOP/s{link}, "
-        f"AdamW on a host core at {t['host_update_gb_s']:g} GB/s; measured: mean of {t['measured_steps']} steps "
+        f"  note: step time at MFU {t['mfu_given']:.3g} of the peak {t['peak_flops'] / 1e9:,.1f} GFLOP/s{link}, "
+        f"AdamW on a host core at {t['host_update_gb_s']:.3g} GB/s; measured: mean of {t['measured_steps']} steps "
         f"after {t['warmup_steps_left_out']} warm-up",
+        *([f"  note: from the {t['basis']}"] if t.get("basis") else []),
         *_sharded_note(t),
     ]
 
@@ -813,4 +937,4 @@ def _sharded_note(t: dict[str, Any]) -> list[str]:
         parts.append(f"{kind.replace('_', '-')} {bandwidth} + {per_call}")
     if t.get("kept_all_gather_call_s") is not None:
         parts.append(f"kept unit's all-gather {t['kept_all_gather_call_s'] * 1e6:,.0f} us per call")
-    return [f"  note: FSDP collectives measured by the run: {'; '.join(parts)}"] if parts else []
+    return [f"  note: FSDP collectives as measured: {'; '.join(parts)}"] if parts else []

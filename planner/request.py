@@ -13,7 +13,7 @@ from pathlib import Path
 
 from planner.gpus import PLANNER_GPUS
 from training.cli import OneLineParser, add_flags, config_from, flag
-from training.presets import PRESETS
+from training.config import PRESETS
 
 DESCRIPTION = "Plan a run before it starts, and put finished runs beside their plan."
 LINK = "link"  # the flags of one mutually exclusive group: the link given, or read from a run
@@ -49,14 +49,24 @@ class PlanRequest:
     precision: str = flag("the precision planned", "fp16", choices=["fp16", "bf16", "fp32"])
     attn_impl: str = flag("attention kernel", "sdpa", choices=["sdpa", "math"])
     activation_checkpointing: bool | None = flag("default: the preset's (off but for gpt2-xl)")
-    mfu: float = flag("assumed model FLOPs utilisation (0-1]", DEFAULT_MFU)
+    mfu: float | None = flag(
+        f"model FLOPs utilisation (0-1]: with --run, in place of the machine profile's; else assumed (default "
+        f"{DEFAULT_MFU})"
+    )
+    profile: Path | None = flag(
+        "the machine profile --run predicts from (default: this machine's, written by python -m planner measure)",
+        metavar="PATH",
+    )
     host_update_gb_s: float | None = flag(
         "one host core's rate over AdamW's element-wise passes, GB/s (default 10, assumed): the offloaded update, "
-        "and on the CPU every update (python -m benchmarks.offload_update measures it)"
+        "and on the CPU every update (python -m planner measure measures it)"
     )
     link_gb_s: float | None = flag("all-reduce bus bandwidth between GPUs, GB/s", group=LINK)
     link_from: Path | None = flag(
-        "the bus bandwidth a multi-process run measured at start (its config.json)", group=LINK, metavar="RUN_DIR"
+        "the link a machine profile holds (python -m planner measure), or a run from before the profile recorded at "
+        "start (its config.json)",
+        group=LINK,
+        metavar="PROFILE_OR_RUN_DIR",
     )
     overlap: str = flag(
         "FSDP's prefetching: full (default; FSDP2's own, each unit's all-gather behind the previous unit's "
@@ -94,6 +104,11 @@ class PlanRequest:
     )
     figure: Path | None = flag("with --sweep: write the memory-wall figure here (.png)", group=ADAPTIVE)
 
+    @property
+    def assumed_mfu(self) -> float:
+        """The MFU a plan assumes: --mfu, or DEFAULT_MFU."""
+        return DEFAULT_MFU if self.mfu is None else self.mfu
+
     def __post_init__(self) -> None:
         for problem in (*_range_problems(self), *_combination_problems(self)):
             raise PlanRequestError(problem)
@@ -105,7 +120,7 @@ def _range_problems(r: PlanRequest) -> list[str]:
         value = getattr(r, name)
         if value is not None and value < 1:
             problems.append(f"--{name} must be at least 1, got {value}")
-    if not 0 < r.mfu <= 1:
+    if r.mfu is not None and not 0 < r.mfu <= 1:
         problems.append(f"--mfu must lie in (0, 1], got {r.mfu}")
     for name in ("gpu_memory_gib", "link_gb_s", "inter_node_gb_s", "host_update_gb_s"):
         value = getattr(r, name)

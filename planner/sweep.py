@@ -22,8 +22,8 @@ from planner.errors import PlanError
 from planner.launch import GIB, candidate, hardware_for, strategies_for
 from planner.plan import plan_strategy, workload_for
 from planner.request import PlanRequest
-from training import registry
-from training.presets import PRESETS
+from training.config import PRESETS
+from training.distributed import registry
 
 
 def sweep(args: PlanRequest) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def sweep(args: PlanRequest) -> dict[str, Any]:
         # One workload for every preset, so the lines compare sizes alone: activation checkpointing as the
         # flag says (not each preset's own), the micro-batch the flag's or each preset's.
         shaped = replace(args, preset=preset, activation_checkpointing=bool(args.activation_checkpointing))
-        plans = [plan_strategy(workload_for(shaped, s), s, hw, args.mfu, args.overlap) for s in strategies]
+        plans = [plan_strategy(workload_for(shaped, s), s, hw, args.assumed_mfu, args.overlap) for s in strategies]
         model = workload_for(shaped, strategies[0]).model
         rows.append(
             {

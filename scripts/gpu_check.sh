@@ -10,7 +10,7 @@
 #   3. the planner against the measured memory of every run of step 2 (2 micro-batches of 4 x 1024 tokens per
 #      step; with 3 warm-up steps the memory probe measures step 2, the first to start with AdamW's state):
 #      `python -m planner --run` puts the predicted peak beside torch.cuda.max_memory_allocated and says
-#      whether the error is within 10% (the target); scripts/gpu_terms.py puts the planner's GPU-only terms
+#      whether the error is within 10% (the target); lab/gpu_terms.py puts the planner's GPU-only terms
 #      beside it: this GPU's torch.cuda.get_device_properties(0).total_memory against the planner's usable
 #      memory, and how much of each prediction is CUDA autocast's fp32 LayerNorm inputs (the error with and
 #      without them). This step records: its result does not change the exit status (OUT_DIR/planner/check.txt);
@@ -59,7 +59,7 @@ if [ "${GPU_CHECK_BENCHMARK:-1}" != 0 ]; then
   compile_flag=--compile
   # Below compute capability 8.0 (T4) compile is off by default in training; measure eager only there.
   python -c "import sys, torch; sys.exit(torch.cuda.get_device_capability(0) < (8, 0))" || compile_flag=
-  if ! python -m benchmarks.step_vs_transformers --device cuda --sizes 124m --precision "${precisions// /,}" \
+  if ! python -m lab.step_vs_transformers --device cuda --sizes 124m --precision "${precisions// /,}" \
       --rounds 2 --round_s 2 $compile_flag | tee "$out/benchmark.txt"; then
     echo "gpu_check: benchmark failed" >&2
     status=1
@@ -151,8 +151,8 @@ EOF
     fi
   done
   # The GPU-only terms: usable memory as CUDA reports it, and autocast's fp32 LayerNorm inputs in each prediction.
-  python scripts/gpu_terms.py "${runs[@]}" | tee -a "$out/planner/check.txt" \
-    || echo "gpu_check: scripts/gpu_terms.py failed (recorded, exit status unaffected)" >&2
+  python lab/gpu_terms.py "${runs[@]}" | tee -a "$out/planner/check.txt" \
+    || echo "gpu_check: lab/gpu_terms.py failed (recorded, exit status unaffected)" >&2
   echo "== planner: $((SECONDS - start)) s"
 fi
 # 5. tests/test_fp16*.py's cases with CUDA's grad scaler: the tiny preset in fp16 under fsdp on one process, an
@@ -183,7 +183,7 @@ from pathlib import Path
 
 import torch
 
-from training.checkpoint import checkpoint_path, load_model_from_checkpoint
+from training.checkpoints.store import checkpoint_path, load_model_from_checkpoint
 
 whole, stopped, *gpt2 = (Path(a) for a in sys.argv[1:])
 failed = []

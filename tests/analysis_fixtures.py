@@ -14,7 +14,7 @@ WARMUP_STEPS = 3
 
 
 def _mean_after_warmup(losses_by_step: dict[int, float]) -> float:
-    """The expected loss mean, written out rather than asked of training/steady_mean.py (the code under test):
+    """The expected loss mean, written out rather than asked of training/records/steady_mean.py (the code under test):
     the plain average of the losses at steps WARMUP_STEPS + 1 onwards. Every fixture loss is finite and
     every fixture range reaches past the warm-up, so nothing else of the steady mean applies here."""
     kept = [loss for step, loss in losses_by_step.items() if step > WARMUP_STEPS]

@@ -16,6 +16,7 @@ folders (under one lock each), so each run is still launched once per session, w
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from tests.launch import (
     OFFLINE,
     PROCESSES_PER_MACHINE,
     fp16_overflow_step,
+    run,
     shared_args,
     shared_flags,
     train,
@@ -39,7 +41,7 @@ from tests.launch import (
     write_news_csv,
 )
 from tests.schedule import file_seconds, heaviest_first
-from training import registry
+from training.distributed import registry
 
 # The test process and every process it starts: offline for the hub, and no W&B login from the machine.
 os.environ.update(OFFLINE)
@@ -104,7 +106,20 @@ def corpus(shared_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def base_args(corpus: Path, shared_cache: Path) -> list[str]:
+def machine_profile(shared_cache: Path) -> Path:
+    """This machine's profile, as `python -m planner measure` writes it at its defaults, measured once per session
+    into the session's cache: the CPU peak every launch divides its MFU by, and what `planner --run` predicts
+    from. Measured before the first launch, so no launch computes beside it."""
+    done = shared_cache / "machine_profile.path"
+    with FileLock(shared_cache / "machine_profile.lock"):
+        if not done.exists():
+            result = run([sys.executable, "-m", "planner", "measure", "--cache_dir", str(shared_cache)])
+            done.write_text(result.stdout.strip().splitlines()[-1].removeprefix("machine profile: "), encoding="utf-8")
+    return Path(done.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="session")
+def base_args(corpus: Path, shared_cache: Path, machine_profile: Path) -> list[str]:
     return shared_args(corpus, shared_cache)
 
 

@@ -20,7 +20,7 @@ import torch  # noqa: E402
 from accelerate import Accelerator  # noqa: E402
 
 from model import GPT2, GPT2Config  # noqa: E402
-from training.strategy import (  # noqa: E402
+from training.distributed.strategy import (  # noqa: E402
     StrategyMismatch,
     check_strategy,
     effective_strategy,

@@ -13,7 +13,7 @@ import pytest
 
 from analysis.experiment import Batch, ExperimentSpec, SetupError, build_launches, choose_batch, main, world_sizes
 from tests.analysis_fixtures import write_launch_configs
-from training.registry import config_files
+from training.distributed.registry import config_files
 
 CONFIG_FILES = config_files()  # each strategy's launch config, as the driver takes it from the registry
 
@@ -252,12 +252,25 @@ def test_the_plan_predicts_the_experiments_wall_time_and_the_report_sets_it_agai
     assert "of wall time in all (runs/order.json)" in report
 
 
-def test_without_a_gpu_the_prediction_is_for_this_cpu(tmp_path: Path, configs: Path, capsys) -> None:
+def test_without_a_gpu_the_prediction_is_for_this_cpu_as_its_profile_measured_it(
+    tmp_path: Path, configs: Path, machine_profile: Path, capsys
+) -> None:
     argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--dry_run"]
     assert main(argv, launcher=("accelerate", "launch"), config_dir=configs) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("predicted wall time: "))
-    assert "on this CPU (fp32, " in line and "GFLOP/s measured per process of 1 thread(s)" in line
+    assert "on this CPU (fp32, 1 thread(s) per process" in line and str(machine_profile) in line
+    assert "assumed" not in line  # every figure measured, none the planner's default
     assert not (tmp_path / "exp").exists()  # a dry run writes no prediction
+
+
+def test_without_a_gpu_or_a_machine_profile_the_experiment_says_how_to_measure_one(
+    tmp_path: Path, configs: Path, monkeypatch, capsys
+) -> None:
+    monkeypatch.setenv("GPT2S_CACHE", str(tmp_path / "empty"))
+    argv = ["--preset", "tiny", "--max_steps", "5", "--out", str(tmp_path / "exp"), "--dry_run"]
+    assert main(argv, launcher=("accelerate", "launch"), config_dir=configs) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("predicted wall time: "))
+    assert line.startswith("predicted wall time: none (no machine profile at ") and "python -m planner measure" in line
 
 
 def test_setup_errors_are_one_line_and_exit_2(tmp_path: Path, configs: Path, capsys) -> None:

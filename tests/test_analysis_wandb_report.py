@@ -19,7 +19,7 @@ from analysis.wandb_report import bar_panels, line_panels, main, to_wandb_report
 from tests.analysis_fixtures import three_strategies
 from tests.test_analysis_wandb import as_wandb
 from tests.wandb_server import ENTITY, VIEW_ID, FakeWandbServer, RemoteRun
-from training.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
+from training.records.sinks import WANDB_KEYS, WANDB_SUMMARY_PREFIX
 
 GROUP = "tiny-test"  # the experiment of the fixture runs
 
@@ -45,7 +45,7 @@ def markdown(spec: dict[str, Any]) -> str:
 
 def total_keys_written_by_training() -> set[str]:
     """The "total" keys of summary.json, from the function train.py computes them with."""
-    from training.metrics import (
+    from training.records.metrics import (
         EpochMemory,
         MetricsTracker,
         RunTimes,

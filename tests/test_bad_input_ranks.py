@@ -4,7 +4,7 @@ from the project's processes, a non-zero exit.
 What torchrun (under `accelerate launch`) adds when its processes end non-zero, and this test tolerates:
 its log lines (`E... failed (exitcode: 2) ...`, `W... Sending process N closing signal SIGTERM`), one
 traceback of the launcher itself, every frame of it in accelerate's and torch's files, ending in
-`ChildFailedError`, and its `train.py FAILED` report of each process's exit code. docs/faults.md says so.
+`ChildFailedError`, and its `train.py FAILED` report of each process's exit code. docs/design/faults.md says so.
 """
 
 from __future__ import annotations
@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.launch import REPO, run, train, write_news_csv
-from training.config import OptimConfig
-from training.errors import RunError
+from training.config import OptimConfig, RunError
 from training.geometry import batch_geometry
 
 pytestmark = pytest.mark.multiprocess

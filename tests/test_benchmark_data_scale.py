@@ -1,5 +1,5 @@
-"""benchmarks/data_scale.py end to end on a corpus of a few dozen articles: the table it prints is the one
-docs/data.md quotes, so every row must be there, and its figures must agree with the prepare they measure."""
+"""lab/data_scale.py end to end on a corpus of a few dozen articles: the table it prints is the one
+lab/results/data_scale.md quotes, so every row must be there, and its figures must agree with the prepare they measure."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _table(output: str) -> dict[str, str]:
 def test_the_data_scale_benchmark_prints_its_whole_table(tmp_path: Path) -> None:
     argv = ["--articles", "40", "--dir", str(tmp_path), "--num_proc", "1", "--bare_articles", "5"]
     result = subprocess.run(
-        [sys.executable, "-m", "benchmarks.data_scale", *argv, "--bare_seconds", "0.2"],
+        [sys.executable, "-m", "lab.data_scale", *argv, "--bare_seconds", "0.2"],
         cwd=REPO,
         env=launch_env(),
         capture_output=True,

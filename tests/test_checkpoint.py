@@ -14,7 +14,7 @@ import torch
 from accelerate import Accelerator
 
 from model import GPT2, GPT2Config
-from training.checkpoint import (
+from training.checkpoints.store import (
     COMPLETE_MARKER,
     checkpoint_path,
     checkpoint_step,
@@ -137,7 +137,7 @@ def test_loading_a_folder_without_a_complete_checkpoint_says_so(tmp_path: Path) 
 def test_a_truncated_or_corrupted_checkpoint_is_skipped_for_the_newest_intact_one(
     prepared, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.checkpoint import checkpoint_problem, newest_good_checkpoint
+    from training.checkpoints.store import checkpoint_problem, newest_good_checkpoint
 
     for step in (2, 4, 6):
         save(prepared, tmp_path, step)
@@ -160,8 +160,8 @@ def test_a_truncated_or_corrupted_checkpoint_is_skipped_for_the_newest_intact_on
 
 
 def test_resume_with_no_intact_checkpoint_is_a_one_line_error(prepared, tmp_path: Path) -> None:
-    from training.checkpoint import newest_good_checkpoint
-    from training.errors import RunError
+    from training.checkpoints.store import newest_good_checkpoint
+    from training.config import RunError
 
     save(prepared, tmp_path, 3)
     (checkpoint_path(tmp_path, 3) / "model" / "__0_0.distcp").unlink()
@@ -243,7 +243,13 @@ def _with_pickled_weight(checkpoint: Path, marker: Path) -> Path:
     object whose loading creates `marker`, and complete.json lists the new files, so that the folder verifies."""
     import torch.distributed.checkpoint as dcp
 
-    from training.checkpoint import MODEL_DIR, _durable_manifest, _one_process_quiet, _own_files, checkpoint_problem
+    from training.checkpoints.store import (
+        MODEL_DIR,
+        _durable_manifest,
+        _one_process_quiet,
+        _own_files,
+        checkpoint_problem,
+    )
 
     state: dict = load_model_state_dict(checkpoint)
     state["transformer.wte.weight"] = _Mkdir(marker)
@@ -258,7 +264,7 @@ def _with_pickled_weight(checkpoint: Path, marker: Path) -> Path:
 
 def test_the_projects_own_checkpoints_hold_tensors_only(prepared, tmp_path: Path) -> None:
     """Model and AdamW state (moments and step counts, after a step) are tensors: nothing for the refusal below."""
-    from training.checkpoint import pickled_problem
+    from training.checkpoints.store import pickled_problem
 
     accelerator, model, optimizer = prepared
     model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[1].backward()
@@ -277,10 +283,10 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_before_any
     changed after the checks): each refuses in one line naming the entry, and the object's code never runs."""
     from tests.test_resume_refusal import SAVED
     from training import session
-    from training.checkpoint import save_checkpoint
-    from training.errors import RunError
-    from training.init_from import init_source
-    from training.resume import origin_record
+    from training.checkpoints.init_from import init_source
+    from training.checkpoints.resume import origin_record
+    from training.checkpoints.store import save_checkpoint
+    from training.config import RunError
 
     accelerator, model, optimizer = prepared
     origin = origin_record("single", 1, SAVED)
@@ -305,7 +311,7 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_before_any
 def test_a_save_refuses_a_state_that_is_not_all_tensors(prepared, tmp_path: Path) -> None:
     """DCP would pickle a value that is not a tensor, and every resume refuses such a checkpoint: a value added to
     the optimizer's state one day must stop the save that would write it, not every resume after it."""
-    from training.checkpoint import complete_checkpoints
+    from training.checkpoints.store import complete_checkpoints
 
     accelerator, model, optimizer = prepared
     model(torch.randint(0, CONFIG.vocab_size, (2, 8)), torch.randint(0, CONFIG.vocab_size, (2, 8)))[1].backward()
@@ -322,7 +328,7 @@ def test_a_resume_runs_the_optimizer_implementation_this_launch_records(tmp_path
     """--fused_adamw as this launch resolves it (the levers config.json records), not as the checkpoint's param
     groups say: a run saved with the other implementation resumes with this one, and steps with it."""
     from training.config import OptimConfig
-    from training.speed_levers import DeviceInfo, decide_fused_adamw
+    from training.distributed.speed_levers import DeviceInfo, decide_fused_adamw
     from training.step import make_optimizer
 
     accelerator = Accelerator(cpu=True)
@@ -383,7 +389,7 @@ def test_the_grad_scaler_state_is_checkpointed(tmp_path: Path) -> None:
 
 def test_a_complete_checkpoint_or_a_run_holding_one_is_what_sampling_loads(tmp_path: Path) -> None:
     """training/sample.py loads a path as a checkpoint only when this says so: an interrupted save is not one."""
-    from training.checkpoint import is_checkpoint_or_run
+    from training.checkpoints.store import is_checkpoint_or_run
 
     partial = fake_checkpoint(tmp_path, 3, complete=False)
     assert not is_checkpoint_or_run(tmp_path) and not is_checkpoint_or_run(partial)

@@ -19,9 +19,9 @@ from accelerate import Accelerator
 
 from model import GPT2, GPT2Config
 from tests.launch import SHARED_STEPS, summary
-from training import checkpoint as checkpoint_module
 from training import loop
-from training.checkpoint import (
+from training.checkpoints import store as checkpoint_module
+from training.checkpoints.store import (
     COMPLETE_MARKER,
     PendingSave,
     TrainState,
@@ -29,7 +29,7 @@ from training.checkpoint import (
     load_model_state_dict,
     start_checkpoint,
 )
-from training.metrics import RunTimes
+from training.records.metrics import RunTimes
 
 CONFIG = GPT2Config.from_preset("tiny", vocab_size=256, n_positions=32)
 
@@ -80,7 +80,7 @@ def test_an_async_save_counts_only_once_written_and_holds_the_weights_of_its_ste
 def test_a_failed_async_write_is_raised_when_waited_on_and_leaves_no_complete_checkpoint(
     prepared, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training import faults
+    from training.distributed import faults
 
     accelerator, model, optimizer = prepared
     monkeypatch.setenv("GPT2S_FAULT", "save_error:step=6")
@@ -239,7 +239,7 @@ def test_a_diverged_stop_waits_for_the_save_in_flight_before_naming_the_newest_c
 ) -> None:
     """A periodic save of step 3 still being written (0.3 s) when steps 4 and 5 are non-finite under
     --max_nonfinite_steps 2: the stop names step 3 as the newest good checkpoint, and only once it is complete."""
-    from training.stopping import RunStopped, StepHealth
+    from training.step import RunStopped, StepHealth
 
     started: list[PendingSave] = []
     monkeypatch.setattr(loop, "start_checkpoint", _recording_start(started, seconds=0.3))

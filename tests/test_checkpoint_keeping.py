@@ -22,7 +22,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from model import GPT2, GPT2Config
 from tests.launch import SHARED_STEPS, train, train_lines
-from training.checkpoint import (
+from training.checkpoints.store import (
     checkpoint_path,
     checkpoint_problem,
     complete_checkpoints,
@@ -30,9 +30,8 @@ from training.checkpoint import (
     newest_good_checkpoint,
     save_checkpoint,
 )
-from training.config import RunConfig
-from training.errors import RunError
-from training.rundir import claim_output_dir
+from training.config import RunConfig, RunError
+from training.run_folder import claim_output_dir
 
 CONFIG = GPT2Config.from_preset("tiny", vocab_size=256, n_positions=32)
 MARKED = "transformer.wte.weight"  # its [0, 0] holds the step a checkpoint was saved at
@@ -126,7 +125,7 @@ def test_a_write_error_inside_dcp_leaves_the_checkpoint_before_as_the_newest(
 ) -> None:
     """GPT2S_FAULT's save_error fires inside DCP's storage writer, as a full disk would: no shard of the failed
     save is written, the error is this process's own OSError, and the checkpoint before is the one to resume."""
-    from training import faults
+    from training.distributed import faults
 
     save(prepared, tmp_path, 3, keep=2)
     monkeypatch.setenv("GPT2S_FAULT", "save_error:step=6")
@@ -323,7 +322,7 @@ def test_after_a_damaged_newest_checkpoint_keep_1_still_leaves_a_run_that_resume
 
 def test_a_step_set_aside_again_gets_the_next_free_number_and_keeps_every_earlier_one(tmp_path: Path) -> None:
     """A resumed run can damage the same step again: each folder set aside stays, under .damaged, .damaged.1, ..."""
-    from training.checkpoint import set_aside
+    from training.checkpoints.store import set_aside
 
     names = []
     for attempt in range(3):
@@ -376,7 +375,7 @@ def test_a_marker_that_cannot_be_read_or_lists_no_files_is_named(tmp_path: Path)
 
 
 def test_a_stray_file_named_like_a_checkpoint_is_not_one(tmp_path: Path) -> None:
-    from training.checkpoint import checkpoint_folders
+    from training.checkpoints.store import checkpoint_folders
 
     real = checkpoint_path(tmp_path, 2)
     real.mkdir(parents=True)
@@ -396,7 +395,7 @@ def test_keep_deletes_the_oldest_beyond_keep_but_never_the_written_or_the_verifi
 ) -> None:
     """The decision alone, against its statement: of `count` complete checkpoints, those older than the newest
     `keep`, less the one just written and the newest verified; each deleted once, oldest first."""
-    from training.checkpoint import keep_decision
+    from training.checkpoints.store import keep_decision
 
     complete = [Path(f"step_{n:07d}") for n in range(count)]
     just_written = Path(f"step_{written:07d}")
@@ -415,7 +414,7 @@ def test_only_the_main_process_warns_of_a_damaged_checkpoint(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """Every rank sets aside what it verified; the warning line comes once, from rank 0."""
-    from training.checkpoint import set_aside_damaged
+    from training.checkpoints.store import set_aside_damaged
 
     for rank, step in (("1", 1), ("0", 2)):
         monkeypatch.setenv("RANK", rank)
@@ -432,7 +431,7 @@ def test_a_deletion_cut_short_leaves_no_checkpoint_that_counts_over_half_its_fil
 ) -> None:
     """keep 1 deletes step 2 after step 4 is complete; the process dies when half of step 2's shards are gone.
     Its complete.json must not stand under a checkpoint's name, and the next prune clears what is left."""
-    from training import checkpoint
+    from training.checkpoints import store as checkpoint
 
     save(prepared, tmp_path, 2, keep=2)
 

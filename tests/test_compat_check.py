@@ -1,4 +1,4 @@
-"""scripts/compat_check.py's parts that need no download: which pairs it takes and the line it prints per pair."""
+"""lab/compat_check.py's parts that need no download: which pairs it takes and the line it prints per pair."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 from training import versions
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "compat_check.py"
+SCRIPT = Path(__file__).resolve().parent.parent / "lab" / "compat_check.py"
 spec = importlib.util.spec_from_file_location("compat_check", SCRIPT)
 compat_check = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = compat_check  # its dataclass looks its module up while being made

@@ -15,7 +15,7 @@ from filelock import FileLock
 from analysis.compare import load_comparison
 from analysis.experiment import ExperimentSpec, SetupError, build_launches, main
 from analysis.uncertainty import build_statistics
-from benchmarks import aa_calibration
+from lab import aa_calibration
 from tests.analysis_fixtures import FakeRun, write_launch_configs, write_run
 from tests.launch import REPO, free_port, launch_env
 from tests.test_experiment_repeats import BATCH, LAUNCHER, PORT_PER_RUN_LAUNCHER, flag

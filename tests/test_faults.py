@@ -1,5 +1,5 @@
 """One process failing alone, every process killed during a checkpoint write, and torchrun's automatic
-restart, with real two-process DDP launches made to fail by GPT2S_FAULT (training/faults.py).
+restart, with real two-process DDP launches made to fail by GPT2S_FAULT (training/distributed/faults.py).
 
 The launches take the shared runs' flags (tests/launch.py shared_args: 12 steps, seed 3, a checkpoint every 3),
 so the shared DDP run is the uninterrupted reference at no extra cost.
@@ -27,10 +27,9 @@ from tests.launch import (
     wait_on_machines,
 )
 from tests.test_checkpoint_keeping import _digest, _prepared, damage, save
-from training.checkpoint import COMPLETE_MARKER, checkpoint_path, complete_checkpoints, newest_good_checkpoint
-from training.config import RunConfig
-from training.errors import RunError
-from training.faults import (
+from training.checkpoints.store import COMPLETE_MARKER, checkpoint_path, complete_checkpoints, newest_good_checkpoint
+from training.config import RunConfig, RunError
+from training.distributed.faults import (
     Fault,
     FaultKind,
     fresh_store_on_restart,
@@ -40,7 +39,7 @@ from training.faults import (
     rank_failure,
     stopped_by_launcher,
 )
-from training.rundir import check_output_dir, claim_output_dir
+from training.run_folder import check_output_dir, claim_output_dir
 
 # --------------------------------------------------------------------------------------------- no launch
 
@@ -71,7 +70,7 @@ def test_several_faults_and_a_range_of_steps_are_parsed() -> None:
 def test_an_overflow_fault_sets_the_last_element_of_the_first_gradient() -> None:
     import torch
 
-    from training.faults import poison_gradient
+    from training.distributed.faults import poison_gradient
 
     model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
     model(torch.ones(1, 3)).sum().backward()
@@ -93,7 +92,7 @@ def test_a_switch_exported_in_the_shell_reaches_no_launch(monkeypatch: pytest.Mo
 
 
 def test_a_term_fault_sends_one_sigterm_per_step_however_many_micro_batches(monkeypatch: pytest.MonkeyPatch) -> None:
-    import training.faults as faults
+    import training.distributed.faults as faults
 
     sent: list[tuple[int, int]] = []
     monkeypatch.setattr(faults, "_this_process_fault", lambda: (parse_fault("term:step=2"),))

@@ -1,4 +1,4 @@
-"""The GPU's fp16 path, run on the CPU by the test-only switch GPT2S_CPU_FP16=1 (training/strategy.py
+"""The GPU's fp16 path, run on the CPU by the test-only switch GPT2S_CPU_FP16=1 (training/distributed/strategy.py
 `_enable_fp16_on_cpu`): autocast in float16, accelerate's grad scaler (torch.amp.GradScaler from get_grad_scaler
 for one process and DDP, from get_fsdp2_grad_scaler over FSDP2's DTensor gradients), FSDP2's float16
 MixedPrecisionPolicy, the unscale before the float64 grad norm and a step the scaler skips, under every strategy.
@@ -22,8 +22,8 @@ import torch
 
 from tests.conftest import Fp16Runs
 from tests.launch import FP16_OVERFLOW_STEP, FP16_STEPS, fp16_overflow_step, summary, train_lines
-from training.checkpoint import checkpoint_path
-from training.strategy import CPU_FP16_SWITCH
+from training.checkpoints.store import checkpoint_path
+from training.distributed.strategy import CPU_FP16_SWITCH
 
 pytestmark = pytest.mark.multiprocess
 

@@ -29,8 +29,8 @@ from tests.launch import (
 )
 from tests.test_bad_input_ranks import _project_frames
 from tests.test_fp16 import AFTER, FP16_REL, initial_scale, rel, scaler_state
-from training import registry
-from training.checkpoint import checkpoint_path, load_model_from_checkpoint
+from training.checkpoints.store import checkpoint_path, load_model_from_checkpoint
+from training.distributed import registry
 
 pytestmark = pytest.mark.multiprocess
 
@@ -73,7 +73,7 @@ def test_a_sigterm_stops_fp16_fsdp_and_the_resume_matches_the_uninterrupted_run(
 def test_an_overflow_on_one_ranks_shard_leaves_every_ranks_weights_as_they_were(
     stopped_and_resumed: tuple[Path, str, str],
 ) -> None:
-    """fsdp over 2 processes: the overflowed element is in rank 1's shard only (training/faults.py
+    """fsdp over 2 processes: the overflowed element is in rank 1's shard only (training/distributed/faults.py
     poison_gradient). Every shard of the weights after step 3 equals the one after step 2, and the step after
     trains again; rank 0, which writes the metrics, counted the skip it saw only through the scaler."""
     run = stopped_and_resumed[0]

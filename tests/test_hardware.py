@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import gpu_peaks, hardware
-from training.hardware import PeakFlops, cpu_peak_flops, gpu_peak_flops, peak_flops
+from planner import cpu_peak as hardware
+from planner.cpu_peak import cpu_peak_flops
+from training.records import gpu_peaks, peaks
+from training.records.peaks import PeakFlops, gpu_peak_flops, peak_flops
 
 # --- GPUs -------------------------------------------------------------------------------------------
 
@@ -73,7 +75,7 @@ def test_unknown_name_or_precision_gives_nan_and_says_so(name: str, precision: s
     peak = gpu_peak_flops(name, precision)
     assert math.isnan(peak.flops_per_s)
     assert peak.source == (
-        f"no peak-FLOP/s entry for {name!r} at {precision}: MFU not computed (add it to training/gpu_peaks.py)"
+        f"no peak-FLOP/s entry for {name!r} at {precision}: MFU not computed (add it to training/records/gpu_peaks.py)"
     )
     assert "\n" not in peak.source
 
@@ -96,7 +98,7 @@ def test_every_table_entry_is_complete_and_plausible() -> None:
 
 
 def test_every_planner_gpu_has_a_datasheet_peak_at_every_precision() -> None:
-    """A GPU added to planner/gpus.py without its peak in training/gpu_peaks.py would plan at no speed."""
+    """A GPU added to planner/gpus.py without its peak in training/records/gpu_peaks.py would plan at no speed."""
     from planner.gpus import PLANNER_GPUS
 
     for key, gpu in PLANNER_GPUS.items():
@@ -140,7 +142,7 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeMeasure:
     """
     measure = FakeMeasure()
     monkeypatch.setattr(hardware, "measure_cpu_matmul_rates", measure)
-    monkeypatch.setattr(hardware, "CPU_SPREAD_LIMIT", math.inf)
+    monkeypatch.setattr(peaks, "CPU_SPREAD_LIMIT", math.inf)
     return measure
 
 
@@ -201,7 +203,7 @@ def test_the_key_covers_torch_version_and_cpu(
     cpu_peak_flops(tmp_path, threads=1)
     monkeypatch.setattr(torch, "__version__", "0.0.0-other")
     assert not cpu_peak_flops(tmp_path, threads=1).cached
-    monkeypatch.setattr(hardware, "cpu_model_name", lambda: "Another CPU")
+    monkeypatch.setattr(peaks, "cpu_model_name", lambda: "Another CPU")
     assert not cpu_peak_flops(tmp_path, threads=1).cached
     assert fake.calls == 3 and len(cache_files(tmp_path)) == 3
 
@@ -268,15 +270,21 @@ def test_an_unwritable_cache_is_a_note_not_a_crash(tmp_path: Path, fake: FakeMea
     assert peak.flops_per_s == 30e9 and not peak.cached and "not cached (" in peak.source
 
 
-def test_peak_flops_on_cpu_uses_the_cache_dir_and_defaults_to_the_data_cache(
+def test_a_run_reads_the_cpu_peak_from_the_cache_dir_and_never_measures_it(
     tmp_path: Path, fake: FakeMeasure, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    peak = peak_flops(torch.device("cpu"), "fp32", tmp_path / "given")
-    assert peak.source.startswith("measured") and len(cache_files(tmp_path / "given")) == 1
+    """A run's peak_flops reads what `planner measure` cached (in the folder given, else the data cache's); with
+    none it is NaN, and its source names the command that measures it."""
+    missing = peak_flops(torch.device("cpu"), "fp32", tmp_path / "given")
+    assert math.isnan(missing.flops_per_s) and "python -m planner measure" in missing.source
+    assert fake.calls == 0 and cache_files(tmp_path / "given") == []
+    measured = cpu_peak_flops(tmp_path / "given")
+    read = peak_flops(torch.device("cpu"), "fp32", tmp_path / "given")
+    assert read.flops_per_s == measured.flops_per_s and read.cached and fake.calls == 1
     monkeypatch.setenv("GPT2S_CACHE", str(tmp_path / "env"))
-    peak_flops(torch.device("cpu"), "fp32")  # the two-argument call training makes today
-    assert len(cache_files(tmp_path / "env")) == 1
-    assert fake.calls == 2
+    assert math.isnan(peak_flops(torch.device("cpu"), "fp32").flops_per_s)  # the two-argument call: the data cache
+    cpu_peak_flops(tmp_path / "env")
+    assert peak_flops(torch.device("cpu"), "fp32").flops_per_s == 30e9 and fake.calls == 2
 
 
 def test_the_measurement_leaves_the_global_rng_and_threads_alone(
@@ -465,7 +473,7 @@ def test_a_process_that_waited_while_another_measured_takes_its_figure(
 def test_a_run_records_the_peak_it_used_when_it_was_measured_and_its_spread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training.record import LaunchRecord, RunFacts, RunSummary, RunTotals, run_summary
+    from training.records.record import LaunchRecord, RunFacts, RunSummary, RunTotals, run_summary
 
     trials(monkeypatch, WIDE, NARROW_HIGH)
     peak = cpu_peak_flops(tmp_path, threads=1)

@@ -36,8 +36,8 @@ from tests.launch import (
     wait_on_machines,
 )
 from tests.test_strategies import assert_same_validation
-from training.record import EffectiveRecord
-from training.strategy import StrategyMismatch, check_strategy, requested_from_env
+from training.distributed.strategy import StrategyMismatch, check_strategy, requested_from_env
+from training.records.record import EffectiveRecord
 
 HSDP_LAUNCH = {
     "ACCELERATE_USE_FSDP": "true",

@@ -25,10 +25,9 @@ from model import GPT2, GPT2Config
 from tests.launch import REPO, SHARED_STEPS, launch_env, summary, train, train_lines
 from tests.test_checkpoint_keeping import CONFIG, _prepared, damage, save
 from training import session
-from training.checkpoint import checkpoint_path, load_model_state_dict, load_model_weights
-from training.config import RunConfig
-from training.errors import RunError
-from training.init_from import earlier_source, init_source, shape_differences
+from training.checkpoints.init_from import earlier_source, init_source, shape_differences
+from training.checkpoints.store import checkpoint_path, load_model_state_dict, load_model_weights
+from training.config import RunConfig, RunError
 from training.step import lr_factor
 
 
@@ -148,7 +147,7 @@ def test_a_new_run_from_a_finished_fsdp_run_starts_far_below_a_fresh_ones_loss(
     assert f"initialised from {checkpoint} (step {SHARED_STEPS}, written by fsdp on 2 process(es))" in result.stdout
     got, before = train_lines(out), train_lines(fresh)
     assert sorted(got) == [1, 2, 3] and summary(out)["complete"]
-    # 9.79 against 10.80 (measured, docs/faults.md): the trained weights score the first batch about as well as
+    # 9.79 against 10.80 (measured, docs/design/faults.md): the trained weights score the first batch about as well as
     # the source's last step scored its own (9.81), a fresh model as the uniform guess (ln 50257 = 10.8).
     assert got[1]["loss"] < before[1]["loss"] - 0.9, (got[1]["loss"], before[1]["loss"])
     assert got[1]["loss"] == pytest.approx(train_lines(source)[SHARED_STEPS]["loss"], abs=0.1)
@@ -241,7 +240,7 @@ def test_a_restart_without_a_checkpoint_of_its_own_starts_from_the_source_again(
 def _edit_index(checkpoint: Path, edit) -> None:
     """Change the checkpoint's model/.metadata (DCP's index of its weights) with `edit`, and the size and CRC
     complete.json holds for it, so that the checkpoint still verifies: what another version of the model leaves."""
-    from training.checkpoint import COMPLETE_MARKER, _crc32
+    from training.checkpoints.store import COMPLETE_MARKER, _crc32
 
     index = checkpoint / "model" / ".metadata"
     metadata = pickle.loads(index.read_bytes())
@@ -276,7 +275,7 @@ def test_a_weight_of_another_size_is_one_line_naming_both_sizes(source: Path, tm
 
 
 def test_the_weights_of_a_fitting_source_are_all_found(source: Path) -> None:
-    from training.init_from import _model_weights, _saved_weights, weight_differences
+    from training.checkpoints.init_from import _model_weights, _saved_weights, weight_differences
 
     assert weight_differences(_saved_weights(checkpoint_path(source, 4)), _model_weights(CONFIG.to_dict())) == []
 
@@ -290,7 +289,7 @@ def test_a_source_this_user_may_not_read_is_one_error_line() -> None:
 
 
 def test_processes_that_cannot_read_the_source_are_named_in_one_line(source: Path, tmp_path: Path) -> None:
-    from training.init_from import can_read_weights, unreadable_error
+    from training.checkpoints.init_from import can_read_weights, unreadable_error
 
     checkpoint = checkpoint_path(source, 4)
     assert can_read_weights(checkpoint) and not can_read_weights(tmp_path / "elsewhere")

@@ -12,7 +12,7 @@ import torch
 from accelerate import Accelerator
 
 from training import session as session_module
-from training.checkpoint import load_model_state_dict, save_checkpoint
+from training.checkpoints.store import load_model_state_dict, save_checkpoint
 from training.cli import parse_config
 
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.strategy import choose_precision
+from training.distributed.strategy import choose_precision
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +60,6 @@ def test_help_shows_each_default_once_and_no_empty_ones(module: str) -> None:
 
 
 def test_tiny_preset_help_gives_its_cpu_time_honestly() -> None:
-    from training.presets import PRESETS
+    from training.config import PRESETS
 
     assert "seconds" not in str(PRESETS) and "about a minute on 2 cores" in str(PRESETS)

@@ -1,5 +1,5 @@
-"""The measured link: NCCL's bus-bandwidth arithmetic, the message size, and one real two-process run that
-measures it over gloo and records it in config.json and summary.json."""
+"""The measured link: NCCL's bus-bandwidth arithmetic, the message size, `python -m planner measure` measuring it
+over gloo between two processes into the machine profile, and runs that measure nothing at start."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from training.link import (
+from planner.link import (
     DDP_BUCKET_BYTES,
     TOY_UNITS,
     ToyTimings,
@@ -22,7 +22,7 @@ from training.link import (
     sharded_calls,
     unit_call_costs,
 )
-from training.record import LaunchRecord, LinkRecord, RunSummary
+from training.records.record import LaunchRecord, LinkRecord, RunSummary
 
 
 def test_bus_bandwidth_is_the_algorithm_bandwidth_times_2_n_minus_1_over_n() -> None:
@@ -148,7 +148,7 @@ def test_each_sharded_collective_reaches_the_record_under_its_own_key_and_a_call
 
     from torch.distributed.device_mesh import init_device_mesh
 
-    import training.link as link
+    import planner.link as link
 
     ran: list[tuple[str, int]] = []
     monkeypatch.setattr(
@@ -192,7 +192,7 @@ def test_hybrid_shardings_toy_units_are_sharded_over_its_shard_dimension_alone(o
     alone: on the whole mesh the toy units would be hybrid-sharded and time the replica all-reduce too."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    import training.link as link
+    import planner.link as link
 
     meshes = []
     monkeypatch.setattr(link, "_time_fsdp_units", lambda device, mesh: meshes.append(mesh))
@@ -213,38 +213,51 @@ def test_the_link_is_read_back_and_old_runs_have_none() -> None:
     assert LaunchRecord.from_dict({}).link is None and RunSummary.from_dict({}).repeat is None
 
 
-@pytest.mark.multiprocess
-def test_a_two_process_run_measures_its_link_and_records_it(shared_runs) -> None:
-    """The session's DDP run on the CPU (tests/conftest.py): gloo between the two processes."""
-    out = shared_runs["ddp"]
-    launch = json.loads((out / "config.json").read_text())["launch"]
-    summary = json.loads((out / "summary.json").read_text())
-    link = launch["link"]
-    assert link == summary["link"]  # the summary carries the launch's figure as it is
+def test_the_measure_command_prices_the_link_between_two_processes(machine_profile) -> None:
+    """The session's profile (tests/conftest.py, `python -m planner measure` at its defaults): gloo between two
+    processes, an all-reduce of the tiny model's gradients, and FSDP's own collectives."""
+    from model import GPT2Config
+    from model.shapes import parameter_shapes
+    from planner.profile import read_profile
+
+    link = read_profile(machine_profile).link
+    numel = sum(torch.Size(shape).numel() for shape in parameter_shapes(GPT2Config.from_preset("tiny")).values())
     assert link["backend"] == "gloo" and link["world_size"] == 2 and link["dtype"] == "float32"
-    assert link["message_bytes"] == 4 * launch["n_params"]  # the tiny model's gradients are under a bucket
+    assert link["message_bytes"] == 4 * numel  # the tiny model's gradients are under a bucket
     assert math.isfinite(link["bus_gb_s"]) and link["bus_gb_s"] > 0
     assert link["bus_gb_s"] == pytest.approx(link["algorithm_gb_s"])  # 2(n-1)/n = 1 for two processes
-    assert link["seconds_per_all_reduce"] > 0 and "repeat" not in summary  # not one of several repeats
-
-
-@pytest.mark.multiprocess
-def test_a_sharding_run_also_measures_its_all_gather_reduce_scatter_and_fsdp2_unit_calls(shared_runs) -> None:
-    """The session's FSDP run prices its own collectives (the DDP run does not: it has none of them), and the
-    planner's --run prices that run's all-gathers and reduce-scatters with them."""
-    from planner.plan import compare_run, runs_text
-
-    link = json.loads((shared_runs["fsdp"] / "summary.json").read_text())["link"]
+    assert 0 < link["latency_s"] < link["seconds_per_all_reduce"]
     for kind in ("all_gather", "reduce_scatter"):
         assert 0 < link[f"{kind}_latency_s"] < link[f"seconds_per_{kind}"]  # one element against the message
         call = link.get(f"fsdp_{kind}_call_s")  # left out where noise made the difference meaningless
         assert call is None or (math.isfinite(call) and call > 0)
-    entry = compare_run(shared_runs["fsdp"])
+
+
+@pytest.mark.multiprocess
+def test_a_run_measures_no_link_and_no_fsdp_call_at_start(shared_runs) -> None:
+    """A default launch studies nothing before its first step: no link, no FSDP2 call in its records."""
+    for name in ("ddp", "fsdp"):
+        launch = json.loads((shared_runs[name] / "config.json").read_text())["launch"]
+        summary = (shared_runs[name] / "summary.json").read_text()
+        assert "link" not in launch and '"link"' not in summary
+        assert "_call_s" not in summary and "all_gather" not in summary
+
+
+@pytest.mark.multiprocess
+def test_the_planner_prices_a_sharding_runs_collectives_from_the_profile(shared_runs, machine_profile) -> None:
+    """`planner --run` on the session's FSDP run prices its all-gathers and reduce-scatters with the profile's
+    figures, and the DDP run's all-reduce without them."""
+    from planner.plan import compare_run, runs_text
+    from planner.profile import read_profile
+
+    link = read_profile(machine_profile).link
+    entry = compare_run(shared_runs["fsdp"], profile=machine_profile)
     t = entry["step_time"]
+    assert t["predicted_s"] > 0 and str(machine_profile) in t["basis"]
     assert f"all-gather {t['all_gather_gb_s']:.3g} GB/s" in runs_text([entry])  # said beside the step time
     n, nbytes = link["world_size"], link["message_bytes"]
     gathered = (n - 1) / n * nbytes / (link["seconds_per_all_gather"] - link["all_gather_latency_s"]) / 1e9
     assert t["all_gather_gb_s"] == pytest.approx(gathered)
     assert t["all_gather_call_s"] == link.get("fsdp_all_gather_call_s")
-    ddp = json.loads((shared_runs["ddp"] / "summary.json").read_text())["link"]
-    assert not any(key in ddp for key in ("seconds_per_all_gather", "fsdp_all_gather_call_s"))
+    ddp = compare_run(shared_runs["ddp"], profile=machine_profile)["step_time"]
+    assert ddp["predicted_s"] > 0 and ddp["all_gather_gb_s"] is None and ddp["all_gather_call_s"] is None

@@ -1,5 +1,5 @@
 """Real CPU runs of the larger presets at their width but one or two blocks deep (a full 24-block gpt2-medium
-takes about 90 s a launch on 2 cores; docs/scaling_models.md has its figures): what the planner counts is what
+takes about 90 s a launch on 2 cores; lab/results/planning_checks.md has its figures): what the planner counts is what
 every rank holds, and the command the adaptive launch prints for gpt2-large on 2x T4 runs as printed."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import pytest
 from planner.plan import compare_run
 from tests.launch import MODEL_STATE, STEP_PEAK_PCT, assert_planned_exactly, free_port, run, summary, train
 from tests.test_plan import _plan
-from training import registry
+from training.distributed import registry
 
 # Two steps of 16-token blocks: the step peak is measured in the first, the model state after the last.
 SHORT = [

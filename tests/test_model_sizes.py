@@ -8,7 +8,7 @@ import transformers
 from model import GPT2, GPT2Config
 from model.hf import from_hf, save_hf
 from model.shapes import total_parameters
-from training.presets import preset_overrides
+from training.config import preset_overrides
 
 # transformers' GPT2LMHeadModel(GPT2Config(n_layer, n_embd, n_head)).num_parameters() for GPT-2's sizes.
 HF_PARAMETERS = {"gpt2-medium": 354_823_168, "gpt2-large": 774_030_080, "gpt2-xl": 1_557_611_200}

@@ -3,7 +3,7 @@ own memory tracking of real training steps, and its command line.
 
 The 2-process comparisons (DDP, FSDP and its modes) use the real launches of tests/test_strategies.py and
 tests/test_fsdp_modes.py; the in-process ones here run the project's own training step under the same
-probe a run uses (training/memory.py).
+probe a run uses (training/records/memory.py).
 """
 
 from __future__ import annotations
@@ -38,8 +38,8 @@ from planner.cost_model import (
 )
 from planner.plan import MODEL_SPREAD, Timed, measured_link, misordered, plan, plan_text
 from planner.request import PlanRequest
-from training.registry import STRATEGIES as ENTRIES
-from training.registry import names
+from training.distributed.registry import STRATEGIES as ENTRIES
+from training.distributed.registry import names
 
 STRATEGIES = names()  # the planner plans every registered strategy, in the registry's order
 # On one machine: all but those made for several (hybrid sharding).
@@ -171,7 +171,7 @@ def test_every_collective_call_pays_the_latency() -> None:
 
 
 def test_a_strategy_is_counted_by_its_registry_traits_not_its_name() -> None:
-    from training.registry import get
+    from training.distributed.registry import get
 
     link = Link(gb_s=10.0)
     for name in STRATEGIES:
@@ -236,11 +236,11 @@ def test_workload_names_each_refused_field_and_accepts_its_edge() -> None:
 def _measured_step_peak(
     cfg: GPT2Config, micro: int, block: int, accum: int, probe_step: int, checkpointing: bool
 ) -> dict:
-    """The probe of training/memory.py around the project's own training step, as a run uses it."""
+    """The probe of training/records/memory.py around the project's own training step, as a run uses it."""
     from accelerate import Accelerator
 
     from training.config import OptimConfig
-    from training.memory import MemoryProbe
+    from training.records.memory import MemoryProbe
     from training.step import make_optimizer, train_step
 
     torch.manual_seed(0)
@@ -1074,7 +1074,7 @@ def test_on_a_cpu_no_collective_hides_behind_compute() -> None:
 
 
 def test_a_pair_measured_apart_beyond_the_uncertainty_but_predicted_the_other_way_is_listed() -> None:
-    """The check benchmarks/step_time.py prints under its table: single trains half the tokens of a
+    """The check lab/step_time.py prints under its table: single trains half the tokens of a
     two-process step, so speeds (tokens/s), not step seconds, are compared."""
     single = Timed("single", 512, predicted_s=0.40, measured_s=0.40)  # 1,280 tokens/s measured
     ddp = Timed("ddp", 1024, predicted_s=0.41, measured_s=0.60)  # 1,707 tokens/s: 33% faster, beyond 2 x 5%
@@ -1235,7 +1235,7 @@ def test_link_from_carries_the_reduce_scatters_measured_figures_as_well_as_the_a
     measured = measured_link({"launch": {"link": record}}, run)
     for p in result["strategies"]:
         if p["strategy"] in ("fsdp", "fsdp_zero2"):
-            t = step_time(workload_for(request, p["strategy"]), p["strategy"], 65e12, request.mfu, measured)
+            t = step_time(workload_for(request, p["strategy"]), p["strategy"], 65e12, request.assumed_mfu, measured)
             assert p["predicted_step_s"] == pytest.approx(t.step_s, rel=1e-12)
 
 

@@ -1,5 +1,5 @@
 """The planner's terms that only a GPU run can confirm, against figures computed by hand (planner/cost_model.py,
-planner/gpus.py; sources in docs/planning.md): CUDA autocast's fp32 LayerNorm, each GPU's usable memory,
+planner/gpus.py; sources in docs/design/planning_model.md): CUDA autocast's fp32 LayerNorm, each GPU's usable memory,
 and the offloaded AdamW update that runs on one host core."""
 
 from __future__ import annotations

@@ -11,8 +11,8 @@ import pytest
 from model.config import GPT2Config
 from planner.cost_model import Workload, model_state, step_memory
 from tests.test_plan import _plan
-from training import registry
-from training.presets import preset_overrides
+from training.config import preset_overrides
+from training.distributed import registry
 
 GPT2_FAMILY = ("gpt2-medium", "gpt2-large", "gpt2-xl")
 T4_PAIR = ("--gpu", "T4", "--num_gpus", "2")

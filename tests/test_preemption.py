@@ -31,7 +31,7 @@ from tests.launch import (
     train_lines,
     wait_for_step,
 )
-from training.checkpoint import checkpoint_problem, complete_checkpoints, load_model_from_checkpoint
+from training.checkpoints.store import checkpoint_problem, complete_checkpoints, load_model_from_checkpoint
 
 pytestmark = pytest.mark.multiprocess
 

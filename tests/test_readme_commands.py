@@ -79,8 +79,8 @@ def adapt(command: str, runs: Path, corpus: Path) -> str:
     i = 0
     while i < len(tokens):
         token = tokens[i]
-        if token == "--preset" and tokens[i + 1] == "gpt2":
-            out += ["--preset", "tiny"]
+        if token in ("--preset", "--presets") and tokens[i + 1] == "gpt2":
+            out += [token, "tiny"]
             i += 2
             continue
         if token == "--max_steps":
@@ -193,6 +193,8 @@ def test_launches_at_their_defaults_measure_their_memory_as_planned(readme_runs:
         assert_planned_exactly(run_dir)  # model state byte for byte, the step peak within 0.05%
     plan = next(r for r in ran if r.command.startswith("python -m planner --run"))
     assert plan.stdout.count("step_peak") == 5  # single, and two ranks each of DDP and FSDP
+    # Every step time predicted from the profile the README's `python -m planner measure` wrote, none assumed.
+    assert plan.stdout.count("note: from the machine profile") == 3 and "assumed" not in plan.stdout
 
 
 def test_the_quick_start_line_runs_twice(readme: list[str], readme_runs: tuple[Path, list[Ran]]) -> None:
@@ -263,7 +265,7 @@ def test_the_export_loads_and_gives_the_runs_logits(readme_runs: tuple[Path, lis
     import torch
     import transformers
 
-    from training.checkpoint import load_model_from_checkpoint
+    from training.checkpoints.store import load_model_from_checkpoint
 
     runs, _ = readme_runs
     exported = transformers.GPT2LMHeadModel.from_pretrained(runs / "my-gpt2").eval()
@@ -312,7 +314,7 @@ def test_the_sample_is_the_runs_own_continuation(readme_runs: tuple[Path, list[R
 
 
 def test_the_wandb_report_spec_names_the_group_and_the_panels_metrics(readme_runs: tuple[Path, list[Ran]]) -> None:
-    from training.run_schema import BARS, CURVES
+    from training.records.schema import BARS, CURVES
 
     runs, _ = readme_runs
     spec = json.loads((runs / "wandb_report.json").read_text())

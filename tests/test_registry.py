@@ -20,8 +20,8 @@ from tests.launch import (
     config_processes,
     summary,
 )
-from training import registry
-from training.registry import STRATEGIES, FsdpMode, Strategy, Wrapper
+from training.distributed import registry
+from training.distributed.registry import STRATEGIES, FsdpMode, Strategy, Wrapper
 
 STEPS = SHARED_STEPS
 

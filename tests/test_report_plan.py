@@ -28,7 +28,7 @@ SAMPLE = Path(__file__).resolve().parents[1] / "docs" / "sample_report" / "runs"
 MIB = 2**20
 N_PARAMS = 3_332_928  # the tiny preset's parameters, as the sample runs' summary.json records them
 
-# What a real tiny-preset run of each strategy measured on CPU (training/memory.py), rank by rank.
+# What a real tiny-preset run of each strategy measured on CPU (training/records/memory.py), rank by rank.
 STATE = {"parameters": 13_331_712, "gradients": 13_331_712, "optimizer": 26_663_536}
 SHARD_0 = {"parameters": 6_665_984, "gradients": 6_665_984, "optimizer": 13_332_080}
 SHARD_1 = {"parameters": 6_665_728, "gradients": 6_665_728, "optimizer": 13_331_568}

@@ -27,8 +27,8 @@ from tests.launch import (
     train_lines,
     train_on_machines,
 )
-from training import registry
-from training.checkpoint import checkpoint_path
+from training.checkpoints.store import checkpoint_path
+from training.distributed import registry
 from training.step import lr_factor
 
 pytestmark = pytest.mark.multiprocess

@@ -27,17 +27,16 @@ import torch
 from tests.launch import CONFIGS, REPO, accelerate_command, launch_env, run
 from tests.test_checkpoint_keeping import CONFIG, _prepared
 from tests.test_resume_refusal import SAVED
-from training import loop, resume, session
-from training.checkpoint import TrainState, checkpoint_path, save_checkpoint
-from training.config import ModelChoice, OptimConfig, RunConfig, TrainConfig
-from training.errors import RunError
-from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts, eval_line
-from training.presets import PRESETS
-from training.record import ResumedFromRecord
-from training.resume import origin_record, pending_rollback
-from training.rundir import claim_output_dir, truncate_metrics
-from training.sinks import JsonlSink, WandbSink
-from training.stopping import StepHealth
+from training import loop, session
+from training.checkpoints import resume
+from training.checkpoints.resume import origin_record, pending_rollback
+from training.checkpoints.store import TrainState, checkpoint_path, save_checkpoint
+from training.config import PRESETS, ModelChoice, OptimConfig, RunConfig, RunError, TrainConfig
+from training.records.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts, eval_line
+from training.records.record import ResumedFromRecord
+from training.records.sinks import JsonlSink, WandbSink
+from training.run_folder import claim_output_dir, truncate_metrics
+from training.step import StepHealth
 
 # --------------------------------------------------------------------------------------------- metrics.jsonl
 

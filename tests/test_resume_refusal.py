@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from model import GPT2Config
-from training.checkpoint import COMPLETE_MARKER, FORMAT, ORIGIN, checkpoint_path
-from training.resume import (
+from training.checkpoints.resume import (
     Optimisation,
     ResumeIdentity,
     follow_schedule,
@@ -22,6 +21,7 @@ from training.resume import (
     resumed_from,
     schedule_change,
 )
+from training.checkpoints.store import COMPLETE_MARKER, FORMAT, ORIGIN, checkpoint_path
 from training.step import lr_factor
 
 OPTIMISATION = Optimisation(

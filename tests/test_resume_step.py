@@ -22,12 +22,12 @@ from hypothesis.stateful import precondition, rule
 
 from tests.launch import SHARED_STEPS, train, train_lines
 from tests.test_checkpoint_keeping import CheckpointFolder, _digest, _prepared, damage, save, saved_step, steps
-from training import checkpoint, session
-from training.checkpoint import checkpoint_path, checkpoint_problem
-from training.config import RunConfig
-from training.errors import RunError
-from training.resume import ROLLED_BACK_SUFFIX, checkpoint_at_step, roll_back_past, rolled_back_warning
-from training.rundir import check_output_dir, claim_output_dir
+from training import session
+from training.checkpoints import store as checkpoint
+from training.checkpoints.resume import ROLLED_BACK_SUFFIX, checkpoint_at_step, roll_back_past, rolled_back_warning
+from training.checkpoints.store import checkpoint_path, checkpoint_problem
+from training.config import RunConfig, RunError
+from training.run_folder import check_output_dir, claim_output_dir
 
 
 @pytest.fixture()
@@ -191,7 +191,7 @@ def test_an_overwrite_killed_while_deleting_leaves_no_checkpoint_its_restart_wou
     is deleted; or during the first folder's deletion), then the job's restart (which continues the newest
     checkpoint it finds, and refuses a finished run): it must start afresh, not continue the run the user asked
     to replace nor refuse it as finished."""
-    from training import rundir
+    from training import run_folder as rundir
 
     def killed(*_args: object, **_kwargs: object) -> None:
         raise KeyboardInterrupt

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from tests.launch import CONFIGS, REPO, accelerate_command, launch_env, metric_lines, run, write_news_csv
-from training.errors import RunError
-from training.rundir import LOCK_FILE, acquire_run_lock, lock_holder
+from training.config import RunError
+from training.run_folder import LOCK_FILE, acquire_run_lock, lock_holder
 
 STOP_DEADLINE_S = 120  # from SIGTERM to the first run's exit (its checkpoint included)
 

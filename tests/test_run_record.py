@@ -1,4 +1,4 @@
-"""The run record (training/record.py): what train.py writes is what analysis/ reads back, old folders included."""
+"""The run record (training/records/record.py): what train.py writes is what analysis/ reads back, old folders included."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from analysis.runs import load_run, sort_runs
-from training.record import (
+from training.records.record import (
     BatchRecord,
     EffectiveRecord,
     EpochFigures,
@@ -178,7 +178,7 @@ def test_a_summary_missing_optional_keys_loads(tmp_path: Path) -> None:
 
 
 def test_runs_sort_in_the_registry_order(tmp_path: Path) -> None:
-    from training import registry
+    from training.distributed import registry
 
     runs = []
     for name in ("mystery", "fsdp_offload", "fsdp", "ddp", "single"):

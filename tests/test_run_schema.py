@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from training.record import EpochFigures, EvalLine, RunTotals, TrainLine
-from training.run_schema import (
+from training.records.record import EpochFigures, EvalLine, RunTotals, TrainLine
+from training.records.schema import (
     BARS,
     CURVES,
     LINE_KIND_KEY,
@@ -68,7 +68,7 @@ def test_every_wandb_key_names_one_metric_and_differs_from_the_summary_keys() ->
 
 def test_the_wandb_names_and_table_headers_stay_those_already_in_use() -> None:
     # W&B history and summary keys and the table headers are what earlier runs and reports hold.
-    from training.sinks import WANDB_KEYS
+    from training.records.sinks import WANDB_KEYS
 
     assert WANDB_KEYS == {
         "loss": "train/loss",
@@ -152,7 +152,7 @@ def test_a_declaration_that_cannot_hold_fails_at_once() -> None:
 
 def test_the_schema_and_its_records_import_without_torch() -> None:
     # The report tools import it on machines and in processes that never load torch.
-    code = "import sys, training.run_schema, training.record; print('torch' in sys.modules)"
+    code = "import sys, training.records.schema, training.records.record; print('torch' in sys.modules)"
     out = subprocess.run(
         [sys.executable, "-c", code],
         capture_output=True,

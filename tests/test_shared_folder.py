@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from tests.launch import start_on_machines, wait_on_machines
-from training.errors import RunError
-from training.shared_folder import PROBE_PREFIX, Sighting, remove_probe, sees, unshared_error, write_probe
+from training.config import RunError
+from training.run_folder import PROBE_PREFIX, Sighting, remove_probe, sees, unshared_error, write_probe
 
 
 def test_every_rank_that_sees_the_probe_passes() -> None:

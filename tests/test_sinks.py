@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode
+from training.records.sinks import JsonlSink, WandbSink, resolve_wandb_mode
 
 
 class _BrokenTracker:

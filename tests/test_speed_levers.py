@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from training.config import SpeedConfig
-from training.speed_levers import (
+from training.distributed.speed_levers import (
     DeviceInfo,
     compile_blocks,
     decide_compile,

@@ -40,7 +40,7 @@ from analysis.uncertainty import (
     units,
     units_for_power,
 )
-from training.record import EvalLine, TrainLine
+from training.records.record import EvalLine, TrainLine
 
 
 def make_run(

@@ -1,10 +1,10 @@
-"""training/steady_mean.py: steady_mean, the one definition of a run's per-step mean, on hand-computed values."""
+"""training/records/steady_mean.py: steady_mean, the one definition of a run's per-step mean, on hand-computed values."""
 
 from __future__ import annotations
 
 import math
 
-from training.steady_mean import SteadyMean, steady_mean
+from training.records.steady_mean import SteadyMean, steady_mean
 
 
 def test_warm_up_steps_are_left_out() -> None:

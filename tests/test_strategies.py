@@ -213,7 +213,7 @@ def test_planned_memory_matches_what_each_rank_measured(runs: dict[str, Path], s
 # ddp resumes from its intact newest checkpoint; single and fsdp from the one before a damaged newest.
 def test_fsdp_checkpoint_loads_into_one_process(runs: dict[str, Path]) -> None:
     from model.hf import from_hf
-    from training.checkpoint import load_model_from_checkpoint
+    from training.checkpoints.store import load_model_from_checkpoint
 
     sharded = load_model_from_checkpoint(runs["fsdp"])  # newest checkpoint: step 12, the final weights
     exported = from_hf(runs["fsdp"] / "hf")
@@ -264,7 +264,15 @@ def test_fsdp_checkpoint_exports_to_a_hugging_face_folder(runs: dict[str, Path],
 
     checkpoint = runs["fsdp"] / "checkpoints" / "step_0000012"
     result = subprocess.run(
-        [sys.executable, "-m", "training.export", "--checkpoint", str(checkpoint), "--out", str(tmp_path / "hf")],
+        [
+            sys.executable,
+            "-m",
+            "training.checkpoints.export",
+            "--checkpoint",
+            str(checkpoint),
+            "--out",
+            str(tmp_path / "hf"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -276,7 +284,15 @@ def test_fsdp_checkpoint_exports_to_a_hugging_face_folder(runs: dict[str, Path],
     tokens = torch.randint(0, 50257, (1, 12), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(hf_model(tokens).logits, ours(tokens)[0])
     missing = subprocess.run(
-        [sys.executable, "-m", "training.export", "--checkpoint", str(tmp_path / "none"), "--out", str(tmp_path / "x")],
+        [
+            sys.executable,
+            "-m",
+            "training.checkpoints.export",
+            "--checkpoint",
+            str(tmp_path / "none"),
+            "--out",
+            str(tmp_path / "x"),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

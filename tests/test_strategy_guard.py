@@ -9,13 +9,13 @@ import dataclasses
 
 import pytest
 
-from training.record import EffectiveRecord
-from training.strategy import (
+from training.distributed.strategy import (
     StrategyMismatch,
     check_strategy,
     choose_precision,
     requested_from_env,
 )
+from training.records.record import EffectiveRecord
 
 FSDP_LAUNCH = {"ACCELERATE_USE_FSDP": "true", "WORLD_SIZE": "2", "ACCELERATE_MIXED_PRECISION": "fp16"}
 DDP_LAUNCH = {"WORLD_SIZE": "2", "ACCELERATE_MIXED_PRECISION": "fp16"}
@@ -96,7 +96,7 @@ def test_fp16_on_cpu_falls_back_to_fp32_with_a_warning() -> None:
 
 
 def test_the_test_only_switch_keeps_fp16_on_the_cpu_and_says_so() -> None:
-    from training.strategy import CPU_FP16_SWITCH, cpu_fp16_switched_on
+    from training.distributed.strategy import CPU_FP16_SWITCH, cpu_fp16_switched_on
 
     precision, warning = choose_precision("fp16", "cpu", "cpu", cpu_fp16=True)
     assert precision == "fp16" and CPU_FP16_SWITCH in warning and "tests only" in warning
@@ -119,7 +119,7 @@ def test_the_switch_sets_up_accelerates_gpu_scaler_and_fsdp2s_float16_policy(
     from accelerate import Accelerator
     from accelerate.state import AcceleratorState
 
-    from training.strategy import _enable_fp16_on_cpu, _enable_fsdp_on_cpu
+    from training.distributed.strategy import _enable_fp16_on_cpu, _enable_fsdp_on_cpu
 
     monkeypatch.setenv("FSDP_VERSION", "2")
     AcceleratorState._reset_state(reset_partial_state=True)
@@ -147,7 +147,7 @@ def test_the_observer_records_the_autocast_the_first_block_runs_under(autocast: 
     import torch
 
     from model import GPT2, GPT2Config
-    from training.strategy import ShardingObserver
+    from training.distributed.strategy import ShardingObserver
 
     model = GPT2(GPT2Config.from_preset("tiny"))
     observer = ShardingObserver(model, torch.optim.SGD(model.parameters(), lr=0.0))
@@ -184,7 +184,7 @@ def test_fsdp_mode_in_effect_must_be_the_launched_one() -> None:
 def test_every_strategy_has_its_config_file() -> None:
     from tests.launch import CONFIGS
     from training.config import STRATEGIES
-    from training.registry import config_files
+    from training.distributed.registry import config_files
 
     # One registry serves the guard and the experiment driver alike.
     CONFIG_FILES = EXPERIMENT_CONFIGS = config_files()

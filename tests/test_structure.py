@@ -1,9 +1,9 @@
 """The structure the code is meant to keep, read from the source (ast; nothing is imported or launched).
 
 (a) no import circle among the project's modules, (b) no import back up a layer
-(data <- model <- training <- planner <- analysis, notebooks, benchmarks, scripts, train.py), (c) no function over
-60 lines outside tests/, (d) no strategy name as a string literal outside training/registry.py and tests/,
-(e) one write_atomic, (f) no metric key as a string literal outside training/run_schema.py and tests/.
+(data <- model <- training <- planner <- analysis, notebooks, lab, scripts, train.py), (c) no function over
+60 lines outside tests/, (d) no strategy name as a string literal outside training/distributed/registry.py and tests/,
+(e) one write_atomic, (f) no metric key as a string literal outside training/records/schema.py and tests/.
 Imports inside functions and under TYPE_CHECKING count: they are dependencies too.
 """
 
@@ -15,7 +15,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from training import registry, run_schema
+from training.distributed import registry
+from training.records import schema as run_schema
 
 REPO = Path(__file__).resolve().parents[1]
 # Bottom to top. A module may import from its own layer and the layers below it, never from one above.
@@ -24,14 +25,14 @@ LAYERS = (
     ("model",),
     ("training",),
     ("planner",),
-    ("analysis", "notebooks", "benchmarks", "scripts", "train"),
+    ("analysis", "notebooks", "lab", "scripts", "train"),
 )
 LAYER_OF = {top: rank for rank, tops in enumerate(LAYERS) for top in tops}
 MAX_FUNCTION_LINES = 60
-REGISTRY_FILE = "training/registry.py"
-# Every metric key is spelled in the schema alone: training/metrics.py writes the typed records built from
+REGISTRY_FILE = "training/distributed/registry.py"
+# Every metric key is spelled in the schema alone: training/records/metrics.py writes the typed records built from
 # it (keyword arguments, not strings), and every other module names a metric by the schema's constants.
-SCHEMA_FILE = "training/run_schema.py"
+SCHEMA_FILE = "training/records/schema.py"
 # Schema keys that are also everyday words with other meanings here (a checkpoint's step and epoch, a
 # config's lr, a corpus's tokens, the planner's loss): only the keys that name one figure are held to it.
 COMMON_WORDS = frozenset({"step", "epoch", "tokens", "loss", "lr", "steps", "partial", "warmup"})
@@ -242,7 +243,8 @@ def test_strategy_names_are_spelled_only_in_the_registry() -> None:
     assert names, "the registry names no strategy"
     offenders = _literals_outside(names, {REGISTRY_FILE})
     assert not offenders, (
-        "strategy names as string literals outside training/registry.py (ask the registry):\n" + "\n".join(offenders)
+        "strategy names as string literals outside training/distributed/registry.py (ask the registry):\n"
+        + "\n".join(offenders)
     )
 
 
@@ -252,7 +254,7 @@ def test_metric_keys_are_spelled_only_in_the_schema() -> None:
     offenders = _literals_outside(keys - COMMON_WORDS, {SCHEMA_FILE})
     assert not offenders, (
         f"metric keys as string literals outside {SCHEMA_FILE} (name the schema's constant, e.g. "
-        "THROUGHPUT.key, or read and write the typed records of training/record.py):\n" + "\n".join(offenders)
+        "THROUGHPUT.key, or read and write the typed records of training/records/record.py):\n" + "\n".join(offenders)
     )
 
 
@@ -285,7 +287,7 @@ def test_docstrings_are_told_from_other_strings() -> None:
 def test_the_import_reader_sees_imports_inside_functions() -> None:
     # model/hf.py imports transformers only inside functions; the reader must see such imports of ours.
     imports = {(imp.source, imp.target) for imp in _imports()}
-    assert ("training.export", "training.checkpoint") in imports  # inside export_checkpoint
+    assert ("training.checkpoints.export", "training.checkpoints.store") in imports  # inside export_checkpoint
 
 
 def test_the_readme_is_one_screen_without_dated_counts() -> None:
@@ -295,12 +297,91 @@ def test_the_readme_is_one_screen_without_dated_counts() -> None:
     assert not re.search(r"\b\d[\d,]* (tests|passed)\b", text), "a test count in the README"
 
 
+PRODUCT = ("data", "model", "training", "planner", "analysis", "notebooks", "train")
+MAX_TRAINING_TOP_FILES = 15
+MAX_RUN_MODULES = 45
+
+
+def _imported_names(path: Path) -> list[tuple[str, int]]:
+    """Every absolute module name `path` imports (at any depth, inside functions too), with its line."""
+    names = []
+    for node in ast.walk(_tree(path)):
+        if isinstance(node, ast.Import):
+            names += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append((node.module, node.lineno))
+    return names
+
+
+def _forbidden_imports(sources: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{_rel(path)}:{line} imports {name}"
+        for path in _project_files()
+        if _rel(path).split("/")[0].removesuffix(".py") in sources
+        for name, line in _imported_names(path)
+        if name.split(".")[0] in forbidden
+    )
+
+
+def test_the_product_imports_neither_the_lab_nor_the_tests() -> None:
+    offenders = _forbidden_imports(PRODUCT, ("lab", "tests"))
+    assert not offenders, "the product imports the lab or tests/ (move what both need into the product):\n" + (
+        "\n".join(offenders)
+    )
+
+
+def test_no_benchmark_or_script_imports_the_tests() -> None:
+    offenders = _forbidden_imports(("lab", "scripts"), ("tests",))
+    assert not offenders, "lab/ or scripts/ imports tests/ (lab/launch.py launches for both):\n" + "\n".join(offenders)
+
+
+def test_the_import_rules_catch_an_offender(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("def f():\n    from tests.launch import run\n    import lab.step_time\n", encoding="utf-8")
+    _tree.cache_clear()
+    assert [name for name, _ in _imported_names(bad)] == ["tests.launch", "lab.step_time"]
+
+
+def test_training_has_few_files_at_its_top() -> None:
+    top = sorted(p.name for p in (REPO / "training").glob("*.py"))
+    assert len(top) <= MAX_TRAINING_TOP_FILES, f"{len(top)} files directly in training/: {', '.join(top)}"
+
+
+def test_a_one_process_run_imports_few_of_the_projects_modules(tmp_path: Path) -> None:
+    """A tiny run of one step, in a fresh interpreter: the project's modules it has imported by its end."""
+    import os
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, train\n"
+        "status = train.main(sys.argv[1:])\n"
+        f"root = {str(REPO)!r}\n"
+        "print('\\n'.join(sorted(n for n, m in sys.modules.items() if (getattr(m, '__file__', None) or '')"
+        ".startswith(root + '/') and '/.venv/' not in m.__file__)))\n"
+        "sys.exit(status)\n"
+    )
+    args = ["--preset", "tiny", "--max_steps", "1", "--eval_blocks", "1", "--wandb_mode", "disabled", "--no-export_hf"]
+    result = subprocess.run(
+        [sys.executable, "-c", script, *args, "--output_dir", str(tmp_path / "run")],
+        cwd=REPO,
+        env={**os.environ, "RANK": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    modules = [line for line in result.stdout.splitlines() if line and " " not in line and "=" not in line]
+    assert "training.loop" in modules and "model.gpt2" in modules, "the run's modules were not read"
+    assert len(modules) <= MAX_RUN_MODULES, f"{len(modules)} modules: {', '.join(modules)}"
+
+
 _CONFLICT_MARKER = re.compile(r"^(<{7} |={7}$|>{7} )", re.MULTILINE)
 
 
 def _text_files() -> list[Path]:
     suffixes = {".py", ".md", ".yaml", ".toml", ".txt", ".sh", ".sbatch", ".ipynb"}
-    # .compat: scripts/compat_check.py's environments, other packages' files.
+    # .compat: lab/compat_check.py's environments, other packages' files.
     skipped = {".venv", ".compat", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", "runs", "wandb"}
     return [
         p

@@ -42,8 +42,8 @@ def _train(args: list[str], env: dict[str, str] | None = None) -> subprocess.Com
 
 
 @pytest.fixture(scope="module")
-def cache_dir(shared_cache: Path) -> Path:
-    return shared_cache  # the session's (tests/conftest.py): the CPU peak measured once
+def cache_dir(shared_cache: Path, machine_profile: Path) -> Path:
+    return shared_cache  # the session's (tests/conftest.py): the CPU peak `planner measure` took once
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ def test_export_loads_in_transformers_and_generates(run_dir: Path) -> None:
     # checkpoint (step 12, the end of the run), one argmax per new token.
     import torch
 
-    from training.checkpoint import load_model_from_checkpoint
+    from training.checkpoints.store import load_model_from_checkpoint
 
     ours = load_model_from_checkpoint(run_dir / "checkpoints" / "step_0000012").eval()
     ids = tokenizer("The mayor")["input_ids"]
@@ -370,7 +370,7 @@ def test_train_py_ends_as_the_interpreter_would_but_without_its_teardown(tmp_pat
 import atexit, sys, threading, time
 sys.path.insert(0, {str(REPO)!r})
 import train
-from training.rundir import acquire_run_lock
+from training.run_folder import acquire_run_lock
 acquire_run_lock(__import__("pathlib").Path({str(tmp_path)!r}))
 threading.Thread(target=lambda: (time.sleep(0.3), print("thread finished", flush=True))).start()
 atexit.register(lambda: print("exit handler ran", end=""))  # no newline: lost unless the exit flushes it

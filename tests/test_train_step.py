@@ -12,10 +12,9 @@ from accelerate import Accelerator
 
 from model import GPT2, GPT2Config
 from training.batching import EpochOrderSampler
-from training.config import OptimConfig
-from training.errors import RunError
+from training.config import OptimConfig, RunError
 from training.geometry import BatchGeometry, batch_geometry
-from training.metrics import MetricsTracker, ThroughputFacts
+from training.records.metrics import MetricsTracker, ThroughputFacts
 from training.step import lr_factor, train_step
 
 
@@ -152,7 +151,7 @@ def fp16_accelerator() -> Iterator[Accelerator]:
     by the project's GPT2S_CPU_FP16 path: autocast float16 and accelerate's own GradScaler, as on a GPU."""
     from accelerate.state import AcceleratorState
 
-    from training.strategy import _enable_fp16_on_cpu
+    from training.distributed.strategy import _enable_fp16_on_cpu
 
     AcceleratorState._reset_state(reset_partial_state=True)
     accelerator = Accelerator(cpu=True, mixed_precision="fp16")
@@ -162,7 +161,7 @@ def fp16_accelerator() -> Iterator[Accelerator]:
     AcceleratorState._reset_state(reset_partial_state=True)
 
 
-# fused: AdamW's fused kernel, the GPU's default (training/speed_levers.py), which GradScaler.step always calls and
+# fused: AdamW's fused kernel, the GPU's default (training/distributed/speed_levers.py), which GradScaler.step always calls and
 # which skips inside itself; foreach: PyTorch's default, which GradScaler.step leaves uncalled on an overflow.
 ADAMW_KINDS = pytest.mark.parametrize("fused", [True, False], ids=["fused", "foreach"])
 
@@ -197,7 +196,7 @@ def test_a_step_the_fp16_grad_scaler_skips_holds_the_schedule_and_is_counted(
     # Step 3 runs at the learning rate step 2 would have had: the skipped step did not advance the schedule.
     assert lrs == pytest.approx([1e-3 * 0.25, 1e-3 * 0.5, 1e-3 * 0.5])
 
-    from training.metrics import step_means
+    from training.records.metrics import step_means
 
     line = tracker.interval_line(tracker.flush(), elapsed_s=0.3)
     assert (line.skipped_steps, line.skipped_steps_interval) == (1, 1)
@@ -216,7 +215,7 @@ def test_a_skip_at_the_minimum_loss_scale_is_a_real_overflow(
     from training.step import MIN_LOSS_SCALE, make_optimizer
 
     accelerator = fp16_accelerator
-    # The scale a run has backed off to, as a resume loads it (training/checkpoint.py).
+    # The scale a run has backed off to, as a resume loads it (training/checkpoints/store.py).
     accelerator.scaler.load_state_dict({**accelerator.scaler.state_dict(), "scale": scale})
     model = accelerator.prepare(_tiny_model())
     optimizer = accelerator.prepare(make_optimizer(model, OptimConfig(lr=1e-3), fused=fused))

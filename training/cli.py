@@ -22,8 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
-from training.config import ModelChoice, OptimConfig, RunConfig, SpeedConfig, TrainConfig
-from training.presets import PRESETS, preset_overrides
+from training.config import PRESETS, ModelChoice, OptimConfig, RunConfig, SpeedConfig, TrainConfig, preset_overrides
 
 EXIT_BAD_INPUT = 2
 C = TypeVar("C")

@@ -11,8 +11,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
-from training.config import OptimConfig
-from training.errors import RunError
+from training.config import OptimConfig, RunError
 
 
 class BatchError(ValueError):
@@ -94,7 +93,7 @@ class BatchDefaults:
 
 
 def batch_defaults(preset_values: Mapping[str, object]) -> BatchDefaults:
-    """A preset's batch values (training/presets.py), each falling back to its config dataclass's default, as
+    """A preset's batch values (training/config.py), each falling back to its config dataclass's default, as
     train.py's command line resolves them (a value that is not a positive integer counts as unset)."""
     micro = _positive_int(preset_values.get("micro_batch_size")) or _default(OptimConfig, "micro_batch_size")
     block = _positive_int(preset_values.get("block_size")) or _data_block_size()

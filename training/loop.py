@@ -11,18 +11,25 @@ from enum import Enum
 from typing import Any
 
 from training.batching import chunks
-from training.checkpoint import background_groups, start_checkpoint
+from training.checkpoints.resume import origin_record
+from training.checkpoints.store import background_groups, start_checkpoint
+from training.config import RunError
+from training.distributed.faults import RankFailed, after_step, rank_failure, with_step_faults
 from training.durable import write_atomic
-from training.errors import RunError
-from training.faults import RankFailed, after_step, rank_failure, with_step_faults
-from training.hardware import reset_peak_memory, synchronize
-from training.metrics import epoch_summary, eval_line, total_summary
-from training.record import CheckpointSave, EpochFigures, EvalLine, RunFacts, RunSummary, StopRecord, run_summary
-from training.resume import origin_record
+from training.records.memory import reset_peak_memory, synchronize
+from training.records.metrics import epoch_summary, eval_line, total_summary
+from training.records.record import (
+    CheckpointSave,
+    EpochFigures,
+    EvalLine,
+    RunFacts,
+    RunSummary,
+    StopRecord,
+    run_summary,
+)
+from training.records.sinks import wandb_summary_key
 from training.session import Session, set_up
-from training.sinks import wandb_summary_key
-from training.step import evaluate, train_step
-from training.stopping import RunStopped, StepHealth, diverged, preempted, step_health
+from training.step import RunStopped, StepHealth, diverged, evaluate, preempted, step_health, train_step
 
 __all__ = ["RunError", "run_training"]
 
@@ -329,7 +336,7 @@ def checkpoint_now(s: Session, wait: bool = True) -> None:
     A save of this very step already in flight is waited for, not written again: on a signal the grace
     period pays for one save, not two. A save of an earlier step is waited for before this one starts rather
     than run beside it: this save's prune would delete the folder still being written (it has no complete.json
-    yet), and two writes would share the disk and double the host memory (docs/faults.md)."""
+    yet), and two writes would share the disk and double the host memory (docs/design/faults.md)."""
     in_flight = s.pending_save
     settle_checkpoint(s)
     state = s.state

@@ -20,7 +20,7 @@ import torch
 
 from model.gpt2 import GPT2
 from model.hf import from_hf
-from training.checkpoint import is_checkpoint_or_run, load_model_from_checkpoint
+from training.checkpoints.store import is_checkpoint_or_run, load_model_from_checkpoint
 from training.cli import EXIT_BAD_INPUT, OneLineParser, run_main
 
 if TYPE_CHECKING:

@@ -2,7 +2,7 @@
 flag, the output folder checked to be one that every machine sees, then claimed or the checkpoint to resume
 found, the seed, the speed levers), the data and its steps and epochs, the model and optimizer prepared for
 the strategy (then checked against the request), the loaders, the launch record (with the device's peak
-FLOP/s and the link between processes, both measured), the sinks (metrics.jsonl, W&B), the resume, config.json,
+FLOP/s, read, not measured), the sinks (metrics.jsonl, W&B), the resume, config.json,
 and the probe of the memory peak. A resume decides before anything is written (the checkpoint fits, its
 metrics.jsonl can be cut back) and writes only once its checkpoint has loaded.
 
@@ -38,38 +38,9 @@ from accelerate.utils import (
 from torch.utils.data import DataLoader
 
 from data.errors import DataError
-from training import registry
 from training.batching import EpochOrderSampler
-from training.checkpoint import (
-    UNPICKLING_ERRORS,
-    PendingSave,
-    TrainState,
-    checkpoint_step,
-    load_model_weights,
-    load_states,
-    pickled_problem,
-    read_train_state,
-)
-from training.config import TrainConfig
-from training.errors import RunError
-from training.faults import fresh_store_on_restart, restart_count
-from training.geometry import BatchGeometry, batch_geometry
-from training.hardware import PeakFlops, peak_flops
-from training.init_from import InitSource, can_read_weights, earlier_source, init_source, unreadable_error
-from training.link import measure_model_link
-from training.memory import MemoryProbe
-from training.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
-from training.record import (
-    BatchRecord,
-    CheckpointSave,
-    EffectiveRecord,
-    EvalLine,
-    LaunchRecord,
-    RequestedRecord,
-    ResumedFromRecord,
-    ScheduleRecord,
-)
-from training.resume import (
+from training.checkpoints.init_from import InitSource, can_read_weights, earlier_source, init_source, unreadable_error
+from training.checkpoints.resume import (
     Optimisation,
     ResumeIdentity,
     finish_rollback,
@@ -82,21 +53,21 @@ from training.resume import (
     rolled_back_names,
     rolled_back_warning,
 )
-from training.rundir import (
-    acquire_run_lock,
-    claim_output_dir,
-    metrics_cut,
-    stale_lock_warning,
-    truncate_metrics,
-    wandb_run_id,
-    write_atomic,
+from training.checkpoints.store import (
+    UNPICKLING_ERRORS,
+    PendingSave,
+    TrainState,
+    checkpoint_step,
+    load_model_weights,
+    load_states,
+    pickled_problem,
+    read_train_state,
 )
-from training.shared_folder import own_sighting, remove_probe, unshared_error, write_probe
-from training.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finish_settings
-from training.speed_levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
-from training.step import eval_subset, lr_factor, make_optimizer
-from training.stopping import SignalFlag
-from training.strategy import (
+from training.config import RunError, TrainConfig
+from training.distributed import registry
+from training.distributed.faults import fresh_store_on_restart, restart_count
+from training.distributed.speed_levers import DeviceInfo, Levers, apply_tf32, compile_blocks, decide_levers
+from training.distributed.strategy import (
     RequestedLaunch,
     ShardingObserver,
     check_strategy,
@@ -105,6 +76,36 @@ from training.strategy import (
     precision_name,
     requested_from_env,
 )
+from training.geometry import BatchGeometry, batch_geometry
+from training.records.memory import MemoryProbe
+from training.records.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
+from training.records.peaks import PeakFlops, peak_flops
+from training.records.record import (
+    BatchRecord,
+    CheckpointSave,
+    EffectiveRecord,
+    EvalLine,
+    InitialisedFromRecord,
+    LaunchRecord,
+    RequestedRecord,
+    ResumedFromRecord,
+    ScheduleRecord,
+)
+from training.records.sinks import JsonlSink, WandbSink, resolve_wandb_mode, wandb_finish_settings
+from training.run_folder import (
+    acquire_run_lock,
+    claim_output_dir,
+    metrics_cut,
+    own_sighting,
+    remove_probe,
+    stale_lock_warning,
+    truncate_metrics,
+    unshared_error,
+    wandb_run_id,
+    write_atomic,
+    write_probe,
+)
+from training.step import SignalFlag, eval_subset, lr_factor, make_optimizer
 
 
 @dataclass(frozen=True)
@@ -192,22 +193,14 @@ def set_up(cfg: TrainConfig) -> Session:
         load_model_weights(trainable.model, processes.init_from.checkpoint)
         log_on_main(processes.accelerator, processes.init_from.line())
     loaders = _loaders(cfg, processes.accelerator, data, processes.levers)
-    # Cached per machine and thread count: the best measurement seen, measured again while its trials spread
-    # widely (the ranks take turns through a file lock and take the figure of the one that measured). The
-    # record holds its value, time and spread, so runs divided by different peaks can be told apart; read
-    # before a resume restores the RNG.
+    # Read, never measured here: a GPU's datasheet figure, or the CPU figure `python -m planner measure` cached
+    # (none: MFU is not computed). Read before a resume restores the RNG.
     peak = peak_flops(processes.accelerator.device, trainable.effective.precision, cfg.data.resolved_cache_dir())
-    record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak)
-    # The link as this run found it, before any training traffic; with the repeat, part of the record. A
-    # sharding run also prices its own all-gathers and reduce-scatters, and FSDP2's per-unit calls.
-    link = measure_model_link(processes.accelerator.device, trainable.model, trainable.n_params)
     # A resumed run keeps the source of the weights its first launch started from.
     initialised = (
         processes.init_from.record() if processes.init_from else (earlier_source(out) if resume_from else None)
     )
-    record = dataclasses.replace(
-        record, repeat=cfg.run.repeat, link=link, resumed_from=resumed, initialised_from=initialised
-    )
+    record = _launch_record(cfg, processes, data, trainable, len(loaders.val.dataset), peak, resumed, initialised)
     resolved = {**cfg.to_dict(), "launch": record.to_dict()}  # config.json's content
     log_on_main(processes.accelerator, _start_line(record, data.geometry))
     session = _session(cfg, out, processes, data, trainable, loaders, record, peak.flops_per_s, wall_start)
@@ -418,7 +411,14 @@ def _loaders(cfg: TrainConfig, accelerator: Accelerator, data: _Data, levers: Le
 
 
 def _launch_record(
-    cfg: TrainConfig, processes: _Processes, data: _Data, trainable: _Trainable, eval_blocks: int, peak: PeakFlops
+    cfg: TrainConfig,
+    processes: _Processes,
+    data: _Data,
+    trainable: _Trainable,
+    eval_blocks: int,
+    peak: PeakFlops,
+    resumed: ResumedFromRecord | None,
+    initialised: InitialisedFromRecord | None,
 ) -> LaunchRecord:
     """config.json's "launch": what was requested and is in effect, and the run's sizes and settings."""
     requested, effective, geometry, schedule = processes.requested, trainable.effective, data.geometry, data.schedule
@@ -445,6 +445,9 @@ def _launch_record(
         data_stats=data.packed.stats.to_dict(),
         wandb_mode=processes.wandb_mode,
         levers=processes.levers.to_dict(),
+        repeat=cfg.run.repeat,
+        resumed_from=resumed,
+        initialised_from=initialised,
     )
 
 
@@ -730,7 +733,7 @@ def _job_restart(accelerator: Accelerator) -> int:
 
 
 def _check_folder_shared(accelerator: Accelerator, out: Path) -> None:
-    """Every process sees the output folder rank 0 writes (training/shared_folder.py), or every process fails
+    """Every process sees the output folder rank 0 writes (training/run_folder.py), or every process fails
     alike with the one line that names the machines that do not."""
     if accelerator.num_processes == 1:
         return

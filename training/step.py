@@ -1,8 +1,12 @@
-"""One optimizer step, the gradient norm, the optimizer and its schedule, and validation."""
+"""One optimizer step, the gradient norm, the optimizer and its schedule, validation, and why a run stops
+before its schedule ends (a signal, or a streak of non-finite steps), decided at a step boundary by every rank."""
 
 from __future__ import annotations
 
 import math
+import signal
+import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,13 +19,13 @@ from torch.optim.lr_scheduler import LRScheduler
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from training.config import OptimConfig
-from training.metrics import MetricsTracker
+from training.records.metrics import MetricsTracker
 
 
 def make_optimizer(model: nn.Module, optim: OptimConfig, fused: bool = False) -> torch.optim.AdamW:
     """AdamW with decoupled weight decay on matrices (dim >= 2) only; biases and LayerNorms are not decayed.
 
-    `fused`: one fused kernel for the whole update (training/speed_levers.py decides where); otherwise PyTorch's
+    `fused`: one fused kernel for the whole update (training/distributed/speed_levers.py decides where); otherwise PyTorch's
     default, the multi-tensor (foreach) implementation.
     """
     params = [p for p in model.parameters() if p.requires_grad]
@@ -138,7 +142,7 @@ def train_step(
     is off, and the same number under every strategy. Without a grad scaler nothing is read on the host;
     with one, whether the step was skipped is one read of the norm (`_overflowed`).
 
-    `after_backward`, if given, is called after each micro-batch's backward (training/memory.py's probe).
+    `after_backward`, if given, is called after each micro-batch's backward (training/records/memory.py's probe).
     """
     grad_norm = torch.zeros((), device=accelerator.device)
     for batch in micro_batches:
@@ -214,3 +218,92 @@ def eval_subset(val: Dataset, eval_blocks: int) -> Dataset:
     if eval_blocks == 0 or eval_blocks >= len(val):
         return val
     return Subset(val, range(eval_blocks))
+
+
+# ---------------------------------------------------------------------------------------------
+# Why a run stops before its schedule ends, decided at a step boundary by every rank together. Two reasons: a
+# signal (SIGTERM from a pre-empting scheduler, SIGINT from Ctrl-C) and a streak of steps whose loss or grad
+# norm is not finite. Both are read once per optimizer step in one collective, so every rank stops at the same
+# step: a rank that stopped alone would leave the others waiting in the next collective until its timeout.
+
+
+EXIT_NONFINITE = 4
+
+
+class SignalFlag:
+    """SIGTERM and SIGINT set a flag instead of killing the process mid-step; a second SIGINT stops at once."""
+
+    def __init__(self) -> None:
+        self.received = 0
+
+    def install(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return  # Python delivers signals to the main thread only; there is nothing to install from here
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if self.received and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # Ctrl-C twice: the user does not want to wait for the checkpoint
+        self.received = self.received or signum
+        print(
+            f"warning: {signal.Signals(signum).name} received: stopping after this step with a checkpoint "
+            "(resume with --resume)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+@dataclass(frozen=True)
+class StepHealth:
+    signal: int  # the signal any rank received so far, 0 for none
+    nonfinite: bool  # this step's loss (on any rank) or grad norm is not finite and the weights took it
+
+
+def step_health(
+    accelerator: Accelerator, flag: SignalFlag, step_loss_sum: torch.Tensor, grad_norm: torch.Tensor, skipped: bool
+) -> StepHealth:
+    """The step's health as every rank sees it: one small all-reduce (max) and one host read.
+
+    A step the fp16 grad scaler skipped while finding its scale (`skipped`) is not unhealthy: its inf gradients
+    never reached the weights. One it skipped at the minimum loss scale is (training/step.py MIN_LOSS_SCALE).
+    """
+    bad_loss = ~torch.isfinite(step_loss_sum.float())
+    bad_norm = ~torch.isfinite(grad_norm.float()) & torch.tensor(not skipped, device=grad_norm.device)
+    local = torch.stack([torch.tensor(float(flag.received), device=grad_norm.device), (bad_loss | bad_norm).float()])
+    if accelerator.num_processes > 1:
+        torch.distributed.all_reduce(local, op=torch.distributed.ReduceOp.MAX)
+    received, nonfinite = local.tolist()
+    return StepHealth(int(received), bool(nonfinite))
+
+
+class RunStopped(Exception):
+    """The run stopped early on purpose; `exit_status` is train.py's, the message one line."""
+
+    def __init__(self, message: str, exit_status: int, reason: str) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
+        self.reason = reason
+
+
+def preempted(signum: int, step: int) -> RunStopped:
+    name = signal.Signals(signum).name
+    return RunStopped(
+        f"stopped by {name} after step {step}; its checkpoint is written: continue with --resume",
+        128 + signum,
+        "signal",
+    )
+
+
+def diverged(first_bad: int, step: int, good_checkpoint: int | None) -> RunStopped:
+    where = (
+        f"the newest checkpoint, step {good_checkpoint}, is the last good one"
+        if good_checkpoint is not None
+        else "no checkpoint was written before"
+    )
+    return RunStopped(
+        f"{step - first_bad + 1} steps in a row (steps {first_bad}-{step}) had a non-finite loss or "
+        f"grad norm: stopping; {where} (lower --lr, or raise --max_nonfinite_steps)",
+        EXIT_NONFINITE,
+        "nonfinite",
+    )

@@ -19,7 +19,7 @@ from typing import Any
 
 REQUIREMENTS = Path(__file__).resolve().parent.parent / "requirements.txt"
 CHECKED = ("torch", "accelerate")  # the two whose APIs the project calls beyond their stable surface
-# The newest release series docs/compat.md's table passed with (torch: scripts/compat_check.py's newest pair).
+# The newest release series docs/compat.md's table passed with (torch: lab/compat_check.py's newest pair).
 # A later one is untested, not refused: one warning line, and the run goes on.
 NEWEST_TESTED = {"torch": "2.14", "accelerate": "1.16"}
 # PyTorch's own wheel index, one folder per build (cu128, rocm6.4, xpu, cpu), as its install selector gives it.
