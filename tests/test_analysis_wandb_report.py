@@ -403,7 +403,7 @@ def test_two_arms_of_one_strategy_are_two_wandb_groups(tmp_path: Path) -> None:
     from types import SimpleNamespace
 
     from training.config import RunConfig
-    from training.session import _start_wandb
+    from training.trainer import _start_wandb
 
     job_types = []
     for arm in (None, "ddp#2"):

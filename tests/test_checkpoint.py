@@ -282,7 +282,7 @@ def test_a_checkpoint_holding_a_pickled_object_is_refused_in_one_line_before_any
     """By the resume's decision, --init_from's check, the export's and sampling's load, and the load itself (a folder
     changed after the checks): each refuses in one line naming the entry, and the object's code never runs."""
     from tests.test_resume_refusal import SAVED
-    from training import session
+    from training import trainer as session
     from training.checkpoints.init_from import init_source
     from training.checkpoints.resume import origin_record
     from training.checkpoints.store import save_checkpoint

@@ -279,7 +279,7 @@ def _failing_run(s: SimpleNamespace, monkeypatch: pytest.MonkeyPatch) -> None:
     def fail(session) -> None:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(loop, "set_up", lambda cfg: s)
+    monkeypatch.setattr(loop, "Trainer", lambda cfg: s)
     monkeypatch.setattr(loop, "train", fail)
     monkeypatch.setattr(loop, "_failed", lambda session, exc, step: exc)
     with pytest.raises(RuntimeError, match="^boom$"):

@@ -24,7 +24,7 @@ import torch
 from model import GPT2, GPT2Config
 from tests.launch import REPO, SHARED_STEPS, launch_env, summary, train, train_lines
 from tests.test_checkpoint_keeping import CONFIG, _prepared, damage, save
-from training import session
+from training import trainer as session
 from training.checkpoints.init_from import earlier_source, init_source, shape_differences
 from training.checkpoints.store import checkpoint_path, load_model_state_dict, load_model_weights
 from training.config import RunConfig, RunError
@@ -205,7 +205,6 @@ def restarted(source: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     save(_prepared(), out, 2, keep=2)
     (out / "config.json").write_text(json.dumps({"launch": {"initialised_from": chosen.record().to_dict()}}))
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    monkeypatch.setattr(session, "_model_config", lambda cfg: CONFIG)
     return out
 
 
@@ -214,7 +213,7 @@ def test_a_restart_continues_its_own_checkpoint_though_the_source_is_gone(
 ) -> None:
     recorded = earlier_source(restarted)
     shutil.rmtree(source)  # pruned or moved since the first launch
-    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted, CONFIG)
     # Nothing to load over the resume.
     assert (claim.resume_from, claim.init_from) == (checkpoint_path(restarted, 2), None)
     assert earlier_source(restarted) == recorded  # the resume keeps what the first launch recorded
@@ -223,13 +222,13 @@ def test_a_restart_continues_its_own_checkpoint_though_the_source_is_gone(
 
 def test_a_restart_does_not_pick_the_sources_newer_checkpoint(source: Path, restarted: Path) -> None:
     save(_prepared(), source, 6, keep=3)  # the source trained on meanwhile
-    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted, CONFIG)
     assert (claim.resume_from, claim.init_from) == (checkpoint_path(restarted, 2), None)
 
 
 def test_a_restart_without_a_checkpoint_of_its_own_starts_from_the_source_again(source: Path, restarted: Path) -> None:
     shutil.rmtree(checkpoint_path(restarted, 2))
-    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted)
+    claim = session._claim_and_source(_prepared()[0], _launch_config(source, restarted), restarted, CONFIG)
     assert claim.resume_from is None
     assert claim.init_from is not None and claim.init_from.checkpoint == checkpoint_path(source, 4)
 

@@ -1,4 +1,4 @@
-"""--init_from through the real set-up (training/session.py set_up), in one process: the new run takes the source
+"""--init_from through the real set-up (training/trainer.py Trainer), in one process: the new run takes the source
 checkpoint's weights, and its optimizer and learning-rate schedule start afresh although the source's optimizer
 has moments and a step count."""
 
@@ -11,7 +11,7 @@ import pytest
 import torch
 from accelerate import Accelerator
 
-from training import session as session_module
+from training import trainer as session_module
 from training.checkpoints.store import load_model_state_dict, save_checkpoint
 from training.cli import parse_config
 
@@ -43,13 +43,13 @@ def _source(cfg, folder: Path) -> Path:
     return save_checkpoint(accelerator, model, optimizer, folder, 2, model_config.to_dict(), keep=1)
 
 
-def test_set_up_takes_only_the_weights_and_starts_the_optimizer_and_schedule_afresh(
+def test_the_trainer_takes_only_the_weights_and_starts_the_optimizer_and_schedule_afresh(
     tmp_path: Path, base_args: list[str], handlers_kept
 ) -> None:
     args = [*base_args, "--strategy", "single", "--wandb_mode", "disabled", "--no-export_hf"]
     source = _source(parse_config([*args, "--output_dir", str(tmp_path / "new")]), tmp_path / "source")
     cfg = parse_config([*args, "--output_dir", str(tmp_path / "new"), "--init_from", str(source)])
-    s = session_module.set_up(cfg)
+    s = session_module.Trainer(cfg)
     inner = getattr(s.optimizer, "optimizer", s.optimizer)
     assert not inner.state, "the optimizer holds the source's moments and step counts"
     assert [group["lr"] for group in inner.param_groups] == s.scheduler.get_last_lr()

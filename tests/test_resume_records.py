@@ -2,7 +2,7 @@
 broken line before it (refused in one line, nothing written), and every trained step's record across a
 checkpoint taken between two log lines, at any --log_interval and --checkpoint_interval.
 
-In-process: the loop's own logging, checkpointing and resume (training/loop.py, training/session.py) on the tiny
+In-process: the loop's own logging, checkpointing and resume (training/loop.py, training/trainer.py) on the tiny
 model of tests/test_checkpoint_keeping.py, driven with made-up losses and step times, at the presets' log
 intervals; one launch test resumes a real run at --checkpoint_interval 3 --log_interval 4 and compares its
 summary.json with the shared uninterrupted run's.
@@ -27,7 +27,8 @@ import torch
 from tests.launch import CONFIGS, REPO, accelerate_command, launch_env, run
 from tests.test_checkpoint_keeping import CONFIG, _prepared
 from tests.test_resume_refusal import SAVED
-from training import loop, session
+from training import loop
+from training import trainer as session
 from training.checkpoints import resume
 from training.checkpoints.resume import origin_record, pending_rollback
 from training.checkpoints.store import TrainState, checkpoint_path, save_checkpoint
@@ -210,8 +211,9 @@ LOG_INTERVALS = sorted({RunConfig().log_interval, 4, *(p.values.get("log_interva
 STEPS, STEPS_PER_EPOCH, CHECKPOINT_INTERVAL, TOKENS_PER_STEP = 12, 5, 3, 64
 
 
-def _session(out: Path, log_interval: int) -> session.Session:
-    """The loop's Session over the tiny model, with what logging, checkpointing and resuming read; no data."""
+def _session(out: Path, log_interval: int) -> session.Trainer:
+    """A trainer over the tiny model, with what logging, checkpointing and resuming read and no data, its parts
+    given rather than built (Trainer.__init__ builds a whole run)."""
     accelerator, model, optimizer = _prepared()
     run = RunConfig(
         output_dir=str(out),
@@ -222,7 +224,9 @@ def _session(out: Path, log_interval: int) -> session.Session:
     )
     cfg = TrainConfig(preset="tiny", model=ModelChoice(), data=None, optim=OptimConfig(), run=run)
     out.mkdir(exist_ok=True)
-    return session.Session(
+    trainer = object.__new__(session.Trainer)
+    trainer._start_loop_state()
+    vars(trainer).update(
         cfg=cfg,
         out=out,
         accelerator=accelerator,
@@ -244,10 +248,12 @@ def _session(out: Path, log_interval: int) -> session.Session:
         signals=None,
         wall_start=0.0,
         identity=SAVED,
+        memory=None,
     )
+    return trainer
 
 
-def _train_to(s: session.Session, stop: int) -> None:
+def _train_to(s: session.Trainer, stop: int) -> None:
     """Steps to `stop` as the loop takes them (training/loop.py _optimizer_step, _after_step), each with a loss and
     a step time of its own, and no model work; validation gives a fixed line, and summary.json is not written."""
     progress = loop._NoProgress()
@@ -266,7 +272,7 @@ def without_model_work(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(loop, "_write_summary", lambda *args, **kwargs: None)
 
 
-def _records(s: session.Session) -> list[tuple[int, float, float]]:
+def _records(s: session.Trainer) -> list[tuple[int, float, float]]:
     return [(r.step, r.loss, r.step_time_s) for r in s.tracker.records]
 
 
@@ -276,7 +282,7 @@ def _logged(out: Path) -> list[dict]:
     return [{k: v for k, v in line.items() if "mem" not in k and k != "elapsed_s"} for line in lines]
 
 
-def _epochs(s: session.Session) -> list[dict]:
+def _epochs(s: session.Trainer) -> list[dict]:
     return [{k: e[k] for k in ("epoch", "steps", "tokens", "loss_mean", "time_s")} for e in s.state.epochs]
 
 

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from tests.launch import SHARED_STEPS, train, train_lines
-from tests.test_checkpoint_keeping import CheckpointFolder, _digest, _prepared, damage, save, saved_step, steps
-from training import session
+from tests.test_checkpoint_keeping import CONFIG, CheckpointFolder, _digest, _prepared, damage, save, saved_step, steps
+from training import trainer as session
 from training.checkpoints import store as checkpoint
 from training.checkpoints.resume import ROLLED_BACK_SUFFIX, checkpoint_at_step, roll_back_past, rolled_back_warning
 from training.checkpoints.store import checkpoint_path, checkpoint_problem
@@ -177,7 +177,7 @@ def test_only_the_jobs_first_launch_rolls_back(three: Path, restart: int, monkey
     or complete later folder it saved since the roll-back must not be renamed aside."""
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", str(restart))
     launch = SimpleNamespace(run=RunConfig(output_dir=str(three), resume_step=2))
-    claim = session._claim_and_source(_prepared()[0], launch, three)
+    claim = session._claim_and_source(_prepared()[0], launch, three, CONFIG)
     assert (claim.resume_from, claim.roll_back) == (
         (checkpoint_path(three, 2), True) if restart == 0 else (checkpoint_path(three, 6), False)
     )

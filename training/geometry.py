@@ -1,6 +1,6 @@
 """The batch rule: a global batch, stated in tokens, divides into micro-batches of every process.
 
-One rule for training (training/session.py), the experiment driver and the planner, and one source of
+One rule for training (training/trainer.py), the experiment driver and the planner, and one source of
 their defaults: a preset's values, else the config dataclasses'. Pure Python (no torch), so the analysis
 side and the planner can import it cheaply.
 """

@@ -28,8 +28,8 @@ from training.records.record import (
     run_summary,
 )
 from training.records.sinks import wandb_summary_key
-from training.session import Session, set_up
 from training.step import RunStopped, StepHealth, diverged, evaluate, preempted, step_health, train_step
+from training.trainer import Trainer
 
 __all__ = ["RunError", "run_training"]
 
@@ -40,18 +40,18 @@ def run_training(cfg: Any) -> dict[str, Any]:
     A run stopped early on purpose (a signal, a non-finite streak) still finishes: its summary's "stop"
     says why and with which exit status train.py ends.
     """
-    session = set_up(cfg)
+    trainer = Trainer(cfg)
     try:
         try:
-            train(session)
+            train(trainer)
         except RunStopped as stop:
-            return finish(session, stop)
-        return finish(session)
+            return finish(trainer, stop)
+        return finish(trainer)
     except CheckpointWriteFailed as failed:  # told as the failure after the step whose checkpoint it was
-        raise _failed(session, failed.cause, failed.step) from failed.cause
+        raise _failed(trainer, failed.cause, failed.step) from failed.cause
     except Exception as exc:  # after set-up a failure is this process's alone: train.py tells it
-        _let_pending_save_finish(session)
-        raise _failed(session, exc, session.state.step) from exc
+        _let_pending_save_finish(trainer)
+        raise _failed(trainer, exc, trainer.state.step) from exc
 
 
 # How long a failing process waits for a background save already under way before it exits: its files are
@@ -60,7 +60,7 @@ def run_training(cfg: Any) -> dict[str, Any]:
 SETTLE_ON_FAILURE_S = 120.0
 
 
-def _let_pending_save_finish(s: Session, timeout_s: float | None = None) -> None:
+def _let_pending_save_finish(s: Trainer, timeout_s: float | None = None) -> None:
     """Give a background save in flight the chance to be marked complete before the process fails; whatever
     becomes of it, the failure being raised is the one told."""
     pending, s.pending_save = s.pending_save, None
@@ -82,7 +82,7 @@ class CheckpointWriteFailed(Exception):
         self.step, self.cause = step, cause
 
 
-def _failed(s: Session, exc: Exception, step: int) -> RankFailed:
+def _failed(s: Trainer, exc: Exception, step: int) -> RankFailed:
     accelerator = s.accelerator
     return rank_failure(exc, accelerator.process_index, step, lambda: s.signals.received, accelerator.num_processes > 1)
 
@@ -91,7 +91,7 @@ def _failed(s: Session, exc: Exception, step: int) -> RankFailed:
 # Training
 
 
-def train(s: Session) -> None:
+def train(s: Trainer) -> None:
     """Optimizer steps until the schedule ends or --stop_after_steps, an epoch at a time."""
     progress = _progress_bar(s.is_main, total=s.schedule.stop_at, initial=s.state.step)
     s.model.train()
@@ -100,7 +100,7 @@ def train(s: Session) -> None:
     progress.close()
 
 
-def _train_epoch(s: Session, progress: Any) -> None:
+def _train_epoch(s: Trainer, progress: Any) -> None:
     """The rest of the current epoch (all of it unless resumed inside it), or until the stop step."""
     state = s.state
     s.sampler.use_epoch(state.epoch)
@@ -122,7 +122,7 @@ def _train_epoch(s: Session, progress: Any) -> None:
 class _StepClock:
     """Wall time of each optimizer step: perf_counter differences after the device finished its work."""
 
-    def __init__(self, s: Session) -> None:
+    def __init__(self, s: Trainer) -> None:
         self.device = s.accelerator.device
         self.restart()
 
@@ -137,9 +137,9 @@ class _StepClock:
         return seconds
 
 
-def _optimizer_step(s: Session, micro_batches: list[Any], clock: _StepClock) -> StepHealth:
+def _optimizer_step(s: Trainer, micro_batches: list[Any], clock: _StepClock) -> StepHealth:
     state = s.state
-    lr = s.scheduler.get_last_lr()[0]
+    lr = s.optimizer.param_groups[0]["lr"]  # the rate this step applies (a resume sets it: follow_schedule)
     with s.memory.around(state.step + 1) as after_backward:
         result = train_step(
             s.accelerator,
@@ -247,7 +247,7 @@ def decide(state: LoopState) -> Actions:
     )
 
 
-def _loop_state(s: Session, health: StepHealth) -> LoopState:
+def _loop_state(s: Trainer, health: StepHealth) -> LoopState:
     run_cfg, schedule = s.cfg.run, s.schedule
     cadence = Cadence(
         run_cfg.log_interval,
@@ -261,7 +261,7 @@ def _loop_state(s: Session, health: StepHealth) -> LoopState:
     return LoopState(cadence, s.state.step, s.state.steps_in_epoch, health.nonfinite, s.nonfinite_since, health.signal)
 
 
-def _after_step(s: Session, progress: Any, health: StepHealth) -> bool:
+def _after_step(s: Trainer, progress: Any, health: StepHealth) -> bool:
     """Carry out what `decide` says is due after this step; True when any of it paused training."""
     actions = decide(_loop_state(s, health))
     s.nonfinite_since = actions.nonfinite_since
@@ -286,7 +286,7 @@ def _after_step(s: Session, progress: Any, health: StepHealth) -> bool:
     return actions.pauses
 
 
-def _warn_nonfinite(s: Session) -> None:
+def _warn_nonfinite(s: Trainer) -> None:
     streak = s.state.step - s.nonfinite_since + 1
     limit = s.cfg.run.max_nonfinite_steps
     s.log(
@@ -295,7 +295,7 @@ def _warn_nonfinite(s: Session) -> None:
     )
 
 
-def _log_interval(s: Session, progress: Any) -> None:
+def _log_interval(s: Trainer, progress: Any) -> None:
     new = s.tracker.flush()
     line = s.tracker.interval_line(new, s.times.train_s)
     s.emit(line.line())
@@ -303,7 +303,7 @@ def _log_interval(s: Session, progress: Any) -> None:
     progress.set_postfix(loss=f"{line.loss:.3f}", tok_s=f"{line.tokens_per_s:,.0f}")
 
 
-def _close_epoch(s: Session, partial: bool) -> None:
+def _close_epoch(s: Trainer, partial: bool) -> None:
     state = s.state
     # Kept as the JSON object the summary and the checkpoint hold.
     state.epochs.append(asdict(epoch_summary(s.tracker, state.epoch, evaluate_now(s), partial=partial)))
@@ -315,7 +315,7 @@ def _close_epoch(s: Session, partial: bool) -> None:
 # Evaluating and checkpointing
 
 
-def evaluate_now(s: Session) -> EvalLine:
+def evaluate_now(s: Trainer) -> EvalLine:
     """Validate on the run's validation blocks; the result is logged and kept as the latest."""
     synchronize(s.accelerator.device)
     start = time.perf_counter()
@@ -329,7 +329,7 @@ def evaluate_now(s: Session) -> EvalLine:
     return line
 
 
-def checkpoint_now(s: Session, wait: bool = True) -> None:
+def checkpoint_now(s: Trainer, wait: bool = True) -> None:
     """Checkpoint this step, once the save before it is complete. With --checkpoint_async and not `wait`, training
     pauses only while the states are copied to host memory, and the write goes on beside it (settle_checkpoint).
 
@@ -374,7 +374,7 @@ def checkpoint_now(s: Session, wait: bool = True) -> None:
 SAVE_WAIT_S = 3600.0
 
 
-def settle_checkpoint(s: Session) -> None:
+def settle_checkpoint(s: Trainer) -> None:
     """Wait until the save in progress, if any, is complete, and record how long it paused training and took.
 
     Raises CheckpointWriteFailed when its write failed (the previous checkpoint is then the newest complete).
@@ -397,7 +397,7 @@ def settle_checkpoint(s: Session) -> None:
 # Finishing
 
 
-def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
+def finish(s: Trainer, stop: RunStopped | None = None) -> dict[str, Any]:
     """Close a partial last epoch, export, write the summary, close the sinks, then the process group."""
     settle_checkpoint(s)  # nothing of a save is left in flight when the process ends
     complete = s.state.step >= s.schedule.total_steps and stop is None
@@ -418,14 +418,14 @@ def finish(s: Session, stop: RunStopped | None = None) -> dict[str, Any]:
     return summary.to_dict()
 
 
-def _write_summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunSummary:
+def _write_summary(s: Trainer, complete: bool, stop: RunStopped | None = None) -> RunSummary:
     summary = _summary(s, complete, stop)
     if s.is_main:
         write_atomic(s.out / "summary.json", json.dumps(summary.to_dict(), indent=2))
     return summary
 
 
-def _closing_line(s: Session, summary: RunSummary) -> str:
+def _closing_line(s: Trainer, summary: RunSummary) -> str:
     t = summary.total
     skipped = f", {t.skipped_steps} skipped (fp16 overflow)" if t.skipped_steps else ""
     return (
@@ -441,7 +441,7 @@ def _shown(value: float | None, spec: str) -> str:
     return "n/a" if value is None or not math.isfinite(value) else format(value, spec)
 
 
-def _summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunSummary:
+def _summary(s: Trainer, complete: bool, stop: RunStopped | None = None) -> RunSummary:
     """The run's summary: its launch record and how far it got."""
     geometry, state, records = s.geometry, s.state, s.tracker.records
     epochs = [EpochFigures.from_dict(e) for e in state.epochs]
@@ -475,7 +475,7 @@ def _summary(s: Session, complete: bool, stop: RunStopped | None = None) -> RunS
     )
 
 
-def _export_hf(s: Session) -> None:
+def _export_hf(s: Trainer) -> None:
     """Gather the full weights (under FSDP every rank takes part) and write the Hugging Face folder."""
     from data import load_tokenizer
     from model import GPT2, save_hf

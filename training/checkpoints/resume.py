@@ -258,10 +258,7 @@ def follow_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR) -> None:
     """
     rates = [base * factor(scheduler.last_epoch) for base, factor in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
     for group, rate in zip(scheduler.optimizer.param_groups, rates):
-        group["lr"] = rate
-    # What get_last_lr() reports (the rate the loop logs); LambdaLR has no public setter, and load_state_dict
-    # restored the checkpoint's.
-    scheduler._last_lr = rates
+        group["lr"] = rate  # what the loop logs and the step applies (training/loop.py reads the group's)
 
 
 def resumed_from(checkpoint: Path, change: ScheduleChange | None = None) -> ResumedFromRecord:

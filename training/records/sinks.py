@@ -1,6 +1,6 @@
 """Where metrics go: always a local metrics.jsonl, and W&B through accelerate's tracker.
 
-Only the main process writes. The W&B sink is enabled on the main process alone (training/session.py):
+Only the main process writes. The W&B sink is enabled on the main process alone (training/trainer.py):
 on the others accelerate's tracker is an empty stand-in without .dir or .summary. W&B is a convenience: any failure there is reported once and training
 goes on with the local files, which hold the same values.
 """
