@@ -129,9 +129,12 @@ def _profiled_cpu(hw: Any, preset: str, processes: int) -> tuple[Any, float]:
         )
     link = hw.link
     if processes > 1:
-        if profile.link is None or profile.link.get("world_size") != processes:
-            raise PlanError(f"the machine profile has no link between {processes} processes: {MEASURE_COMMAND}")
-        link = link_from_record(profile.link)
+        record = profile.link_for(processes)
+        if record is None:
+            raise PlanError(
+                f"the machine profile has no link between {processes} processes: {MEASURE_COMMAND} --processes {processes}"
+            )
+        link = link_from_record(record)
     return replace(hw, peak_flops=rate.peak_flops, link=replace(link, host_update_gb_s=rate.adamw_gb_s)), rate.mfu
 
 

@@ -115,8 +115,10 @@ def main(argv: list[str] | None = None) -> int:
 def _profile(presets: list[str], args: argparse.Namespace) -> Path:
     """This machine's profile (`python -m planner measure`) for the presets, in OUT; with --reuse the one kept."""
     path = args.out / "machine_profile.json"
-    if not (args.reuse and path.exists()):
-        write_profile(path, measure(presets, [1, PROCESSES], 1, args.cache_dir))
+    kept = read_profile(path) if args.reuse and path.exists() else None
+    missing = [p for p in presets if kept is None or kept.compute_for(p, PROCESSES, 1) is None]
+    if missing:  # added to what --reuse kept: a later sitting may measure other presets
+        write_profile(path, measure(missing, [1, PROCESSES], 1, args.cache_dir))
     return path
 
 
@@ -145,12 +147,15 @@ def _fsdp_terms_s(folder: Path, profile: MachineProfile, t: dict) -> float | Non
     """What pricing FSDP's collectives with the measured all-gather and reduce-scatter (each kind's bandwidth,
     FSDP2's per-unit call, from the machine profile) adds to the predicted step, against pricing them at the
     all-reduce's alpha-beta; None where none was used (one process, DDP)."""
-    if t["predicted_s"] is None or t.get("all_gather_gb_s") is None or profile.link is None:
+    if t["predicted_s"] is None or t.get("all_gather_gb_s") is None:
         return None
     config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     summary = json.loads((folder / "summary.json").read_text(encoding="utf-8"))
     w, strategy, _ = run_workload(config, summary)
-    link = replace(link_from_record(profile.link), host_update_gb_s=t["host_update_gb_s"])
+    # The link the prediction used: the run's own (a folder kept from before the profile), else the profile's.
+    recorded = (config.get("launch") or {}).get("link")
+    record = recorded if isinstance(recorded, dict) else profile.link_for(w.world_size)
+    link = replace(link_from_record(record), host_update_gb_s=t["host_update_gb_s"])
     unmeasured = dict.fromkeys(("gather_gb_s", "scatter_gb_s", "sharded_span", *PER_CALL_FIELDS))
     bare = replace(link, **unmeasured)
     return t["predicted_s"] - step_time(w, strategy, t["peak_flops"], t["mfu_given"], bare).step_s

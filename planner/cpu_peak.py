@@ -82,7 +82,7 @@ def cpu_peak_flops(cache_dir: Path, threads: int | None = None, remeasure: bool 
     CPU_SPREAD_LIMIT), or on remeasure; it measures up to CPU_MAX_MEASUREMENTS times while the spread
     stays wide, and a new figure replaces the kept one only when higher. Processes measuring at once
     would slow each other's trials down, so they take turns (one lock for the folder), and one that
-    waited while another measured takes that figure: the ranks of a launch divide by the same peak.
+    waited while another measured takes that figure.
     Nothing global is left changed: torch's thread count is restored and the global RNG is not used.
     """
     current = torch.get_num_threads()

@@ -459,15 +459,17 @@ def _hardware_for(args: PlanRequest) -> tuple[Hardware, list[str]]:
 def _link_record_from(source: Path) -> dict[str, Any]:
     """--link_from: a machine profile's link (a file, `python -m planner measure`) or the one a run recorded at
     start (a run folder from before the profile held it)."""
+    if source.name == "config.json":  # the run's file named rather than its folder
+        source = source.parent
     if source.is_file():
         from planner.profile import read_profile
 
-        link = read_profile(source).link
-        if link is None or not _positive(link.get("bus_gb_s")):
+        profile = read_profile(source)
+        if not profile.links:
             raise PlanError(
                 f"{source}: the profile measured one process, no link: python -m planner measure --processes 2"
             )
-        return link
+        return profile.links[max(profile.links, key=int)]  # between the most processes it measured
     config = read_json(source / "config.json")
     measured_link(config, source)  # refuses a run that recorded none, in one line
     link = dict(config["launch"]["link"])
@@ -582,7 +584,7 @@ def compare_run(
     entry["predicted"], entry["measured"], entry["error_pct"] = (
         entry["ranks"][0][k] for k in ("predicted", "measured", "error_pct")
     )
-    basis = _speed_basis(run_dir, summary, w.world_size, mfu, host_update_gb_s, profile)
+    basis = _speed_basis(run_dir, config, summary, w.world_size, (mfu, host_update_gb_s), profile)
     entry["step_time"] = _compare_step_time(w, strategy, config, summary, run_dir, basis)
     entry["notes"] = _run_notes(config, summary, on_cpu)
     return entry
@@ -633,14 +635,18 @@ class SpeedBasis:
 
 def _speed_basis(
     run_dir: Path,
+    config: dict[str, Any],
     summary: dict[str, Any],
     world_size: int,
-    mfu: float | None,
-    host_update_gb_s: float | None,
+    given: tuple[float | None, float | None],
     profile_path: Path | None,
 ) -> SpeedBasis:
+    """What the run's step is predicted from: the profile's rate for its layout (its MFU with the peak it was
+    measured against), the figures given in its place (`given`: --mfu, --host_update_gb_s), or the planner's
+    assumptions without a profile, and one line that says which."""
     from planner.profile import age_note, default_profile_path, read_profile
 
+    mfu, host_update_gb_s = given
     path = profile_path or default_profile_path(_profile_device(summary))
     try:
         profile = read_profile(path)
@@ -652,20 +658,34 @@ def _speed_basis(
     preset, threads, precision = summary.get("preset"), summary.get("threads_per_process"), summary.get("precision")
     rate = profile.compute_for(preset, world_size, threads, precision)
     started = datetime.fromtimestamp((run_dir / "config.json").stat().st_mtime, UTC).isoformat()
-    source = f"machine profile {path}, {age_note(profile, started)}"
+    notes = [f"machine profile {path}, {age_note(profile, started)}", *_profile_mismatches(profile, config, summary)]
     if rate is None:
-        source += (
-            f"; it has no {precision} compute rate for {preset} on {world_size} process(es) of {threads} thread(s) "
-            f"(python -m planner measure --presets {preset} --processes {world_size} measures fp32): MFU "
-            f"{mfu or DEFAULT_MFU:g} {'given' if mfu else 'assumed'}"
+        notes.append(
+            f"it has no {precision} compute rate for {preset} on {world_size} process(es) of {threads} thread(s) "
+            f"(python -m planner measure --presets {preset} --processes {world_size}): MFU {mfu or DEFAULT_MFU:g} "
+            f"{'given' if mfu else 'assumed'}"
+        )
+    elif (rate.micro_batch_size, rate.block_size) != (summary.get("micro_batch_size"), summary.get("block_size")):
+        notes.append(
+            f"its rate was measured at micro-batches of {rate.micro_batch_size} x {rate.block_size} tokens, the run's "
+            f"are {summary.get('micro_batch_size')} x {summary.get('block_size')}"
         )
     return SpeedBasis(
         mfu or (rate.mfu if rate else DEFAULT_MFU),
         host_update_gb_s or (rate.adamw_gb_s if rate else None),
-        rate.peak_flops if rate else None,
-        profile.link,
-        source,
+        rate.peak_flops if rate and not mfu else None,  # a measured MFU is of the peak it was measured against
+        profile.link_for(world_size),
+        "; ".join(notes),
     )
+
+
+def _profile_mismatches(profile: Any, config: dict[str, Any], summary: dict[str, Any]) -> list[str]:
+    """A profile measured on another CPU than the run's (runs record theirs since the profile exists)."""
+    ran_on = (config.get("launch") or {}).get("cpu_model")
+    measured_on = profile.machine.get("cpu_model")
+    if summary.get("device_type") == "cpu" and ran_on and measured_on and ran_on != measured_on:
+        return [f"measured on {measured_on}, the run ran on {ran_on}"]
+    return []
 
 
 def _profile_device(summary: dict[str, Any]) -> str:
@@ -684,8 +704,8 @@ def _run_link(w: Workload, strategy: str, config: dict[str, Any], run_dir: Path,
     link = basis.profile_link
     if link is None or not _positive(link.get("bus_gb_s")):
         raise PlanError(
-            f"{run_dir} recorded no link and no machine profile holds one: python -m planner measure --processes "
-            f"{w.world_size}, or --link_gb_s"
+            f"{run_dir} recorded no link and no machine profile holds one between {w.world_size} processes: "
+            f"python -m planner measure --processes {w.world_size}, or --link_gb_s"
         )
     if not registry.get(strategy).shards:  # a profile measured FSDP's collectives too, which DDP does not run
         link = {k: v for k, v in link.items() if k in LINK_RECORD_ALL_REDUCE}
@@ -711,7 +731,7 @@ def _compare_step_time(
     times = summary.get("step_times_s") or []
     measured = steady_mean(enumerate(times, start=1), warmup)
     recorded = summary.get("peak_flops_per_device")
-    peak = recorded if _positive(recorded) else basis.peak_flops
+    peak = basis.peak_flops or (recorded if _positive(recorded) else None)
     result: dict[str, Any] = {
         "measured_s": measured.value if measured.steps else None,
         "measured_steps": measured.steps,

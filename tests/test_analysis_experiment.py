@@ -252,6 +252,7 @@ def test_the_plan_predicts_the_experiments_wall_time_and_the_report_sets_it_agai
     assert "of wall time in all (runs/order.json)" in report
 
 
+@pytest.mark.multiprocess  # the session's profile: `python -m planner measure` spawns its processes
 def test_without_a_gpu_the_prediction_is_for_this_cpu_as_its_profile_measured_it(
     tmp_path: Path, configs: Path, machine_profile: Path, capsys
 ) -> None:

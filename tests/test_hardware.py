@@ -281,6 +281,13 @@ def test_a_run_reads_the_cpu_peak_from_the_cache_dir_and_never_measures_it(
     measured = cpu_peak_flops(tmp_path / "given")
     read = peak_flops(torch.device("cpu"), "fp32", tmp_path / "given")
     assert read.flops_per_s == measured.flops_per_s and read.cached and fake.calls == 1
+    # The figure of this process's thread count, not another's.
+    torch_threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(torch_threads + 1)
+        assert math.isnan(peak_flops(torch.device("cpu"), "fp32", tmp_path / "given").flops_per_s)
+    finally:
+        torch.set_num_threads(torch_threads)
     monkeypatch.setenv("GPT2S_CACHE", str(tmp_path / "env"))
     assert math.isnan(peak_flops(torch.device("cpu"), "fp32").flops_per_s)  # the two-argument call: the data cache
     cpu_peak_flops(tmp_path / "env")
@@ -388,7 +395,7 @@ def test_a_lower_later_measurement_never_replaces_a_higher_one(tmp_path: Path, m
     measure = trials(monkeypatch, WIDE, WIDE, WIDE)  # still busy at every try
     first = cpu_peak_flops(tmp_path, threads=1)
     assert measure.calls == 3 and first.spread_wide and first.flops_per_s == 48e9
-    assert "trials spread over 25% (likely disturbed: measured again by the next run)" in first.source
+    assert "trials spread over 25% (likely disturbed: python -m planner measure takes it again)" in first.source
 
     measure.measurements = [NARROW_HIGH]
     quiet = cpu_peak_flops(tmp_path, threads=1)  # a wide figure is measured again by the next call

@@ -213,6 +213,7 @@ def test_the_link_is_read_back_and_old_runs_have_none() -> None:
     assert LaunchRecord.from_dict({}).link is None and RunSummary.from_dict({}).repeat is None
 
 
+@pytest.mark.multiprocess
 def test_the_measure_command_prices_the_link_between_two_processes(machine_profile) -> None:
     """The session's profile (tests/conftest.py, `python -m planner measure` at its defaults): gloo between two
     processes, an all-reduce of the tiny model's gradients, and FSDP's own collectives."""
@@ -220,7 +221,7 @@ def test_the_measure_command_prices_the_link_between_two_processes(machine_profi
     from model.shapes import parameter_shapes
     from planner.profile import read_profile
 
-    link = read_profile(machine_profile).link
+    link = read_profile(machine_profile).link_for(2)
     numel = sum(torch.Size(shape).numel() for shape in parameter_shapes(GPT2Config.from_preset("tiny")).values())
     assert link["backend"] == "gloo" and link["world_size"] == 2 and link["dtype"] == "float32"
     assert link["message_bytes"] == 4 * numel  # the tiny model's gradients are under a bucket
@@ -237,10 +238,11 @@ def test_the_measure_command_prices_the_link_between_two_processes(machine_profi
 def test_a_run_measures_no_link_and_no_fsdp_call_at_start(shared_runs) -> None:
     """A default launch studies nothing before its first step: no link, no FSDP2 call in its records."""
     for name in ("ddp", "fsdp"):
-        launch = json.loads((shared_runs[name] / "config.json").read_text())["launch"]
+        config = (shared_runs[name] / "config.json").read_text()
         summary = (shared_runs[name] / "summary.json").read_text()
-        assert "link" not in launch and '"link"' not in summary
-        assert "_call_s" not in summary and "all_gather" not in summary
+        assert "link" not in json.loads(config)["launch"] and '"link"' not in summary
+        for text in (config, summary):
+            assert "_call_s" not in text and "all_gather" not in text and "all_reduce" not in text
 
 
 @pytest.mark.multiprocess
@@ -250,7 +252,7 @@ def test_the_planner_prices_a_sharding_runs_collectives_from_the_profile(shared_
     from planner.plan import compare_run, runs_text
     from planner.profile import read_profile
 
-    link = read_profile(machine_profile).link
+    link = read_profile(machine_profile).link_for(2)
     entry = compare_run(shared_runs["fsdp"], profile=machine_profile)
     t = entry["step_time"]
     assert t["predicted_s"] > 0 and str(machine_profile) in t["basis"]

@@ -833,29 +833,32 @@ def test_link_from_a_sharding_run_plans_fsdp_with_its_measured_collectives(tmp_p
 
 
 @pytest.mark.multiprocess
-def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs) -> None:
+def test_run_puts_the_predicted_step_time_beside_the_measured_one(shared_runs, machine_profile) -> None:
     """The session's 2-process DDP run on the CPU: its steady-state mean step (the steps after the warm-up,
-    from summary.json) beside the planner's step at the given MFU of the run's measured peak, over the link
-    (bandwidth and latency) the run measured at start."""
+    from summary.json) beside the planner's step at the given MFU, over the link (bandwidth and latency) the
+    machine profile measured between two processes."""
+    from planner.profile import read_profile
+
     run = shared_runs["ddp"]
     summary = json.loads((run / "summary.json").read_text())
     warmup = json.loads((run / "config.json").read_text())["run"]["perf_warmup_steps"]
     steady = summary["step_times_s"][warmup:]
-    link = summary["link"]
+    link = read_profile(machine_profile).link_for(2)
     assert 0 < link["latency_s"] < link["seconds_per_all_reduce"]  # a one-element all-reduce: the per-call cost
-    (entry,) = json.loads(_plan("--run", str(run), "--mfu", "0.2", "--json").stdout)["runs"]
+    profile = ("--profile", str(machine_profile))
+    (entry,) = json.loads(_plan("--run", str(run), "--mfu", "0.2", *profile, "--json").stdout)["runs"]
     t = entry["step_time"]
     assert t["measured_s"] == pytest.approx(sum(steady) / len(steady)) and t["measured_steps"] == len(steady)
     assert t["latency_s"] == link["latency_s"] and t["link_gb_s"] > link["bus_gb_s"]
     assert t["error_pct"] == pytest.approx(100 * (t["predicted_s"] - t["measured_s"]) / t["measured_s"])
     low, high = t["range_s"]
     assert low < t["predicted_s"] < high and t["mfu_given"] == 0.2
-    slower = json.loads(_plan("--run", str(run), "--mfu", "0.1", "--json").stdout)["runs"][0]["step_time"]
+    slower = json.loads(_plan("--run", str(run), "--mfu", "0.1", *profile, "--json").stdout)["runs"][0]["step_time"]
     assert slower["predicted_s"] > t["predicted_s"] and slower["measured_s"] == t["measured_s"]
-    text = _plan("--run", str(run), "--mfu", "0.2").stdout
+    text = _plan("--run", str(run), "--mfu", "0.2", *profile).stdout
     (row,) = (line for line in text.splitlines() if "step_time" in line)
     assert f"{t['predicted_s']:.4f} s" in row and f"{t['measured_s']:.4f} s" in row and f"{t['error_pct']:+.1f}%" in row
-    assert "measured by the run" in text
+    assert "(measured)" in text and f"from the machine profile {machine_profile}" in text
 
 
 @settings(max_examples=60, deadline=None)

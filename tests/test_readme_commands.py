@@ -114,16 +114,15 @@ def readme() -> list[str]:
 
 
 @pytest.fixture(scope="session")
-def readme_runs(
-    readme: list[str], tmp_path_factory: pytest.TempPathFactory, shared_cache: Path
-) -> tuple[Path, list[Ran]]:
-    """Every runnable README command, in README order (later ones use earlier ones' runs), once."""
+def readme_runs(readme: list[str], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[Ran]]:
+    """Every runnable README command, in README order (later ones use earlier ones' runs), once, with a cache of
+    their own: the README's `python -m planner measure` writes the profile its runs and `planner --run` read."""
     root = tmp_path_factory.mktemp("readme")
     runs, corpus = root / "runs", root / "articles1.csv"
     write_news_csv(corpus, articles=60, words=200)
     env = {
         **launch_env(),
-        "GPT2S_CACHE": str(shared_cache),  # the session's cache: the peak measured once
+        "GPT2S_CACHE": str(root / "cache"),
         "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
     }
     ran = []
@@ -148,6 +147,10 @@ def test_every_readme_command_exits_0(readme_runs: tuple[Path, list[Ran]]) -> No
     _, ran = readme_runs
     failed = [f"{r.adapted}\n-> exit {r.returncode}\n{r.output[-3000:]}" for r in ran if r.returncode != 0]
     assert not failed, "\n\n".join(failed)
+
+
+def _peak(run: Path) -> float | None:
+    return json.loads((run / "summary.json").read_text())["peak_flops_per_device"]
 
 
 def _launched_run_dirs(ran: list[Ran]) -> list[Path]:
@@ -195,6 +198,10 @@ def test_launches_at_their_defaults_measure_their_memory_as_planned(readme_runs:
     assert plan.stdout.count("step_peak") == 5  # single, and two ranks each of DDP and FSDP
     # Every step time predicted from the profile the README's `python -m planner measure` wrote, none assumed.
     assert plan.stdout.count("note: from the machine profile") == 3 and "assumed" not in plan.stdout
+    # Every launch after the README's measure divides its MFU by the CPU peak that measured.
+    measured = next(i for i, r in enumerate(ran) if r.command.startswith("python -m planner measure"))
+    peaks = [_peak(run) for run in _launched_run_dirs(ran[measured:])]
+    assert peaks and all(peak and peak > 0 for peak in peaks)
 
 
 def test_the_quick_start_line_runs_twice(readme: list[str], readme_runs: tuple[Path, list[Ran]]) -> None:

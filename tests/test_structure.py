@@ -1,4 +1,5 @@
-"""The structure the code is meant to keep, read from the source (ast; nothing is imported or launched).
+"""The structure the code is meant to keep, read from the source (ast; nothing is imported, and one tiny run is
+launched to count the modules a run imports).
 
 (a) no import circle among the project's modules, (b) no import back up a layer
 (data <- model <- training <- planner <- analysis, notebooks, lab, scripts, train.py), (c) no function over
@@ -11,9 +12,12 @@ from __future__ import annotations
 
 import ast
 import re
+import sys
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+
+import pytest
 
 from training.distributed import registry
 from training.records import schema as run_schema
@@ -335,11 +339,39 @@ def test_no_benchmark_or_script_imports_the_tests() -> None:
     assert not offenders, "lab/ or scripts/ imports tests/ (lab/launch.py launches for both):\n" + "\n".join(offenders)
 
 
-def test_the_import_rules_catch_an_offender(tmp_path: Path) -> None:
-    bad = tmp_path / "bad.py"
-    bad.write_text("def f():\n    from tests.launch import run\n    import lab.step_time\n", encoding="utf-8")
+def test_the_import_rules_catch_an_offender(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A product file importing the lab or tests/ inside a function, and a script importing tests/, are named."""
+    for rel, text in {
+        "train.py": "def f():\n    from tests.launch import run\n",
+        "analysis/x.py": "import lab.step_time\n",
+        "scripts/y.py": "from tests import launch\n",
+        "lab/z.py": "import model\n",
+    }.items():
+        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / rel).write_text(text, encoding="utf-8")
+    files = tuple(sorted(tmp_path.rglob("*.py")))
+    monkeypatch.setattr(sys.modules[__name__], "REPO", tmp_path)
+    monkeypatch.setattr(sys.modules[__name__], "_project_files", lambda: files)
     _tree.cache_clear()
-    assert [name for name, _ in _imported_names(bad)] == ["tests.launch", "lab.step_time"]
+    assert _forbidden_imports(PRODUCT, ("lab", "tests")) == [
+        "analysis/x.py:1 imports lab.step_time",
+        "train.py:2 imports tests.launch",
+    ]
+    assert _forbidden_imports(("lab", "scripts"), ("tests",)) == ["scripts/y.py:1 imports tests"]
+    _tree.cache_clear()
+
+
+def test_nothing_a_run_imports_measures_the_machine() -> None:
+    """The measurements `python -m planner measure` takes (the link, the CPU peak) are never on a run's path."""
+    measuring = ("planner.measure", "planner.cpu_peak", "planner.link")
+    offenders = sorted(
+        f"{_rel(path)}:{line} imports {name}"
+        for path in _project_files()
+        if _rel(path) == "train.py" or _rel(path).startswith(("training/", "data/", "model/"))
+        for name, line in _imported_names(path)
+        if name.startswith(measuring)
+    )
+    assert not offenders, "a run imports a measurement:\n" + "\n".join(offenders)
 
 
 def test_training_has_few_files_at_its_top() -> None:
@@ -347,8 +379,10 @@ def test_training_has_few_files_at_its_top() -> None:
     assert len(top) <= MAX_TRAINING_TOP_FILES, f"{len(top)} files directly in training/: {', '.join(top)}"
 
 
+@pytest.mark.multiprocess  # a launch, though of one process
 def test_a_one_process_run_imports_few_of_the_projects_modules(tmp_path: Path) -> None:
-    """A tiny run of one step, in a fresh interpreter: the project's modules it has imported by its end."""
+    """A tiny run of one step, in a fresh interpreter without a GPU: the project's modules it has imported by its
+    end, none of the planner's (a CPU run has nothing to plan)."""
     import os
     import subprocess
     import sys
@@ -365,7 +399,7 @@ def test_a_one_process_run_imports_few_of_the_projects_modules(tmp_path: Path) -
     result = subprocess.run(
         [sys.executable, "-c", script, *args, "--output_dir", str(tmp_path / "run")],
         cwd=REPO,
-        env={**os.environ, "RANK": "0"},
+        env={**os.environ, "RANK": "0", "CUDA_VISIBLE_DEVICES": ""},
         capture_output=True,
         text=True,
         timeout=300,
@@ -374,6 +408,7 @@ def test_a_one_process_run_imports_few_of_the_projects_modules(tmp_path: Path) -
     modules = [line for line in result.stdout.splitlines() if line and " " not in line and "=" not in line]
     assert "training.loop" in modules and "model.gpt2" in modules, "the run's modules were not read"
     assert len(modules) <= MAX_RUN_MODULES, f"{len(modules)} modules: {', '.join(modules)}"
+    assert not [m for m in modules if m.startswith("planner")]
 
 
 _CONFLICT_MARKER = re.compile(r"^(<{7} |={7}$|>{7} )", re.MULTILINE)

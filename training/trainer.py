@@ -73,7 +73,7 @@ from training.distributed.strategy import (
 from training.geometry import BatchGeometry, batch_geometry
 from training.records.memory import MemoryProbe
 from training.records.metrics import MetricsTracker, RunTimes, StepRecord, ThroughputFacts
-from training.records.peaks import PeakFlops, peak_flops
+from training.records.peaks import PeakFlops, cpu_model_name, peak_flops
 from training.records.record import (
     BatchRecord,
     CheckpointSave,
@@ -328,6 +328,7 @@ class Trainer:
             wandb_mode=self.wandb_mode,
             levers=self.levers.to_dict(),
             repeat=cfg.run.repeat,
+            cpu_model=cpu_model_name(),
             resumed_from=resumed,
             # A resumed run keeps the source of the weights its first launch started from.
             initialised_from=(

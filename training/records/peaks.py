@@ -214,7 +214,7 @@ def cpu_peak_from_entry(entry: dict[str, Any], where: str, cached: bool, taken: 
     seen = entry.get("measurements", 1)
     best_of = f", best of {seen} measurements" if seen > 1 else ""
     wide = (
-        f", trials spread over {CPU_SPREAD_LIMIT:.0%} (likely disturbed: measured again by the next run)"
+        f", trials spread over {CPU_SPREAD_LIMIT:.0%} (likely disturbed: python -m planner measure takes it again)"
         if spread_is_wide(relative_spread(entry))
         else ""
     )

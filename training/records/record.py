@@ -252,7 +252,11 @@ class LaunchRecord(Record):
     peak_flops_relative_spread: float | None = None
     # An experiment's repeat of the same strategy and seed (train.py --repeat); None outside repeats.
     repeat: int | None = None
-    link: LinkRecord | None = None  # the measured link; None for one process
+    # The link runs measured at start until the machine profile held it (planner/profile.py); None since.
+    link: LinkRecord | None = None
+    # The CPU model the run ran on (what the machine profile a prediction reads must have been measured on);
+    # absent in runs written before it.
+    cpu_model: str | None = None
     resumed_from: ResumedFromRecord | None = None  # the checkpoint --resume continued; None for a fresh start
     # The checkpoint whose weights --init_from started this run from; None otherwise.
     initialised_from: InitialisedFromRecord | None = None
@@ -268,7 +272,15 @@ class LaunchRecord(Record):
     }
     # Absent rather than null when None, so a run folder written before them reads back as it was written.
     _omitted_when_none: ClassVar[frozenset[str]] = frozenset(
-        {"peak_flops_measured_at", "peak_flops_relative_spread", "repeat", "link", "resumed_from", "initialised_from"}
+        {
+            "peak_flops_measured_at",
+            "peak_flops_relative_spread",
+            "repeat",
+            "link",
+            "cpu_model",
+            "resumed_from",
+            "initialised_from",
+        }
     )
 
     @property
