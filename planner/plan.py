@@ -940,9 +940,13 @@ def _step_time_lines(t: dict[str, Any]) -> list[str]:
         f"  note: step time at MFU {t['mfu_given']:.3g} of the peak {t['peak_flops'] / 1e9:,.1f} GFLOP/s{link}, "
         f"AdamW on a host core at {t['host_update_gb_s']:.3g} GB/s; measured: mean of {t['measured_steps']} steps "
         f"after {t['warmup_steps_left_out']} warm-up",
-        *([f"  note: from the {t['basis']}"] if t.get("basis") else []),
+        *([f"  note: {_basis_line(t['basis'])}"] if t.get("basis") else []),
         *_sharded_note(t),
     ]
+
+
+def _basis_line(basis: str) -> str:
+    return f"from the {basis}" if basis.startswith("machine profile") else basis
 
 
 def _sharded_note(t: dict[str, Any]) -> list[str]:

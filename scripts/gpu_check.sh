@@ -107,12 +107,17 @@ for strategy in $strategies; do
   done
 done
 # 3. The planner's memory model (planner/cost_model.py) against this GPU, on step 2's runs. Nothing here
-# changes the exit status: it records.
+# changes the exit status: it records. First the machine profile on this GPU (planner/measure.py: the compute
+# on the GPU under autocast, one process), which the planner's step times then read.
 if [ "${GPU_CHECK_PLANNER:-1}" != 0 ] && [ ${#runs[@]} -gt 0 ]; then
   echo "== planner: predicted vs measured step peak, GPT-2 124M (target: within 10%), and its GPU-only terms"
   start=$SECONDS
   mkdir -p "$out/planner"
   : > "$out/planner/check.txt"
+  for precision in $precisions; do
+    python -m planner measure --presets gpt2 --processes 1 --precision "$precision" 2>&1 \
+      | tee -a "$out/planner/measure.txt" || echo "gpu_check: planner measure $precision failed" >&2
+  done
   for dir in "${runs[@]}"; do
     name=$(basename "$dir")
     if python -m planner --run "$dir" --json > "$out/planner/$name.plan.json"; then

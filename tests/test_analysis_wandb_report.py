@@ -408,15 +408,17 @@ def test_two_arms_of_one_strategy_are_two_wandb_groups(tmp_path: Path) -> None:
     job_types = []
     for arm in (None, "ddp#2"):
         started: list[dict[str, Any]] = []
-        session = SimpleNamespace(
+        record = SimpleNamespace(
+            effective=SimpleNamespace(strategy="ddp", precision="fp32"), run_name="r", wandb_mode="offline"
+        )
+        trainer = SimpleNamespace(
             cfg=SimpleNamespace(run=RunConfig(experiment=GROUP, strategy="ddp", arm=arm)),
             wandb=SimpleNamespace(start=lambda project, resolved, kwargs, out=started: out.append(kwargs)),
             out=tmp_path,
             is_main=False,
+            launch=record,
+            resolved={},
         )
-        record = SimpleNamespace(
-            effective=SimpleNamespace(strategy="ddp", precision="fp32"), run_name="r", wandb_mode="offline"
-        )
-        _start_wandb(session, {}, record)
+        _start_wandb(trainer)
         job_types.append(started[0]["job_type"])
     assert job_types == ["ddp", "ddp#2"]

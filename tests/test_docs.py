@@ -15,7 +15,7 @@ MAX_LINES = 400
 
 # A time of day, 13:05 or 09:41:07 (also inside 2026-12-06T13:05Z), not a version pair such as 3.11:2.12.0, a
 # port such as 10.0.0.1:29500, CUBLAS's :4096:8 or a ratio such as 2:1.
-TIME_OF_DAY = re.compile(r"(?<![\d.:])(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d)?(?![\d:]|\.\d)")
+TIME_OF_DAY = re.compile(r"(?<![\d.:])(?:[01]?\d|2[0-3]):[0-5]\d(?::[0-5]\d(?:\.\d+)?)?(?![\d:]|\.\d)")
 LOAD_AVERAGE = re.compile(r"\bload\s+average", re.IGNORECASE)  # also across a line break
 LINK = re.compile(r"\[[^\[\]]*\]\(([^()\s]+)(?:\s+\"[^\"]*\")?\)")  # the text may span lines
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
@@ -112,6 +112,7 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
         ("2026-12-06 09:41:07", "09:41:07"),
         ("2026-12-06T23:59Z", "23:59"),
         ("at 7:30.", "7:30"),
+        ("2026-12-07T14:01:12.5Z", "14:01:12.5"),
         ("the load\nAverage was 3.1", "load Average"),
     ]:
         assert lab_notebook_marks(f"text\n{bad}\nmore") == [f"line 2: {found}"], bad
@@ -132,6 +133,12 @@ def test_the_checks_catch_what_they_are_for(tmp_path: Path) -> None:
         "[e](gone.md) [f](there.md#what-was-verified) [g](#nowhere)\n`[h](gone.md)`\n```\n[i](gone.md)\n```\n[two\nlines](far.md)\n"
     )
     assert broken_links(page, text) == ["gone.md", "there.md#what-was-verified", "#nowhere", "far.md"]
+    # A heading that repeats gets GitHub's -1 anchor.
+    assert anchors("## Notes\ntext\n## Notes\n") == {"notes", "notes-1"}
+    # The lists the checks run over hold the user docs, the design notes and the lab's results.
+    names = {_name(p) for p in user_docs()}
+    assert {"README.md", "docs/planning.md", "docs/faults.md"} <= names and not any("/design/" in n for n in names)
+    assert {"docs/design/planning_model.md", "lab/results/planning_checks.md"} <= {_name(p) for p in linked_docs()}
     # The line limit: one line over is too long.
     long = tmp_path / "long.md"
     long.write_text("line\n" * (MAX_LINES + 1), encoding="utf-8")

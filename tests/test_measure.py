@@ -326,3 +326,16 @@ def test_the_experiment_prices_each_strategy_at_its_layouts_profile(tmp_path: Pa
     write_profile(default_profile_path(), _profile(compute=(replace(PRICED, processes=4),), links={}))
     with pytest.raises(PlanError, match="no link between 4 processes"):
         prediction._profiled_cpu(prediction.hardware_for(None, None, "fp32")[0], "tiny", 4)
+
+
+def test_a_resume_keeps_the_link_its_run_recorded_before_the_profile(tmp_path: Path) -> None:
+    from training.records.record import LinkRecord
+    from training.trainer import _earlier_link
+
+    assert _earlier_link(tmp_path) is None  # no config.json yet: a fresh run
+    (tmp_path / "config.json").write_text(json.dumps({"launch": {"link": FULL_LINK}}))
+    assert _earlier_link(tmp_path) == LinkRecord.from_dict(FULL_LINK)
+    (tmp_path / "config.json").write_text(json.dumps({"launch": {}}))  # a run of the profile's time: none
+    assert _earlier_link(tmp_path) is None
+    (tmp_path / "config.json").write_text("[1, 2]")
+    assert _earlier_link(tmp_path) is None

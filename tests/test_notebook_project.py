@@ -26,9 +26,9 @@ def _finder() -> dict:
 
 
 def _fake_project(folder: Path) -> Path:
-    (folder / "training").mkdir(parents=True)
+    (folder / "training" / "distributed").mkdir(parents=True)
     (folder / "train.py").write_text("")
-    (folder / "training" / "registry.py").write_text("")
+    (folder / "training" / "distributed" / "registry.py").write_text("")
     return folder
 
 

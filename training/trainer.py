@@ -79,6 +79,7 @@ from training.records.record import (
     CheckpointSave,
     EvalLine,
     LaunchRecord,
+    LinkRecord,
     RequestedRecord,
     ResumedFromRecord,
     ScheduleRecord,
@@ -328,6 +329,8 @@ class Trainer:
             wandb_mode=self.wandb_mode,
             levers=self.levers.to_dict(),
             repeat=cfg.run.repeat,
+            # A run from before the machine profile measured its link at its first launch; a resume keeps it.
+            link=_earlier_link(self.out) if self.claim.resume_from else None,
             cpu_model=cpu_model_name(),
             resumed_from=resumed,
             # A resumed run keeps the source of the weights its first launch started from.
@@ -696,6 +699,16 @@ def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) 
     torn = truncate_metrics(out / "metrics.jsonl", checkpoint_step(checkpoint))
     if torn is not None:
         print(torn, flush=True)
+
+
+def _earlier_link(out: Path) -> LinkRecord | None:
+    """The link the run's config.json recorded at its first launch (runs from before the machine profile)."""
+    try:
+        launch = json.loads((out / "config.json").read_text()).get("launch") or {}
+    except (OSError, ValueError, AttributeError):  # no config.json yet, or one that is not a JSON object
+        return None
+    found = launch.get("link")
+    return LinkRecord.from_dict(found) if isinstance(found, dict) else None
 
 
 def _probe_step(cfg: TrainConfig, resumed_at: int, schedule: Schedule) -> int:
