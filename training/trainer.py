@@ -33,7 +33,14 @@ from torch.utils.data import DataLoader
 
 from data.errors import DataError
 from training.batching import EpochOrderSampler
-from training.checkpoints.init_from import InitSource, can_read_weights, earlier_source, init_source, unreadable_error
+from training.checkpoints.init_from import (
+    InitSource,
+    can_read_weights,
+    earlier_launch,
+    earlier_source,
+    init_source,
+    unreadable_error,
+)
 from training.checkpoints.resume import (
     Optimisation,
     ResumeIdentity,
@@ -703,12 +710,8 @@ def _rewrite_after_load(out: Path, checkpoint: Path, origin: ResumedFromRecord) 
 
 def _earlier_link(out: Path) -> LinkRecord | None:
     """The link the run's config.json recorded at its first launch (runs from before the machine profile)."""
-    try:
-        launch = json.loads((out / "config.json").read_text()).get("launch") or {}
-    except (OSError, ValueError, AttributeError):  # no config.json yet, or one that is not a JSON object
-        return None
-    found = launch.get("link")
-    return LinkRecord.from_dict(found) if isinstance(found, dict) else None
+    found = earlier_launch(out, "link")
+    return None if found is None else LinkRecord.from_dict(found)
 
 
 def _probe_step(cfg: TrainConfig, resumed_at: int, schedule: Schedule) -> int:

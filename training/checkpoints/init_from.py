@@ -185,11 +185,18 @@ def unreadable_error(checkpoint: Path, readable: list[tuple[int, str, bool]]) ->
     )
 
 
-def earlier_source(out: Path) -> InitialisedFromRecord | None:
-    """The source a run folder's config.json names: a resumed run keeps it, since its launch cannot name one."""
+def earlier_launch(out: Path, key: str) -> dict[str, Any] | None:
+    """What a run folder's config.json recorded under launch[`key`], where that is an object: a resumed run keeps
+    what its first launch recorded and its own launch cannot tell. None without one."""
     try:
         launch = json.loads((out / "config.json").read_text()).get("launch") or {}
     except (OSError, ValueError, AttributeError):  # no config.json yet, or one that is not a JSON object
         return None
-    found = launch.get("initialised_from")
-    return InitialisedFromRecord.from_dict(found) if isinstance(found, dict) else None
+    found = launch.get(key)
+    return found if isinstance(found, dict) else None
+
+
+def earlier_source(out: Path) -> InitialisedFromRecord | None:
+    """The source a run folder's config.json names: a resumed run keeps it, since its launch cannot name one."""
+    found = earlier_launch(out, "initialised_from")
+    return None if found is None else InitialisedFromRecord.from_dict(found)
