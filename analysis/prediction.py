@@ -99,6 +99,7 @@ def predict(plans: list[Planned], workload_args: dict[str, Any], hw: Any, basis:
 
     if not math.isfinite(hw.peak_flops):
         return None
+    profile = _profile_of(hw)
     step_s, seconds, runs = {}, {}, {}
     for item in plans:
         args = PlanRequest(num_gpus=item.world_size, **workload_args)
@@ -106,7 +107,7 @@ def predict(plans: list[Planned], workload_args: dict[str, Any], hw: Any, basis:
         priced, mfu = hw, DEFAULT_MFU
         if hw.name == CPU_PROCESS:  # what a CPU process runs: fp32 and torch's per-tensor (unfused) AdamW
             w = replace(w, precision="fp32", fused_adamw=False, device="cpu")
-            priced, mfu = _profiled_cpu(hw, workload_args["preset"], item.world_size)
+            priced, mfu = _profiled_cpu(hw, profile, workload_args["preset"], item.world_size)
         step_s[item.strategy] = plan_strategy(w, item.strategy, priced, mfu, "full")["predicted_step_s"]
         seconds[item.strategy] = step_s[item.strategy] * item.steps * item.runs
         runs[item.strategy] = item.runs
@@ -114,13 +115,19 @@ def predict(plans: list[Planned], workload_args: dict[str, Any], hw: Any, basis:
     return Prediction(f"{basis}{assumed}", step_s, seconds, runs)
 
 
-def _profiled_cpu(hw: Any, preset: str, processes: int) -> tuple[Any, float]:
+def _profile_of(hw: Any) -> Any:
+    """The machine profile a CPU hardware names (hardware_for), read once for every strategy; None for a GPU."""
+    from planner.profile import read_profile
+
+    return read_profile(Path(hw.link_name)) if hw.name == CPU_PROCESS else None
+
+
+def _profiled_cpu(hw: Any, profile: Any, preset: str, processes: int) -> tuple[Any, float]:
     """The CPU hardware for `processes` processes of `preset` from the machine profile hw names, and its MFU."""
     from planner.errors import PlanError
     from planner.plan import link_from_record
-    from planner.profile import MEASURE_COMMAND, read_profile
+    from planner.profile import MEASURE_COMMAND
 
-    profile = read_profile(Path(hw.link_name))
     rate = profile.compute_for(preset, processes, cpu_threads())
     if rate is None:
         raise PlanError(

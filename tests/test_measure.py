@@ -302,10 +302,10 @@ def test_the_experiment_prices_each_strategy_at_its_layouts_profile(tmp_path: Pa
     write_profile(default_profile_path(), _profile(compute=(PRICED, one), links={"2": FULL_LINK}))
     hw, basis = prediction.hardware_for(None, None, "fp32")
     assert str(default_profile_path()) in basis
-    priced, mfu = prediction._profiled_cpu(hw, "tiny", 2)
+    priced, mfu = prediction._profiled_cpu(hw, prediction._profile_of(hw), "tiny", 2)
     assert (mfu, priced.peak_flops, priced.link.host_update_gb_s) == (0.15, 5e10, 3.0)
     assert priced.link.gb_s == pytest.approx(link_from_record(FULL_LINK).gb_s)
-    alone, mfu_alone = prediction._profiled_cpu(hw, "tiny", 1)
+    alone, mfu_alone = prediction._profiled_cpu(hw, prediction._profile_of(hw), "tiny", 1)
     assert (mfu_alone, alone.link.host_update_gb_s) == (0.25, 6.0)
     workload = {
         "preset": "tiny",
@@ -322,10 +322,11 @@ def test_the_experiment_prices_each_strategy_at_its_layouts_profile(tmp_path: Pa
     assert predicted.step_s["ddp"] == pytest.approx(step) and predicted.seconds["ddp"] == pytest.approx(step * 15)
     assert "assumed" not in predicted.basis
     with pytest.raises(PlanError, match="no compute rate for mini on 2 process"):
-        prediction._profiled_cpu(hw, "mini", 2)
+        prediction._profiled_cpu(hw, prediction._profile_of(hw), "mini", 2)
     write_profile(default_profile_path(), _profile(compute=(replace(PRICED, processes=4),), links={}))
     with pytest.raises(PlanError, match="no link between 4 processes"):
-        prediction._profiled_cpu(prediction.hardware_for(None, None, "fp32")[0], "tiny", 4)
+        four = prediction.hardware_for(None, None, "fp32")[0]
+        prediction._profiled_cpu(four, prediction._profile_of(four), "tiny", 4)
 
 
 def test_a_resume_keeps_the_link_its_run_recorded_before_the_profile(tmp_path: Path) -> None:
